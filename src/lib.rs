@@ -1,0 +1,19 @@
+//! sluice: a Kubernetes Gateway API gateway built for exact traffic splitting.
+//!
+//! The data flow, one module per step (see `docs/` and DESIGN.md):
+//!
+//! ```text
+//! source (files) -> resources::Snapshot -> translate() -> (route::RouteTable, StatusReport)
+//!                                                             |
+//! request -> proxy (listener -> route lookup -> filters -> weighted backend -> endpoint -> forward)
+//! ```
+#![forbid(unsafe_code)]
+#![deny(rust_2018_idioms)]
+
+pub mod admin;
+pub mod metrics;
+pub mod proxy;
+pub mod resources;
+pub mod route;
+pub mod source;
+pub mod translate;

@@ -1,0 +1,179 @@
+//! Hostnames as the Gateway API uses them: exact names, `*.` wildcards
+//! (a suffix match over one or more labels), and "any".
+//!
+//! Per the spec: "`*.example.com` would match both `test.example.com`, and
+//! `foo.test.example.com`, but not `example.com`."
+
+use std::cmp::Reverse;
+
+/// A hostname pattern of a listener or of an HTTPRoute.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HostPattern {
+    /// No hostname given: matches every host.
+    Any,
+    /// `*.example.com`, stored as the suffix `.example.com`.
+    Wildcard(String),
+    Exact(String),
+}
+
+impl HostPattern {
+    /// Parse a Gateway API hostname (lower-cased; `*.x` is a wildcard).
+    pub fn parse(hostname: Option<&str>) -> Self {
+        match hostname {
+            None | Some("") => HostPattern::Any,
+            Some(h) => {
+                let h = h.to_ascii_lowercase();
+                match h.strip_prefix('*') {
+                    Some(suffix) => HostPattern::Wildcard(suffix.to_string()),
+                    None => HostPattern::Exact(h),
+                }
+            }
+        }
+    }
+
+    /// Does this pattern match a request host (already normalized)?
+    pub fn matches(&self, host: &str) -> bool {
+        match self {
+            HostPattern::Any => true,
+            HostPattern::Exact(h) => h == host,
+            HostPattern::Wildcard(suffix) => host.len() > suffix.len() && host.ends_with(suffix),
+        }
+    }
+
+    /// The hostnames both patterns accept, as one pattern, or `None` when
+    /// they do not intersect. The more specific pattern wins.
+    pub fn intersect(&self, other: &HostPattern) -> Option<HostPattern> {
+        use HostPattern::*;
+        match (self, other) {
+            (Any, p) | (p, Any) => Some(p.clone()),
+            (Exact(a), Exact(b)) => (a == b).then(|| self.clone()),
+            (Exact(h), w @ Wildcard(_)) | (w @ Wildcard(_), Exact(h)) => {
+                w.matches(h).then(|| Exact(h.clone()))
+            }
+            (Wildcard(a), Wildcard(b)) => {
+                if a.ends_with(b.as_str()) {
+                    Some(self.clone())
+                } else if b.ends_with(a.as_str()) {
+                    Some(other.clone())
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
+    /// Rank for "precedence must be given to rules from the HTTPRoute with
+    /// the largest number of: characters in a matching non-wildcard
+    /// hostname; characters in a matching hostname". Smaller sorts first.
+    pub fn precedence(&self) -> (Reverse<usize>, Reverse<usize>) {
+        match self {
+            HostPattern::Exact(h) => (Reverse(h.len()), Reverse(h.len())),
+            HostPattern::Wildcard(s) => (Reverse(0), Reverse(s.len() + 1)),
+            HostPattern::Any => (Reverse(0), Reverse(0)),
+        }
+    }
+}
+
+impl std::fmt::Display for HostPattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HostPattern::Any => f.write_str("*"),
+            HostPattern::Wildcard(s) => write!(f, "*{s}"),
+            HostPattern::Exact(h) => f.write_str(h),
+        }
+    }
+}
+
+/// The host a request is for, as hostnames are matched: without the port,
+/// lower case, without a trailing dot. Per the spec, "Implementations MUST
+/// ignore any port value specified in the HTTP Host header".
+pub fn normalize_host(host: &str) -> String {
+    let without_port = if host.starts_with('[') {
+        // IPv6 literal: keep up to the closing bracket.
+        match host.find(']') {
+            Some(end) => &host[..=end],
+            None => host,
+        }
+    } else {
+        match host.rfind(':') {
+            Some(i) if host[i + 1..].bytes().all(|b| b.is_ascii_digit()) => &host[..i],
+            _ => host,
+        }
+    };
+    without_port.trim_end_matches('.').to_ascii_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> HostPattern {
+        HostPattern::parse(Some(s))
+    }
+
+    #[test]
+    fn wildcard_is_a_suffix_match_over_one_or_more_labels() {
+        let w = p("*.example.com");
+        assert!(w.matches("test.example.com"));
+        assert!(w.matches("foo.test.example.com"));
+        assert!(!w.matches("example.com"));
+        assert!(!w.matches("test.example.net"));
+    }
+
+    #[test]
+    fn intersections_follow_the_spec_examples() {
+        let listener = p("*.example.com");
+        assert_eq!(
+            listener.intersect(&p("test.example.com")),
+            Some(p("test.example.com"))
+        );
+        assert_eq!(
+            listener.intersect(&p("foo.test.example.com")),
+            Some(p("foo.test.example.com"))
+        );
+        assert_eq!(
+            listener.intersect(&p("*.example.com")),
+            Some(p("*.example.com"))
+        );
+        assert_eq!(
+            listener.intersect(&p("*.test.example.com")),
+            Some(p("*.test.example.com"))
+        );
+        assert_eq!(listener.intersect(&p("*.com")), Some(p("*.example.com")));
+        assert_eq!(listener.intersect(&p("example.com")), None);
+        assert_eq!(listener.intersect(&p("test.example.net")), None);
+        assert_eq!(HostPattern::Any.intersect(&p("a.b")), Some(p("a.b")));
+        assert_eq!(
+            p("test.example.com").intersect(&p("test.example.com")),
+            Some(p("test.example.com"))
+        );
+    }
+
+    #[test]
+    fn exact_beats_wildcard_and_longer_wildcard_beats_shorter() {
+        let mut v = vec![
+            HostPattern::Any,
+            p("*.com"),
+            p("a.example.com"),
+            p("*.example.com"),
+        ];
+        v.sort_by_key(|h| h.precedence());
+        assert_eq!(
+            v,
+            vec![
+                p("a.example.com"),
+                p("*.example.com"),
+                p("*.com"),
+                HostPattern::Any
+            ]
+        );
+    }
+
+    #[test]
+    fn host_header_is_normalized() {
+        assert_eq!(normalize_host("Example.COM:8080"), "example.com");
+        assert_eq!(normalize_host("example.com."), "example.com");
+        assert_eq!(normalize_host("[::1]:80"), "[::1]");
+        assert_eq!(normalize_host("10.0.0.1"), "10.0.0.1");
+    }
+}

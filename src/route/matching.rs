@@ -1,0 +1,243 @@
+//! HTTPRouteMatch, compiled: path, headers, query parameters and method.
+//!
+//! Per the spec, the conditions of one match are ANDed; the entries of a
+//! rule's `matches` are ORed (each becomes its own candidate in the table);
+//! "If no matches are specified, the default is a prefix path match on '/'".
+
+use http::{HeaderMap, HeaderName, Method};
+use regex::Regex;
+
+/// A path condition.
+#[derive(Debug, Clone)]
+pub enum PathMatch {
+    Exact(String),
+    /// Whole path segments: `/foo` matches `/foo`, `/foo/` and `/foo/bar`,
+    /// never `/foobar`. Stored without a trailing slash (except `/`).
+    Prefix(String),
+    /// Anchored at both ends: the whole path must match.
+    RegularExpression(Regex),
+}
+
+impl PathMatch {
+    /// A `PathPrefix` match; the trailing slash of the value is ignored.
+    pub fn prefix(value: &str) -> Self {
+        let trimmed = value.trim_end_matches('/');
+        PathMatch::Prefix(if trimmed.is_empty() {
+            "/".into()
+        } else {
+            trimmed.into()
+        })
+    }
+
+    /// A `RegularExpression` match over the whole path.
+    pub fn regex(pattern: &str) -> Result<Self, regex::Error> {
+        anchored(pattern).map(PathMatch::RegularExpression)
+    }
+
+    pub fn matches(&self, path: &str) -> bool {
+        match self {
+            PathMatch::Exact(p) => path == p,
+            PathMatch::Prefix(p) => {
+                p == "/"
+                    || (path.starts_with(p.as_str())
+                        && matches!(path.as_bytes().get(p.len()), None | Some(b'/')))
+            }
+            PathMatch::RegularExpression(re) => re.is_match(path),
+        }
+    }
+}
+
+/// How a header or query parameter value is compared.
+#[derive(Debug, Clone)]
+pub enum ValueMatch {
+    Exact(String),
+    /// Anchored at both ends: the whole value must match.
+    RegularExpression(Regex),
+}
+
+impl ValueMatch {
+    pub fn regex(pattern: &str) -> Result<Self, regex::Error> {
+        anchored(pattern).map(ValueMatch::RegularExpression)
+    }
+
+    pub fn matches(&self, value: &[u8]) -> bool {
+        match self {
+            ValueMatch::Exact(v) => v.as_bytes() == value,
+            ValueMatch::RegularExpression(re) => {
+                std::str::from_utf8(value).is_ok_and(|v| re.is_match(v))
+            }
+        }
+    }
+}
+
+fn anchored(pattern: &str) -> Result<Regex, regex::Error> {
+    Regex::new(&format!("^(?:{pattern})$"))
+}
+
+/// A header condition. Header names are case-insensitive (`HeaderName` is
+/// always lower case); a request carrying the header several times matches
+/// when any of its values does.
+#[derive(Debug, Clone)]
+pub struct HeaderMatch {
+    pub name: HeaderName,
+    pub value: ValueMatch,
+}
+
+/// A query parameter condition. Names are case-sensitive; values are
+/// compared after percent-decoding; the first occurrence counts.
+#[derive(Debug, Clone)]
+pub struct QueryMatch {
+    pub name: String,
+    pub value: ValueMatch,
+}
+
+/// One entry of a rule's `matches`, all conditions ANDed.
+#[derive(Debug, Clone)]
+pub struct RequestMatch {
+    pub path: PathMatch,
+    pub method: Option<Method>,
+    pub headers: Vec<HeaderMatch>,
+    pub query: Vec<QueryMatch>,
+}
+
+impl Default for RequestMatch {
+    /// The spec's default: a prefix match on `/`.
+    fn default() -> Self {
+        RequestMatch {
+            path: PathMatch::prefix("/"),
+            method: None,
+            headers: Vec::new(),
+            query: Vec::new(),
+        }
+    }
+}
+
+impl RequestMatch {
+    /// Does a request with this method, path, query and headers match?
+    pub fn matches(
+        &self,
+        method: &Method,
+        path: &str,
+        query: Option<&str>,
+        headers: &HeaderMap,
+    ) -> bool {
+        if let Some(m) = &self.method {
+            if m != method {
+                return false;
+            }
+        }
+        if !self.path.matches(path) {
+            return false;
+        }
+        let headers_ok = self.headers.iter().all(|h| {
+            headers
+                .get_all(&h.name)
+                .iter()
+                .any(|v| h.value.matches(v.as_bytes()))
+        });
+        if !headers_ok {
+            return false;
+        }
+        self.query.iter().all(|q| {
+            query
+                .and_then(|qs| {
+                    form_urlencoded::parse(qs.as_bytes())
+                        .find(|(k, _)| k == q.name.as_str())
+                        .map(|(_, v)| q.value.matches(v.as_bytes()))
+                })
+                .unwrap_or(false)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn prefix_matches_whole_segments_only() {
+        let m = PathMatch::prefix("/foo");
+        for ok in ["/foo", "/foo/", "/foo/bar"] {
+            assert!(m.matches(ok), "{ok}");
+        }
+        assert!(!m.matches("/foobar"));
+        assert!(!m.matches("/fo"));
+        let with_slash = PathMatch::prefix("/foo/");
+        assert!(with_slash.matches("/foo"));
+        assert!(with_slash.matches("/foo/bar"));
+        assert!(!with_slash.matches("/foobar"));
+        assert!(PathMatch::prefix("/").matches("/anything"));
+    }
+
+    #[test]
+    fn exact_and_regex_paths_match_the_whole_path() {
+        assert!(PathMatch::Exact("/a".into()).matches("/a"));
+        assert!(!PathMatch::Exact("/a".into()).matches("/a/"));
+        let re = PathMatch::regex("/v[0-9]+/.*").unwrap();
+        assert!(re.matches("/v2/users"));
+        assert!(!re.matches("/api/v2/users"));
+    }
+
+    #[test]
+    fn conditions_are_anded_and_header_names_are_case_insensitive() {
+        let m = RequestMatch {
+            path: PathMatch::prefix("/"),
+            method: Some(Method::POST),
+            headers: vec![
+                HeaderMatch {
+                    name: HeaderName::from_static("x-canary"),
+                    value: ValueMatch::Exact("yes".into()),
+                },
+                HeaderMatch {
+                    name: HeaderName::from_static("x-ver"),
+                    value: ValueMatch::regex("v[12]").unwrap(),
+                },
+            ],
+            query: vec![QueryMatch {
+                name: "debug".into(),
+                value: ValueMatch::Exact("a b".into()),
+            }],
+        };
+        let h = headers(&[("X-Canary", "yes"), ("X-VER", "v2")]);
+        assert!(m.matches(&Method::POST, "/x", Some("debug=a%20b"), &h));
+        assert!(!m.matches(&Method::GET, "/x", Some("debug=a%20b"), &h));
+        assert!(!m.matches(&Method::POST, "/x", Some("debug=ab"), &h));
+        assert!(!m.matches(&Method::POST, "/x", None, &h));
+        assert!(!m.matches(
+            &Method::POST,
+            "/x",
+            Some("debug=a%20b"),
+            &headers(&[("x-canary", "yes"), ("x-ver", "v3")])
+        ));
+        // Query parameter names are case-sensitive.
+        assert!(!m.matches(&Method::POST, "/x", Some("DEBUG=a%20b"), &h));
+    }
+
+    #[test]
+    fn repeated_header_matches_when_any_value_does() {
+        let m = RequestMatch {
+            headers: vec![HeaderMatch {
+                name: HeaderName::from_static("x-env"),
+                value: ValueMatch::Exact("canary".into()),
+            }],
+            ..RequestMatch::default()
+        };
+        assert!(m.matches(
+            &Method::GET,
+            "/",
+            None,
+            &headers(&[("x-env", "prod"), ("x-env", "canary")])
+        ));
+    }
+}

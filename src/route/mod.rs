@@ -1,0 +1,234 @@
+//! The compiled route table: what the proxy consults for every request.
+//!
+//! `translate` builds a [`RouteTable`] once per configuration change with a
+//! [`RouteTableBuilder`]; the proxy only ever reads it. Nothing here knows
+//! about Kubernetes objects: rules, matches and backends are plain data, so
+//! matching, precedence and weighted choice are tested as pure functions.
+//!
+//! A table is immutable once built and is swapped in whole (`arc_swap`), so a
+//! request always finishes on the table it started with.
+
+mod hostname;
+mod matching;
+mod table;
+mod weighted;
+
+pub use hostname::{HostPattern, normalize_host};
+pub use matching::{HeaderMatch, PathMatch, QueryMatch, RequestMatch, ValueMatch};
+pub use table::{
+    ListenerRoutes, Lookup, PortRoutes, RouteMatch, RouteOrder, RouteTable, RouteTableBuilder,
+};
+pub use weighted::WeightedPicker;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue, StatusCode};
+
+/// Identity of one HTTPRoute rule, used in logs, metrics and `/status` dumps.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RuleId {
+    pub namespace: String,
+    pub route: String,
+    pub index: usize,
+    /// The rule's `name` (Gateway API named rules), when it has one.
+    pub name: Option<String>,
+}
+
+impl std::fmt::Display for RuleId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "httproute/{}/{}/rule/{}",
+            self.namespace, self.route, self.index
+        )
+    }
+}
+
+/// One HTTPRoute rule, compiled: filters to apply and the weighted backends.
+#[derive(Debug)]
+pub struct Rule {
+    pub id: RuleId,
+    /// Rule-level filters, in the order the HTTPRoute lists them.
+    pub filters: Vec<Filter>,
+    pub backends: BackendSplit,
+    pub timeouts: Timeouts,
+}
+
+/// HTTPRoute rule `timeouts`; `None` means no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timeouts {
+    pub request: Option<Duration>,
+    pub backend_request: Option<Duration>,
+}
+
+/// The backendRefs of a rule with their weights and the lock-free picker
+/// that spreads requests over them exactly in proportion to the weights.
+#[derive(Debug)]
+pub struct BackendSplit {
+    backends: Vec<Backend>,
+    picker: WeightedPicker,
+}
+
+/// What a rule with backendRefs decided for one request.
+#[derive(Debug)]
+pub enum BackendChoice<'a> {
+    /// A backend was chosen by weight (it may still be unresolved: 500, or
+    /// empty: 503; see [`BackendTarget`]).
+    Backend(&'a Backend),
+    /// The rule has backendRefs but every weight is 0: the spec says 500.
+    AllWeightsZero,
+    /// The rule has no backendRefs at all. Without a redirect filter the
+    /// spec says 500.
+    NoBackends,
+}
+
+impl BackendSplit {
+    pub fn new(backends: Vec<Backend>) -> Self {
+        let weights: Vec<u64> = backends.iter().map(|b| u64::from(b.weight)).collect();
+        BackendSplit {
+            picker: WeightedPicker::new(&weights),
+            backends,
+        }
+    }
+
+    pub fn backends(&self) -> &[Backend] {
+        &self.backends
+    }
+
+    /// Choose the backend for one request. Per request, never per
+    /// connection, so a keep-alive client is spread like everyone else.
+    pub fn choose(&self) -> BackendChoice<'_> {
+        if self.backends.is_empty() {
+            return BackendChoice::NoBackends;
+        }
+        match self.picker.pick() {
+            Some(i) => BackendChoice::Backend(&self.backends[i]),
+            None => BackendChoice::AllWeightsZero,
+        }
+    }
+}
+
+/// One backendRef of a rule.
+#[derive(Debug)]
+pub struct Backend {
+    /// Readable id: `httproute/<ns>/<route>/rule/<i>/backend/<j>`.
+    pub id: String,
+    /// The Service as `<namespace>/<name>:<port>` (the metrics label).
+    pub service: String,
+    pub weight: u32,
+    pub target: BackendTarget,
+    /// Backend-level filters (header modifiers), applied after the rule's.
+    pub filters: Vec<Filter>,
+}
+
+/// Where a backend's share of the traffic goes.
+#[derive(Debug)]
+pub enum BackendTarget {
+    /// Resolved Service with at least one ready endpoint.
+    Endpoints(EndpointSet),
+    /// Resolved Service with no ready endpoint: its share gets 503.
+    NoReadyEndpoints,
+    /// The reference does not resolve (missing Service, unsupported kind,
+    /// cross-namespace without a ReferenceGrant): its share gets 500.
+    Unresolved { reason: String },
+}
+
+/// How to talk to a backend's endpoints (Service port `appProtocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AppProtocol {
+    #[default]
+    Http1,
+    /// `kubernetes.io/h2c`: HTTP/2 over cleartext with prior knowledge.
+    H2c,
+    /// `kubernetes.io/ws`: HTTP/1.1 with WebSocket upgrades passed through.
+    WebSocket,
+}
+
+/// The ready endpoints of one backend, chosen round robin per request.
+#[derive(Debug)]
+pub struct EndpointSet {
+    addrs: Vec<SocketAddr>,
+    next: AtomicUsize,
+    pub protocol: AppProtocol,
+}
+
+impl EndpointSet {
+    /// `addrs` must not be empty (an empty set is `NoReadyEndpoints`).
+    pub fn new(addrs: Vec<SocketAddr>, protocol: AppProtocol) -> Self {
+        assert!(
+            !addrs.is_empty(),
+            "an EndpointSet needs at least one address"
+        );
+        EndpointSet {
+            addrs,
+            next: AtomicUsize::new(0),
+            protocol,
+        }
+    }
+
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// The next endpoint, round robin across all requests on all threads.
+    pub fn pick(&self) -> SocketAddr {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        self.addrs[n % self.addrs.len()]
+    }
+}
+
+/// An HTTPRoute filter, compiled.
+#[derive(Debug, Clone)]
+pub enum Filter {
+    RequestHeaderModifier(HeaderModifier),
+    ResponseHeaderModifier(HeaderModifier),
+    RequestRedirect(Redirect),
+    UrlRewrite(UrlRewrite),
+    RequestMirror(Mirror),
+}
+
+/// Header edits in the spec's order: set, then add, then remove.
+#[derive(Debug, Clone, Default)]
+pub struct HeaderModifier {
+    pub set: Vec<(HeaderName, HeaderValue)>,
+    pub add: Vec<(HeaderName, HeaderValue)>,
+    pub remove: Vec<HeaderName>,
+}
+
+/// `RequestRedirect`: fields left `None` keep the request's own value.
+#[derive(Debug, Clone)]
+pub struct Redirect {
+    pub scheme: Option<String>,
+    pub hostname: Option<String>,
+    pub path: Option<PathModifier>,
+    pub port: Option<u16>,
+    pub status: StatusCode,
+}
+
+/// `URLRewrite`: fields left `None` keep the request's own value.
+#[derive(Debug, Clone, Default)]
+pub struct UrlRewrite {
+    pub hostname: Option<String>,
+    pub path: Option<PathModifier>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathModifier {
+    ReplaceFullPath(String),
+    /// Replace the part of the path matched by the rule's PathPrefix match.
+    ReplacePrefixMatch(String),
+}
+
+/// `RequestMirror`: a copy of the request goes to `backend`, its response is
+/// discarded, and the client never waits for it.
+#[derive(Debug, Clone)]
+pub struct Mirror {
+    pub backend: Arc<Backend>,
+    /// Mirror this fraction of requests: `numerator / denominator`
+    /// (`percent: 50` is 50/100; absent is 100/100).
+    pub numerator: u32,
+    pub denominator: u32,
+}
