@@ -11,9 +11,11 @@
 #![deny(rust_2018_idioms)]
 
 pub mod admin;
+pub mod echo;
 pub mod metrics;
 pub mod proxy;
 pub mod resources;
 pub mod route;
+pub mod serve;
 pub mod source;
 pub mod translate;
