@@ -11,6 +11,7 @@
 #![deny(rust_2018_idioms)]
 
 pub mod admin;
+pub mod cli;
 pub mod echo;
 pub mod metrics;
 pub mod proxy;

@@ -345,3 +345,425 @@ fn build_listener(l: ListenerBuild) -> ListenerRoutes {
         any,
     }
 }
+
+/// One table test per precedence bullet of the spec, plus the spots where
+/// other implementations drift (STYLE.md #3). Each test inserts the
+/// candidates in the *wrong* order so that insertion order cannot pass it.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route::matching::{HeaderMatch, QueryMatch, ValueMatch};
+    use crate::route::{BackendSplit, RuleId, Timeouts};
+    use http::HeaderName;
+
+    const BIND: &str = "127.0.0.1:8080";
+
+    fn bind() -> SocketAddr {
+        BIND.parse().unwrap()
+    }
+
+    fn rule(route: &str, index: usize) -> Arc<Rule> {
+        Arc::new(Rule {
+            id: RuleId {
+                namespace: "default".into(),
+                route: route.into(),
+                index,
+                name: None,
+            },
+            filters: vec![],
+            backends: BackendSplit::new(vec![]),
+            timeouts: Timeouts::default(),
+        })
+    }
+
+    fn order(name: &str, created: i128) -> RouteOrder {
+        RouteOrder {
+            created,
+            namespace: "default".into(),
+            name: name.into(),
+        }
+    }
+
+    fn path(p: PathMatch) -> RequestMatch {
+        RequestMatch {
+            path: p,
+            ..RequestMatch::default()
+        }
+    }
+
+    fn header(name: &'static str, value: &str) -> HeaderMatch {
+        HeaderMatch {
+            name: HeaderName::from_static(name),
+            value: ValueMatch::Exact(value.into()),
+        }
+    }
+
+    fn query(name: &str, value: &str) -> QueryMatch {
+        QueryMatch {
+            name: name.into(),
+            value: ValueMatch::Exact(value.into()),
+        }
+    }
+
+    /// Which route/rule answers; `None` for no match.
+    fn winner(
+        table: &RouteTable,
+        host: &str,
+        method: Method,
+        uri: &str,
+        headers: &[(&'static str, &str)],
+    ) -> Option<String> {
+        let (p, q) = match uri.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (uri, None),
+        };
+        let mut h = HeaderMap::new();
+        for (k, v) in headers {
+            h.insert(HeaderName::from_static(k), v.parse().unwrap());
+        }
+        match table.lookup(bind(), host, &method, p, q, &h) {
+            Lookup::Matched(m) => Some(format!("{}/{}", m.rule.id.route, m.rule.id.index)),
+            _ => None,
+        }
+    }
+
+    /// A table with one listener (no hostname) and the given rules, each
+    /// `(route, created, rule index, matches)`.
+    fn table(rules: Vec<(&str, i128, usize, Vec<RequestMatch>)>) -> RouteTable {
+        let mut b = RouteTableBuilder::new();
+        let l = b.add_listener(bind(), "gw/http".into(), HostPattern::Any);
+        for (name, created, index, matches) in rules {
+            b.add_rule(
+                l,
+                &[HostPattern::Any],
+                &order(name, created),
+                rule(name, index),
+                matches,
+            );
+        }
+        b.build()
+    }
+
+    #[test]
+    fn exact_path_beats_prefix_of_the_same_length() {
+        let t = table(vec![
+            ("prefix", 0, 0, vec![path(PathMatch::prefix("/a"))]),
+            ("exact", 1, 0, vec![path(PathMatch::Exact("/a".into()))]),
+        ]);
+        assert_eq!(
+            winner(&t, "h", Method::GET, "/a", &[]).as_deref(),
+            Some("exact/0")
+        );
+        assert_eq!(
+            winner(&t, "h", Method::GET, "/a/b", &[]).as_deref(),
+            Some("prefix/0")
+        );
+    }
+
+    #[test]
+    fn longest_prefix_wins_whatever_the_order() {
+        let t = table(vec![
+            ("r", 0, 0, vec![path(PathMatch::prefix("/"))]),
+            ("r", 0, 1, vec![path(PathMatch::prefix("/api"))]),
+            ("r", 0, 2, vec![path(PathMatch::prefix("/api/v2"))]),
+        ]);
+        assert_eq!(
+            winner(&t, "h", Method::GET, "/api/v2/x", &[]).as_deref(),
+            Some("r/2")
+        );
+        assert_eq!(
+            winner(&t, "h", Method::GET, "/api/v1", &[]).as_deref(),
+            Some("r/1")
+        );
+        assert_eq!(
+            winner(&t, "h", Method::GET, "/apix", &[]).as_deref(),
+            Some("r/0")
+        );
+    }
+
+    #[test]
+    fn regex_path_ranks_between_exact_and_prefix() {
+        let t = table(vec![
+            ("prefix", 0, 0, vec![path(PathMatch::prefix("/v1/users"))]),
+            (
+                "regex",
+                1,
+                0,
+                vec![path(PathMatch::regex("/v[0-9]+/.*").unwrap())],
+            ),
+            (
+                "exact",
+                2,
+                0,
+                vec![path(PathMatch::Exact("/v1/users/me".into()))],
+            ),
+        ]);
+        assert_eq!(
+            winner(&t, "h", Method::GET, "/v1/users/me", &[]).as_deref(),
+            Some("exact/0")
+        );
+        assert_eq!(
+            winner(&t, "h", Method::GET, "/v1/users/42", &[]).as_deref(),
+            Some("regex/0")
+        );
+    }
+
+    #[test]
+    fn method_beats_headers_and_is_not_counted_as_a_header() {
+        // Envoy Gateway counts the method as a header match and linkerd ranks
+        // it after headers; the spec ranks "method match" right after the
+        // path. The headered route is older, so a tie would pick it.
+        let with_method = RequestMatch {
+            method: Some(Method::GET),
+            ..RequestMatch::default()
+        };
+        let with_headers = RequestMatch {
+            headers: vec![header("x-a", "1"), header("x-b", "1")],
+            ..RequestMatch::default()
+        };
+        let t = table(vec![
+            ("headers", 0, 0, vec![with_headers]),
+            ("method", 1, 0, vec![with_method]),
+        ]);
+        assert_eq!(
+            winner(&t, "h", Method::GET, "/", &[("x-a", "1"), ("x-b", "1")]).as_deref(),
+            Some("method/0")
+        );
+        assert_eq!(
+            winner(&t, "h", Method::POST, "/", &[("x-a", "1"), ("x-b", "1")]).as_deref(),
+            Some("headers/0")
+        );
+    }
+
+    #[test]
+    fn more_headers_beat_fewer_and_more_query_params_beat_fewer() {
+        let one = RequestMatch {
+            headers: vec![header("x-a", "1")],
+            ..RequestMatch::default()
+        };
+        let two = RequestMatch {
+            headers: vec![header("x-a", "1"), header("x-b", "1")],
+            ..RequestMatch::default()
+        };
+        let q1 = RequestMatch {
+            query: vec![query("a", "1")],
+            ..RequestMatch::default()
+        };
+        let q2 = RequestMatch {
+            query: vec![query("a", "1"), query("b", "1")],
+            ..RequestMatch::default()
+        };
+        let t = table(vec![("one", 0, 0, vec![one]), ("two", 1, 0, vec![two])]);
+        assert_eq!(
+            winner(&t, "h", Method::GET, "/", &[("x-a", "1"), ("x-b", "1")]).as_deref(),
+            Some("two/0")
+        );
+        assert_eq!(
+            winner(&t, "h", Method::GET, "/", &[("x-a", "1")]).as_deref(),
+            Some("one/0")
+        );
+        let t = table(vec![("q1", 0, 0, vec![q1]), ("q2", 1, 0, vec![q2])]);
+        assert_eq!(
+            winner(&t, "h", Method::GET, "/?a=1&b=1", &[]).as_deref(),
+            Some("q2/0")
+        );
+        assert_eq!(
+            winner(&t, "h", Method::GET, "/?a=1", &[]).as_deref(),
+            Some("q1/0")
+        );
+    }
+
+    #[test]
+    fn headers_rank_above_query_params() {
+        let h = RequestMatch {
+            headers: vec![header("x-a", "1")],
+            ..RequestMatch::default()
+        };
+        let q = RequestMatch {
+            query: vec![query("a", "1"), query("b", "1")],
+            ..RequestMatch::default()
+        };
+        let t = table(vec![("query", 0, 0, vec![q]), ("header", 1, 0, vec![h])]);
+        assert_eq!(
+            winner(&t, "h", Method::GET, "/?a=1&b=1", &[("x-a", "1")]).as_deref(),
+            Some("header/0")
+        );
+    }
+
+    #[test]
+    fn ties_go_to_the_oldest_route_then_namespace_name_then_rule_order() {
+        let same = || vec![path(PathMatch::prefix("/"))];
+        let t = table(vec![
+            ("b-newer", 20, 0, same()),
+            ("a-newest", 30, 0, same()),
+            ("z-oldest", 10, 0, same()),
+        ]);
+        assert_eq!(
+            winner(&t, "h", Method::GET, "/", &[]).as_deref(),
+            Some("z-oldest/0")
+        );
+        let t = table(vec![("b", 10, 0, same()), ("a", 10, 0, same())]);
+        assert_eq!(
+            winner(&t, "h", Method::GET, "/", &[]).as_deref(),
+            Some("a/0")
+        );
+        let t = table(vec![("r", 10, 1, same()), ("r", 10, 0, same())]);
+        assert_eq!(
+            winner(&t, "h", Method::GET, "/", &[]).as_deref(),
+            Some("r/0")
+        );
+    }
+
+    #[test]
+    fn no_matches_means_prefix_slash() {
+        let t = table(vec![("r", 0, 0, vec![])]);
+        assert_eq!(
+            winner(&t, "h", Method::DELETE, "/any/path", &[]).as_deref(),
+            Some("r/0")
+        );
+    }
+
+    #[test]
+    fn most_specific_route_hostname_wins_and_falls_through_when_it_does_not_match() {
+        let mut b = RouteTableBuilder::new();
+        let l = b.add_listener(bind(), "gw/http".into(), HostPattern::Any);
+        let p = |s: &str| HostPattern::parse(Some(s));
+        // Oldest first, so the tie-breaks would favour the wrong answer.
+        b.add_rule(
+            l,
+            &[HostPattern::Any],
+            &order("any", 0),
+            rule("any", 0),
+            vec![],
+        );
+        b.add_rule(
+            l,
+            &[p("*.com")],
+            &order("short-wild", 1),
+            rule("short-wild", 0),
+            vec![],
+        );
+        b.add_rule(
+            l,
+            &[p("*.example.com")],
+            &order("long-wild", 2),
+            rule("long-wild", 0),
+            vec![],
+        );
+        b.add_rule(
+            l,
+            &[p("foo.example.com")],
+            &order("exact", 3),
+            rule("exact", 0),
+            vec![path(PathMatch::prefix("/only"))],
+        );
+        let t = b.build();
+        assert_eq!(
+            winner(&t, "foo.example.com", Method::GET, "/only/x", &[]).as_deref(),
+            Some("exact/0")
+        );
+        // The exact hostname's rules do not match: next most specific hostname.
+        assert_eq!(
+            winner(&t, "foo.example.com", Method::GET, "/other", &[]).as_deref(),
+            Some("long-wild/0")
+        );
+        assert_eq!(
+            winner(&t, "bar.example.com", Method::GET, "/", &[]).as_deref(),
+            Some("long-wild/0")
+        );
+        assert_eq!(
+            winner(&t, "a.b.example.com", Method::GET, "/", &[]).as_deref(),
+            Some("long-wild/0")
+        );
+        assert_eq!(
+            winner(&t, "other.com", Method::GET, "/", &[]).as_deref(),
+            Some("short-wild/0")
+        );
+        assert_eq!(
+            winner(&t, "example.org", Method::GET, "/", &[]).as_deref(),
+            Some("any/0")
+        );
+        // `*.example.com` does not match `example.com` itself.
+        assert_eq!(
+            winner(&t, "example.com", Method::GET, "/", &[]).as_deref(),
+            Some("short-wild/0")
+        );
+    }
+
+    #[test]
+    fn the_most_specific_listener_on_a_port_owns_its_hosts() {
+        let mut b = RouteTableBuilder::new();
+        let p = |s: &str| HostPattern::parse(Some(s));
+        let catch_all = b.add_listener(bind(), "gw/any".into(), HostPattern::Any);
+        let wild = b.add_listener(bind(), "gw/wild".into(), p("*.example.com"));
+        let exact = b.add_listener(bind(), "gw/exact".into(), p("foo.example.com"));
+        b.add_rule(
+            catch_all,
+            &[HostPattern::Any],
+            &order("any", 0),
+            rule("any", 0),
+            vec![],
+        );
+        b.add_rule(
+            wild,
+            &[p("*.example.com")],
+            &order("wild", 0),
+            rule("wild", 0),
+            vec![],
+        );
+        b.add_rule(
+            exact,
+            &[p("foo.example.com")],
+            &order("exact", 0),
+            rule("exact", 0),
+            vec![path(PathMatch::Exact("/x".into()))],
+        );
+        let t = b.build();
+        assert_eq!(
+            winner(&t, "foo.example.com", Method::GET, "/x", &[]).as_deref(),
+            Some("exact/0")
+        );
+        // Listener isolation: the exact listener owns foo.example.com even
+        // where its routes do not match; less specific listeners never see it.
+        assert_eq!(winner(&t, "foo.example.com", Method::GET, "/y", &[]), None);
+        assert_eq!(
+            winner(&t, "bar.example.com", Method::GET, "/y", &[]).as_deref(),
+            Some("wild/0")
+        );
+        assert_eq!(
+            winner(&t, "bar.example.org", Method::GET, "/y", &[]).as_deref(),
+            Some("any/0")
+        );
+    }
+
+    #[test]
+    fn unknown_socket_or_host_finds_no_listener() {
+        let mut b = RouteTableBuilder::new();
+        b.add_listener(
+            bind(),
+            "gw/only".into(),
+            HostPattern::parse(Some("a.example.com")),
+        );
+        let t = b.build();
+        let h = HeaderMap::new();
+        assert!(matches!(
+            t.lookup(bind(), "b.example.com", &Method::GET, "/", None, &h),
+            Lookup::NoListener
+        ));
+        assert!(matches!(
+            t.lookup(
+                "127.0.0.1:1".parse().unwrap(),
+                "a.example.com",
+                &Method::GET,
+                "/",
+                None,
+                &h
+            ),
+            Lookup::NoListener
+        ));
+        assert!(matches!(
+            t.lookup(bind(), "a.example.com", &Method::GET, "/", None, &h),
+            Lookup::NoRoute { .. }
+        ));
+    }
+}

@@ -1,0 +1,1 @@
+//! Subcommands other than `serve`: `check` and `demo`.
