@@ -1,0 +1,8 @@
+//! End-to-end tests: the `sluice` binary serving real manifests, requests
+//! through real sockets to echo backends and back. One test binary (faster
+//! to build); one module per part of the issue.
+
+mod support;
+
+mod backend_errors;
+mod weights;

@@ -1,0 +1,387 @@
+//! The end-to-end harness: the real `sluice` binary, real manifests in a
+//! temporary directory, echo backends on loopback, and a real HTTP client.
+//!
+//! Ports are ephemeral: backends bind port 0; the gateway's listener and
+//! admin ports are taken free from the OS just before the gateway starts.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener as StdTcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use sluice::echo::{EchoIdentity, EchoResponse, EchoServer};
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    StdTcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("the OS hands out an ephemeral port")
+        .port()
+}
+
+/// GatewayClass `sluice` and Gateway `default/gw` with one HTTP listener on
+/// the test's port (`{{PORT}}`) that admits routes from every namespace.
+pub fn gateway() -> String {
+    r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata:
+  name: sluice
+spec:
+  controllerName: sluice.dev/gateway-controller
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata:
+  name: gw
+  namespace: default
+spec:
+  gatewayClassName: sluice
+  listeners:
+  - name: http
+    protocol: HTTP
+    port: {{PORT}}
+    allowedRoutes:
+      namespaces:
+        from: All
+"#
+    .to_string()
+}
+
+/// The pods of one Service: echo servers on loopback.
+pub struct Pods {
+    pub namespace: String,
+    pub service: String,
+    pub servers: Vec<EchoServer>,
+}
+
+impl Pods {
+    pub async fn start(namespace: &str, service: &str, count: usize) -> Pods {
+        let mut servers = Vec::new();
+        for i in 0..count {
+            let identity = EchoIdentity {
+                pod: format!("{service}-{i}"),
+                namespace: namespace.into(),
+                service: service.into(),
+            };
+            servers.push(
+                sluice::echo::start("127.0.0.1:0".parse().unwrap(), identity)
+                    .await
+                    .expect("echo backend binds"),
+            );
+        }
+        Pods { namespace: namespace.into(), service: service.into(), servers }
+    }
+
+    /// Requests received by all pods together.
+    pub fn requests(&self) -> u64 {
+        self.servers.iter().map(|s| s.requests()).sum()
+    }
+
+    /// Service (port 8080) plus one EndpointSlice per pod (each pod listens
+    /// on its own port), every endpoint ready.
+    pub fn manifests(&self) -> String {
+        self.manifests_with_readiness(|_| None)
+    }
+
+    /// Like [`manifests`](Self::manifests); `ready(i)` gives pod i's
+    /// `conditions.ready` (None leaves it unset, which means ready).
+    pub fn manifests_with_readiness(&self, ready: impl Fn(usize) -> Option<bool>) -> String {
+        let (ns, svc) = (&self.namespace, &self.service);
+        let mut out = format!(
+            r#"
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: {svc}
+  namespace: {ns}
+spec:
+  ports:
+  - port: 8080
+"#
+        );
+        for (i, s) in self.servers.iter().enumerate() {
+            let conditions = match ready(i) {
+                Some(r) => format!("\n    conditions:\n      ready: {r}"),
+                None => String::new(),
+            };
+            out.push_str(&format!(
+                r#"
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {svc}-{i}
+  namespace: {ns}
+  labels:
+    kubernetes.io/service-name: {svc}
+addressType: IPv4
+ports:
+- port: {port}
+endpoints:
+- addresses: ["127.0.0.1"]{conditions}
+"#,
+                port = s.local_addr().port()
+            ));
+        }
+        out
+    }
+
+    /// Requests received per pod.
+    pub fn per_pod(&self) -> Vec<u64> {
+        self.servers.iter().map(|s| s.requests()).collect()
+    }
+}
+
+/// A running `sluice serve` process on a temporary manifest directory.
+pub struct Sluice {
+    child: Child,
+    pub dir: tempfile::TempDir,
+    /// The Gateway listener's port (put it in the manifests with [`gateway`]).
+    pub port: u16,
+    pub admin: SocketAddr,
+}
+
+impl Sluice {
+    /// Start the gateway on `files` (name, content) after replacing
+    /// `{{PORT}}` with the listener port. Waits until `/readyz` answers 200.
+    pub async fn start(files: &[(&str, String)]) -> Sluice {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        for (name, content) in files {
+            std::fs::write(dir.path().join(name), content.replace("{{PORT}}", &port.to_string())).unwrap();
+        }
+        let log = std::fs::File::create(dir.path().join("sluice.log.txt")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("serve")
+            .arg("-f")
+            .arg(dir.path())
+            .args(["--bind", "127.0.0.1", "--admin", &admin.to_string()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("the sluice binary starts");
+        let sluice = Sluice { child, dir, port, admin };
+        sluice.wait_ready().await;
+        sluice
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok((StatusCode::OK, _)) = admin_get(self.admin, "/readyz").await {
+                return;
+            }
+            assert!(Instant::now() < deadline, "sluice not ready in 30s; log:\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("sluice.log.txt")).unwrap_or_default()
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Replace a manifest file (same `{{PORT}}` substitution), atomically by
+    /// rename as editors and `kubectl`-style tools do.
+    pub fn write(&self, name: &str, content: &str) {
+        let tmp = self.dir.path().join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, content.replace("{{PORT}}", &self.port.to_string())).unwrap();
+        std::fs::rename(tmp, self.path(name)).unwrap();
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// A keep-alive HTTP/1.1 connection to the gateway's listener.
+    pub async fn connect(&self) -> Conn {
+        Conn::open(self.addr()).await
+    }
+
+    /// `/status` as JSON.
+    pub async fn status(&self) -> serde_json::Value {
+        let (code, body) = admin_get(self.admin, "/status").await.expect("admin answers");
+        assert_eq!(code, StatusCode::OK);
+        serde_json::from_slice(&body).expect("/status is JSON")
+    }
+
+    /// The status of one object from `/status`.
+    pub async fn object_status(&self, kind: &str, namespace: Option<&str>, name: &str) -> serde_json::Value {
+        let all = self.status().await;
+        all.as_array()
+            .expect("/status is an array")
+            .iter()
+            .find(|o| {
+                o["kind"] == kind
+                    && o["metadata"]["name"] == name
+                    && namespace.is_none_or(|ns| o["metadata"]["namespace"] == ns)
+            })
+            .cloned()
+            .unwrap_or_else(|| panic!("{kind} {name} not in /status: {all:#}"))
+    }
+
+    /// `/errors` as JSON.
+    pub async fn errors(&self) -> serde_json::Value {
+        let (_, body) = admin_get(self.admin, "/errors").await.expect("admin answers");
+        serde_json::from_slice(&body).expect("/errors is JSON")
+    }
+
+    pub async fn metrics(&self) -> String {
+        let (_, body) = admin_get(self.admin, "/metrics").await.expect("admin answers");
+        String::from_utf8_lossy(&body).into_owned()
+    }
+
+    /// Poll until `check` holds for a fresh response to `GET host path`, or
+    /// panic after 15 s. For waiting on a reload.
+    pub async fn eventually(&self, host: &str, path: &str, check: impl Fn(&Resp) -> bool) -> Resp {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let mut conn = self.connect().await;
+            let r = conn.get(host, path).await;
+            if check(&r) {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "condition never held; last response {r:?}; log:\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One GET on a fresh connection to the admin listener.
+pub async fn admin_get(admin: SocketAddr, path: &str) -> Result<(StatusCode, Bytes), String> {
+    let stream = tokio::net::TcpStream::connect(admin).await.map_err(|e| e.to_string())?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = Request::get(path).header("host", "admin").body(Full::new(Bytes::new())).unwrap();
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    let code = resp.status();
+    let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+    Ok((code, body))
+}
+
+/// A response, fully read.
+#[derive(Debug, Clone)]
+pub struct Resp {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Resp {
+    /// The echo backend's description of the request it received.
+    pub fn echo(&self) -> EchoResponse {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not an echo response ({e}): {} {:?}", self.status, self.body))
+    }
+
+    /// The pod that answered, or `"<status>"` when the gateway answered itself.
+    pub fn pod(&self) -> String {
+        if self.status == StatusCode::OK {
+            self.echo().pod
+        } else {
+            format!("<{}>", self.status.as_u16())
+        }
+    }
+}
+
+/// One client connection, reused for every request (HTTP/1.1 keep-alive).
+pub struct Conn {
+    send: SendRequest<Full<Bytes>>,
+}
+
+impl Conn {
+    pub async fn open(addr: SocketAddr) -> Conn {
+        let stream = tokio::net::TcpStream::connect(addr).await.expect("gateway accepts");
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("http/1.1 handshake");
+        tokio::spawn(conn);
+        Conn { send }
+    }
+
+    pub async fn send(&mut self, req: Request<Full<Bytes>>) -> Resp {
+        self.send.ready().await.expect("connection still open");
+        let resp = self.send.send_request(req).await.expect("gateway answers");
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.expect("whole body").to_bytes();
+        Resp { status: parts.status, headers: parts.headers, body }
+    }
+
+    pub async fn get(&mut self, host: &str, path: &str) -> Resp {
+        self.get_with(host, path, &[]).await
+    }
+
+    pub async fn get_with(&mut self, host: &str, path: &str, headers: &[(&str, &str)]) -> Resp {
+        let mut req = Request::get(path).header("host", host);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        self.send(req.body(Full::new(Bytes::new())).unwrap()).await
+    }
+
+    /// Send `n` GETs and count the answers by pod (or `<status>`).
+    pub async fn tally(&mut self, n: usize, host: &str, path: &str, headers: &[(&str, &str)]) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for _ in 0..n {
+            *counts.entry(self.get_with(host, path, headers).await.pod()).or_insert(0) += 1;
+        }
+        counts
+    }
+}
+
+/// Sum a tally by service: pod names are `<service>-<i>`.
+pub fn by_service(tally: &BTreeMap<String, usize>) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for (pod, n) in tally {
+        let service = match pod.rsplit_once('-') {
+            Some((svc, i)) if i.bytes().all(|b| b.is_ascii_digit()) => svc.to_string(),
+            _ => pod.clone(),
+        };
+        *out.entry(service).or_insert(0) += n;
+    }
+    out
+}
+
+/// An HTTPRoute on `default/gw` with the given body under `spec` (indented
+/// by the caller to sit under `spec:`).
+pub fn route(namespace: &str, name: &str, spec: &str) -> String {
+    format!(
+        r#"
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: {name}
+  namespace: {namespace}
+spec:
+  parentRefs:
+  - name: gw
+    namespace: default
+{spec}
+"#
+    )
+}
