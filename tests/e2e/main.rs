@@ -5,4 +5,7 @@
 mod support;
 
 mod backend_errors;
+mod hostnames;
+mod matching;
+mod precedence;
 mod weights;
