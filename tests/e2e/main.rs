@@ -5,6 +5,8 @@
 mod support;
 
 mod backend_errors;
+mod filters;
+mod forwarding;
 mod hostnames;
 mod matching;
 mod precedence;
