@@ -10,4 +10,6 @@ mod forwarding;
 mod hostnames;
 mod matching;
 mod precedence;
+mod reload;
+mod status;
 mod weights;
