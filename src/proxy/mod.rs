@@ -5,12 +5,37 @@
 //! choose an endpoint, forward on a pooled connection, apply response
 //! filters, record metrics. The table is swapped atomically on reload;
 //! connection pools are keyed by endpoint and outlive tables.
+//!
+//! Not supported yet: protocol upgrades (WebSocket) are not passed through
+//! (`Upgrade` is a hop-by-hop header and is removed), and timeouts cover the
+//! time to the response headers, not the streaming of the body after them.
 
+mod body;
+mod error;
+mod filters;
+mod handler;
+
+pub use body::ResponseBody;
+pub use error::{ErrorSource, ProxyError};
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::task::AbortHandle;
 
 use crate::metrics::Metrics;
 use crate::route::RouteTable;
+use body::UpstreamBody;
 
 /// A socket the proxy could not listen on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,23 +44,165 @@ pub struct BindFailure {
     pub error: String,
 }
 
+/// How long an idle pooled connection to an endpoint is kept.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// What every connection and request of the proxy shares.
+pub(crate) struct Shared {
+    table: ArcSwap<RouteTable>,
+    metrics: Arc<Metrics>,
+    /// HTTP/1.1 to endpoints, pooled per endpoint address; outlives tables.
+    client: Client<HttpConnector, UpstreamBody>,
+    /// HTTP/2 with prior knowledge, for `appProtocol: kubernetes.io/h2c`.
+    h2_client: Client<HttpConnector, UpstreamBody>,
+    /// The accept loop of each bound socket, by its configured address.
+    listeners: Mutex<BTreeMap<SocketAddr, AbortHandle>>,
+}
+
 /// The running proxy. Cheap to clone.
 #[derive(Clone)]
 pub struct Proxy {
-    metrics: Arc<Metrics>,
+    shared: Arc<Shared>,
 }
 
 impl Proxy {
     pub fn new(metrics: Arc<Metrics>) -> Self {
-        Proxy { metrics }
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .build(connector.clone());
+        let h2_client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .http2_only(true)
+            .build(connector);
+        Proxy {
+            shared: Arc::new(Shared {
+                table: ArcSwap::from_pointee(RouteTable::default()),
+                metrics,
+                client,
+                h2_client,
+                listeners: Mutex::new(BTreeMap::new()),
+            }),
+        }
     }
 
     /// Swap in `table` and make the set of listening sockets match its
     /// binds: new sockets are bound, sockets no longer named stop accepting
     /// (their open connections finish what they are doing). Returns the
     /// sockets that could not be bound; every other socket serves.
+    ///
+    /// Sockets the previous table already had are kept as they are, so
+    /// applying tables with the same binds never rebinds.
     pub async fn apply(&self, table: RouteTable) -> Vec<BindFailure> {
-        let _ = (&self.metrics, table);
-        Vec::new()
+        let wanted: Vec<SocketAddr> = table.binds().collect();
+        self.shared.table.store(Arc::new(table));
+        self.sync_listeners(&wanted)
+    }
+
+    /// The table requests are served from now.
+    pub fn table(&self) -> Arc<RouteTable> {
+        self.shared.table.load_full()
+    }
+
+    /// The sockets currently accepting connections.
+    pub fn active_binds(&self) -> Vec<SocketAddr> {
+        self.lock_listeners().keys().copied().collect()
+    }
+
+    /// Stop accepting on every socket. Connections already open finish
+    /// their requests.
+    pub fn shutdown(&self) {
+        let mut listeners = self.lock_listeners();
+        for (_, accept) in std::mem::take(&mut *listeners) {
+            accept.abort();
+        }
+    }
+
+    fn lock_listeners(&self) -> std::sync::MutexGuard<'_, BTreeMap<SocketAddr, AbortHandle>> {
+        // A panic while holding this lock cannot leave the map inconsistent
+        // (each change is one insert or remove), so poisoning is ignored.
+        self.shared
+            .listeners
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn sync_listeners(&self, wanted: &[SocketAddr]) -> Vec<BindFailure> {
+        let mut listeners = self.lock_listeners();
+        listeners.retain(|bind, accept| {
+            let keep = wanted.contains(bind);
+            if !keep {
+                tracing::info!(%bind, "listener removed, no longer accepting");
+                accept.abort();
+            }
+            keep
+        });
+        let mut failures = Vec::new();
+        for &bind in wanted {
+            if listeners.contains_key(&bind) {
+                continue;
+            }
+            match listen(bind) {
+                Ok(listener) => {
+                    tracing::info!(%bind, "listening");
+                    let shared = self.shared.clone();
+                    let task = tokio::spawn(accept_loop(shared, listener, bind));
+                    listeners.insert(bind, task.abort_handle());
+                }
+                Err(e) => {
+                    tracing::warn!(%bind, error = %e, "cannot listen");
+                    failures.push(BindFailure {
+                        bind,
+                        error: e.to_string(),
+                    });
+                }
+            }
+        }
+        failures
+    }
+}
+
+fn listen(bind: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if bind.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(bind)?;
+    socket.listen(1024)
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAddr) {
+    loop {
+        let (stream, client) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of file descriptors and the like: back off briefly
+                // instead of spinning.
+                tracing::warn!(%bind, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(handler::handle(&shared, req, client, bind).await) }
+            });
+            let builder = auto::Builder::new(TokioExecutor::new());
+            if let Err(e) = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(%client, error = %e, "connection ended with an error");
+            }
+        });
     }
 }

@@ -1,0 +1,240 @@
+//! Bodies on both sides of the proxy, streamed frame by frame.
+//!
+//! Nothing here buffers a whole body. A request that is mirrored has its
+//! body teed: each frame goes to the backend and, through a small bounded
+//! channel filled with `try_send`, to each mirror. A mirror that falls
+//! behind is cut off (its copy fails) so it can never slow the client down.
+
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::sync::mpsc;
+
+/// The error type of bodies sent upstream.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Frames a mirror may lag behind the backend before it is dropped.
+pub const MIRROR_BUFFER_FRAMES: usize = 64;
+
+/// A response body sent to the client: the backend's, streamed, or a short
+/// one made by the proxy (errors, redirects).
+#[derive(Debug)]
+pub enum ResponseBody {
+    Upstream(Incoming),
+    Full(Option<Bytes>),
+}
+
+impl ResponseBody {
+    pub fn full(text: &'static str) -> Self {
+        ResponseBody::Full(Some(Bytes::from_static(text.as_bytes())))
+    }
+
+    pub fn empty() -> Self {
+        ResponseBody::Full(None)
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            ResponseBody::Upstream(b) => Pin::new(b).poll_frame(cx),
+            ResponseBody::Full(b) => Poll::Ready(b.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ResponseBody::Upstream(b) => b.is_end_stream(),
+            ResponseBody::Full(b) => b.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ResponseBody::Upstream(b) => b.size_hint(),
+            ResponseBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            ResponseBody::Full(None) => SizeHint::with_exact(0),
+        }
+    }
+}
+
+/// A request body sent to a backend or a mirror.
+#[derive(Debug)]
+pub enum UpstreamBody {
+    Empty,
+    /// The client's body, passed through.
+    Incoming(Incoming),
+    /// The client's body, copied to mirrors as it passes through.
+    Tee(Tee),
+    /// A mirror's copy of the client's body.
+    Mirror(MirrorCopy),
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            UpstreamBody::Empty => Poll::Ready(None),
+            UpstreamBody::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            UpstreamBody::Tee(t) => t.poll_frame(cx),
+            UpstreamBody::Mirror(m) => m.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Empty => true,
+            UpstreamBody::Incoming(b) => b.is_end_stream(),
+            UpstreamBody::Tee(t) => t.inner.is_end_stream(),
+            UpstreamBody::Mirror(m) => m.done,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::Empty => SizeHint::with_exact(0),
+            UpstreamBody::Incoming(b) => b.size_hint(),
+            UpstreamBody::Tee(t) => t.inner.size_hint(),
+            UpstreamBody::Mirror(m) => m.size.clone(),
+        }
+    }
+}
+
+enum MirrorFrame {
+    Frame(Frame<Bytes>),
+    /// The client's body ended normally.
+    End,
+}
+
+impl std::fmt::Debug for MirrorFrame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MirrorFrame::Frame(_) => f.write_str("Frame"),
+            MirrorFrame::End => f.write_str("End"),
+        }
+    }
+}
+
+/// The client's body on its way to the backend, copying every frame to the
+/// mirrors that keep up.
+#[derive(Debug)]
+pub struct Tee {
+    inner: Incoming,
+    mirrors: Vec<mpsc::Sender<MirrorFrame>>,
+}
+
+impl Tee {
+    /// Wrap `inner`; call [`Tee::add_mirror`] for each mirror.
+    pub fn new(inner: Incoming) -> Self {
+        Tee {
+            inner,
+            mirrors: Vec::new(),
+        }
+    }
+
+    /// A new copy of the body for one mirror. It starts where the body is
+    /// now, so add mirrors before the body is polled.
+    pub fn add_mirror(&mut self) -> MirrorCopy {
+        let (tx, rx) = mpsc::channel(MIRROR_BUFFER_FRAMES);
+        self.mirrors.push(tx);
+        MirrorCopy {
+            rx,
+            size: self.inner.size_hint(),
+            done: false,
+        }
+    }
+
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        match &frame {
+            Some(Ok(f)) => {
+                let copy = if let Some(d) = f.data_ref() {
+                    Some(Frame::data(d.clone()))
+                } else {
+                    f.trailers_ref().map(|t| Frame::trailers(t.clone()))
+                };
+                if let Some(copy) = copy {
+                    self.send(copy);
+                }
+                if self.inner.is_end_stream() {
+                    self.finish();
+                }
+            }
+            // The body ended: tell the mirrors it is complete.
+            None => self.finish(),
+            // The client's body failed: dropping the senders fails the copies.
+            Some(Err(_)) => self.mirrors.clear(),
+        }
+        Poll::Ready(frame.map(|r| r.map_err(Into::into)))
+    }
+
+    fn send(&mut self, frame: Frame<Bytes>) {
+        match self.mirrors.len() {
+            0 => {}
+            1 => {
+                if self.mirrors[0].try_send(MirrorFrame::Frame(frame)).is_err() {
+                    self.mirrors.clear();
+                }
+            }
+            _ => self.mirrors.retain(|tx| {
+                let copy = match (frame.data_ref(), frame.trailers_ref()) {
+                    (Some(d), _) => Frame::data(d.clone()),
+                    (None, Some(t)) => Frame::trailers(t.clone()),
+                    (None, None) => return true,
+                };
+                tx.try_send(MirrorFrame::Frame(copy)).is_ok()
+            }),
+        }
+    }
+
+    fn finish(&mut self) {
+        for tx in self.mirrors.drain(..) {
+            // A full channel here means the mirror lagged: its copy fails.
+            let _ = tx.try_send(MirrorFrame::End);
+        }
+    }
+}
+
+/// A mirror's copy of the client's body. It fails (rather than ending
+/// early and looking complete) when the mirror fell behind.
+#[derive(Debug)]
+pub struct MirrorCopy {
+    rx: mpsc::Receiver<MirrorFrame>,
+    size: SizeHint,
+    done: bool,
+}
+
+impl MirrorCopy {
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match ready!(self.rx.poll_recv(cx)) {
+            Some(MirrorFrame::Frame(f)) => Poll::Ready(Some(Ok(f))),
+            Some(MirrorFrame::End) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            None => {
+                self.done = true;
+                Poll::Ready(Some(Err(
+                    "mirror fell behind or the client's body failed".into()
+                )))
+            }
+        }
+    }
+}

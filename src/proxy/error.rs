@@ -1,0 +1,149 @@
+//! The one error type of the data path.
+//!
+//! Every way a request can fail is a [`ProxyError`]. Each variant knows where
+//! the failure came from ([`ErrorSource`]) and maps to exactly one HTTP
+//! status, here and nowhere else. Error responses carry a short text body.
+
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::{HeaderValue, Response, StatusCode};
+
+use super::body::ResponseBody;
+
+/// Where a failure came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorSource {
+    /// The client's request does not fit the configuration (no route).
+    Downstream,
+    /// The configuration sends this request nowhere useful (unresolved or
+    /// all-zero backends, no ready endpoint).
+    Config,
+    /// The backend endpoint could not be reached or did not answer in time.
+    Upstream,
+    /// sluice itself could not build the request or response.
+    Internal,
+}
+
+/// Why the proxy answered a request itself instead of forwarding it.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// No listener on the socket accepts the host, or no rule matches.
+    #[error("no route")]
+    NoRoute,
+    /// The rule has no backendRefs (and no redirect).
+    #[error("rule has no backends")]
+    NoBackends,
+    /// Every backendRef of the rule has weight 0.
+    #[error("all backend weights are zero")]
+    AllWeightsZero,
+    /// The chosen backendRef does not resolve.
+    #[error("backend {backend} is not resolved: {reason}")]
+    Unresolved { backend: String, reason: String },
+    /// The chosen backend's Service has no ready endpoint.
+    #[error("backend {backend} has no ready endpoints")]
+    NoReadyEndpoints { backend: String },
+    /// The endpoint refused the connection or the exchange failed.
+    #[error("endpoint unreachable: {0}")]
+    Unreachable(#[source] hyper_util::client::legacy::Error),
+    /// `timeouts.request` or `timeouts.backendRequest` was exceeded.
+    #[error("timed out")]
+    Timeout,
+    /// A filter produced something that is not valid HTTP (a rewritten
+    /// path, a redirect Location).
+    #[error("invalid {what} after filters")]
+    InvalidFilterResult { what: &'static str },
+}
+
+impl ProxyError {
+    pub fn source_of_failure(&self) -> ErrorSource {
+        match self {
+            ProxyError::NoRoute => ErrorSource::Downstream,
+            ProxyError::NoBackends
+            | ProxyError::AllWeightsZero
+            | ProxyError::Unresolved { .. }
+            | ProxyError::NoReadyEndpoints { .. } => ErrorSource::Config,
+            ProxyError::Unreachable(_) | ProxyError::Timeout => ErrorSource::Upstream,
+            ProxyError::InvalidFilterResult { .. } => ErrorSource::Internal,
+        }
+    }
+
+    /// The one place a data-path failure becomes an HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            // Per the spec: "If all entries in BackendRefs are invalid, and
+            // there are also no filters specified in this route rule, all
+            // traffic which matches this rule MUST receive a 500 status code."
+            ProxyError::NoBackends
+            | ProxyError::AllWeightsZero
+            | ProxyError::Unresolved { .. }
+            | ProxyError::InvalidFilterResult { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            ProxyError::NoReadyEndpoints { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Unreachable(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The short body sent to the client (no backend details leak out).
+    fn body_text(&self) -> &'static str {
+        match self {
+            ProxyError::NoRoute => "no route\n",
+            ProxyError::NoBackends => "no backends\n",
+            ProxyError::AllWeightsZero => "all backend weights are zero\n",
+            ProxyError::Unresolved { .. } => "backend not resolved\n",
+            ProxyError::NoReadyEndpoints { .. } => "no ready endpoints\n",
+            ProxyError::Unreachable(_) => "backend unreachable\n",
+            ProxyError::Timeout => "backend timed out\n",
+            ProxyError::InvalidFilterResult { .. } => "invalid filter result\n",
+        }
+    }
+
+    pub fn into_response(self) -> Response<ResponseBody> {
+        let text = self.body_text();
+        let mut resp = Response::new(ResponseBody::full(text));
+        *resp.status_mut() = self.status();
+        let headers = resp.headers_mut();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(text.len()));
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_failure_maps_to_the_spec_status() {
+        let cases = [
+            (ProxyError::NoRoute, 404, ErrorSource::Downstream),
+            (ProxyError::NoBackends, 500, ErrorSource::Config),
+            (ProxyError::AllWeightsZero, 500, ErrorSource::Config),
+            (
+                ProxyError::Unresolved {
+                    backend: "a/b:80".into(),
+                    reason: "BackendNotFound".into(),
+                },
+                500,
+                ErrorSource::Config,
+            ),
+            (
+                ProxyError::NoReadyEndpoints {
+                    backend: "a/b:80".into(),
+                },
+                503,
+                ErrorSource::Config,
+            ),
+            (ProxyError::Timeout, 504, ErrorSource::Upstream),
+        ];
+        for (err, code, source) in cases {
+            assert_eq!(err.status().as_u16(), code, "{err}");
+            assert_eq!(err.source_of_failure(), source, "{err}");
+            let resp = err.into_response();
+            assert_eq!(resp.status().as_u16(), code);
+            assert!(resp.headers().contains_key(CONTENT_LENGTH));
+        }
+    }
+}

@@ -1,0 +1,390 @@
+//! One request, start to finish, against the route table current when it
+//! arrived: lookup, rule filters, mirrors, weighted backend, endpoint,
+//! forward, response filters, metrics.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use http::header::{HOST, LOCATION};
+use http::request::Parts;
+use http::{HeaderValue, Request, Response, Uri, Version};
+use http_body::Body;
+use hyper::body::Incoming;
+
+use super::Shared;
+use super::body::{ResponseBody, Tee, UpstreamBody};
+use super::error::ProxyError;
+use super::filters::{
+    add_forwarded, modify_headers, modify_path, redirect_location, strip_hop_by_hop,
+};
+use crate::metrics::RequestLabels;
+use crate::route::{
+    AppProtocol, Backend, BackendChoice, BackendTarget, Filter, Lookup, Mirror, PathMatch,
+    RouteTable, Rule, normalize_host,
+};
+
+/// How long a mirrored request may take before it is abandoned.
+const MIRROR_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where a request got to, for its metrics labels.
+#[derive(Default)]
+struct Outcome<'t> {
+    rule: Option<&'t Rule>,
+    backend: Option<&'t Backend>,
+}
+
+/// Serve one request that arrived on the socket bound at `bind` from
+/// `client`. Never fails: every error becomes its response.
+pub async fn handle(
+    shared: &Shared,
+    req: Request<Incoming>,
+    client: SocketAddr,
+    bind: SocketAddr,
+) -> Response<ResponseBody> {
+    let start = Instant::now();
+    // One atomic load: the request finishes on this table whatever reloads.
+    let table = shared.table.load_full();
+    let mut outcome = Outcome::default();
+    let resp = match route(shared, &table, req, client, bind, &mut outcome).await {
+        Ok(resp) => resp,
+        Err(err) => {
+            tracing::debug!(error = %err, source = ?err.source_of_failure(), "request failed");
+            err.into_response()
+        }
+    };
+    let labels = RequestLabels {
+        route: outcome
+            .rule
+            .map(|r| format!("{}/{}", r.id.namespace, r.id.route))
+            .unwrap_or_default(),
+        rule: outcome
+            .rule
+            .map(|r| r.id.index.to_string())
+            .unwrap_or_default(),
+        backend: outcome
+            .backend
+            .map(|b| b.service.clone())
+            .unwrap_or_default(),
+        code: resp.status().as_u16(),
+    };
+    shared.metrics.record_request(&labels, start.elapsed());
+    resp
+}
+
+async fn route<'t>(
+    shared: &Shared,
+    table: &'t RouteTable,
+    req: Request<Incoming>,
+    client: SocketAddr,
+    bind: SocketAddr,
+    outcome: &mut Outcome<'t>,
+) -> Result<Response<ResponseBody>, ProxyError> {
+    let host = request_host(&req);
+    let uri = req.uri();
+    let found = table.lookup(
+        bind,
+        &host,
+        req.method(),
+        uri.path(),
+        uri.query(),
+        req.headers(),
+    );
+    let Lookup::Matched(found) = found else {
+        return Err(ProxyError::NoRoute);
+    };
+    let rule: &'t Rule = found.rule;
+    outcome.rule = Some(rule);
+    let matched_prefix = match &found.matched.path {
+        PathMatch::Prefix(p) => Some(p.as_str()),
+        _ => None,
+    };
+    let request = Forwarding {
+        shared,
+        rule,
+        matched_prefix,
+        host,
+        client,
+        bind,
+    };
+    match rule.timeouts.request {
+        Some(limit) => tokio::time::timeout(limit, request.run(req, outcome))
+            .await
+            .unwrap_or(Err(ProxyError::Timeout)),
+        None => request.run(req, outcome).await,
+    }
+}
+
+/// The request's host as hostnames are matched: the Host header, or the
+/// URI authority (HTTP/2, absolute-form).
+fn request_host<B>(req: &Request<B>) -> String {
+    match req.headers().get(HOST).and_then(|h| h.to_str().ok()) {
+        Some(h) => normalize_host(h),
+        None => req
+            .uri()
+            .authority()
+            .map(|a| normalize_host(a.as_str()))
+            .unwrap_or_default(),
+    }
+}
+
+/// A matched request on its way through the rule.
+struct Forwarding<'a, 't> {
+    shared: &'a Shared,
+    rule: &'t Rule,
+    matched_prefix: Option<&'t str>,
+    /// Normalized request host (for redirects).
+    host: String,
+    client: SocketAddr,
+    bind: SocketAddr,
+}
+
+impl<'t> Forwarding<'_, 't> {
+    async fn run(
+        &self,
+        req: Request<Incoming>,
+        outcome: &mut Outcome<'t>,
+    ) -> Result<Response<ResponseBody>, ProxyError> {
+        let (mut parts, body) = req.into_parts();
+        if !parts.headers.contains_key(HOST)
+            && let Some(authority) = parts.uri.authority()
+            && let Ok(v) = HeaderValue::from_str(authority.as_str())
+        {
+            parts.headers.insert(HOST, v);
+        }
+        strip_hop_by_hop(&mut parts.headers);
+        add_forwarded(&mut parts.headers, self.client.ip());
+
+        // Rule filters, in the order the route lists them.
+        let mut path: Option<String> = None;
+        let mut mirrors: Vec<&Mirror> = Vec::new();
+        for filter in &self.rule.filters {
+            match filter {
+                Filter::RequestHeaderModifier(m) => modify_headers(&mut parts.headers, m),
+                Filter::ResponseHeaderModifier(_) => {}
+                Filter::RequestRedirect(r) => {
+                    let current = path.as_deref().unwrap_or(parts.uri.path());
+                    let location = redirect_location(
+                        r,
+                        &self.host,
+                        self.bind.port(),
+                        current,
+                        parts.uri.query(),
+                        self.matched_prefix,
+                    );
+                    let location = HeaderValue::from_str(&location).map_err(|_| {
+                        ProxyError::InvalidFilterResult {
+                            what: "redirect Location",
+                        }
+                    })?;
+                    let mut resp = Response::new(ResponseBody::empty());
+                    *resp.status_mut() = r.status;
+                    resp.headers_mut().insert(LOCATION, location);
+                    apply_response_filters(&self.rule.filters, &mut resp);
+                    return Ok(resp);
+                }
+                Filter::UrlRewrite(u) => {
+                    if let Some(h) = &u.hostname {
+                        set_host(&mut parts, h)?;
+                    }
+                    if let Some(m) = &u.path {
+                        let current = path.as_deref().unwrap_or(parts.uri.path());
+                        path = Some(modify_path(current, m, self.matched_prefix));
+                    }
+                }
+                Filter::RequestMirror(m) => mirrors.push(m),
+            }
+        }
+
+        let mut body = if body.is_end_stream() {
+            UpstreamBody::Empty
+        } else {
+            UpstreamBody::Incoming(body)
+        };
+        if !mirrors.is_empty() {
+            body = self.spawn_mirrors(&mirrors, &parts, path.as_deref(), body);
+        }
+
+        let backend = match self.rule.backends.choose() {
+            BackendChoice::Backend(b) => b,
+            BackendChoice::AllWeightsZero => return Err(ProxyError::AllWeightsZero),
+            BackendChoice::NoBackends => return Err(ProxyError::NoBackends),
+        };
+        outcome.backend = Some(backend);
+        let endpoints = match &backend.target {
+            BackendTarget::Endpoints(set) => set,
+            BackendTarget::NoReadyEndpoints => {
+                return Err(ProxyError::NoReadyEndpoints {
+                    backend: backend.id.clone(),
+                });
+            }
+            BackendTarget::Unresolved { reason } => {
+                return Err(ProxyError::Unresolved {
+                    backend: backend.id.clone(),
+                    reason: reason.clone(),
+                });
+            }
+        };
+        // Backend filters come after the rule's. Redirects and mirrors
+        // are rule-level only and are ignored here.
+        for filter in &backend.filters {
+            match filter {
+                Filter::RequestHeaderModifier(m) => modify_headers(&mut parts.headers, m),
+                Filter::UrlRewrite(u) => {
+                    if let Some(h) = &u.hostname {
+                        set_host(&mut parts, h)?;
+                    }
+                    if let Some(m) = &u.path {
+                        let current = path.as_deref().unwrap_or(parts.uri.path());
+                        path = Some(modify_path(current, m, self.matched_prefix));
+                    }
+                }
+                _ => {}
+            }
+        }
+
+        let endpoint = endpoints.pick();
+        parts.uri = upstream_uri(endpoint, path.as_deref(), &parts.uri)?;
+        let h2 = endpoints.protocol == AppProtocol::H2c;
+        parts.version = if h2 {
+            Version::HTTP_2
+        } else {
+            Version::HTTP_11
+        };
+        let upstream = Request::from_parts(parts, body);
+        let pending = if h2 {
+            self.shared.h2_client.request(upstream)
+        } else {
+            self.shared.client.request(upstream)
+        };
+        let result = match self.rule.timeouts.backend_request {
+            Some(limit) => tokio::time::timeout(limit, pending)
+                .await
+                .map_err(|_| ProxyError::Timeout)?,
+            None => pending.await,
+        };
+        let resp = result.map_err(ProxyError::Unreachable)?;
+
+        let (mut parts, body) = resp.into_parts();
+        parts.version = Version::HTTP_11;
+        strip_hop_by_hop(&mut parts.headers);
+        let mut resp = Response::from_parts(parts, ResponseBody::Upstream(body));
+        apply_response_filters(&self.rule.filters, &mut resp);
+        apply_response_filters(&backend.filters, &mut resp);
+        Ok(resp)
+    }
+
+    /// Start one copy of the request per mirror (those that win their
+    /// percentage draw and have an endpoint) and return the body the
+    /// backend should read: the client's, teed to the mirrors.
+    fn spawn_mirrors(
+        &self,
+        mirrors: &[&Mirror],
+        parts: &Parts,
+        path: Option<&str>,
+        body: UpstreamBody,
+    ) -> UpstreamBody {
+        let mut tee = match body {
+            UpstreamBody::Incoming(b) => Some(Tee::new(b)),
+            _ => None,
+        };
+        for mirror in mirrors {
+            let skip = mirror.numerator == 0
+                || (mirror.numerator < mirror.denominator
+                    && fastrand::u32(0..mirror.denominator) >= mirror.numerator);
+            if skip {
+                continue;
+            }
+            let metrics = self.shared.metrics.clone();
+            let BackendTarget::Endpoints(set) = &mirror.backend.target else {
+                metrics.record_mirror(false);
+                continue;
+            };
+            let endpoint = set.pick();
+            let Ok(uri) = upstream_uri(endpoint, path, &parts.uri) else {
+                metrics.record_mirror(false);
+                continue;
+            };
+            let h2 = set.protocol == AppProtocol::H2c;
+            let mut copy = Request::new(match &mut tee {
+                Some(t) => UpstreamBody::Mirror(t.add_mirror()),
+                None => UpstreamBody::Empty,
+            });
+            *copy.method_mut() = parts.method.clone();
+            *copy.uri_mut() = uri;
+            *copy.version_mut() = if h2 {
+                Version::HTTP_2
+            } else {
+                Version::HTTP_11
+            };
+            *copy.headers_mut() = parts.headers.clone();
+            let client = if h2 {
+                self.shared.h2_client.clone()
+            } else {
+                self.shared.client.clone()
+            };
+            tokio::spawn(async move {
+                let sent = async {
+                    let resp = client.request(copy).await.ok()?;
+                    // Read the response to its end so the connection can go
+                    // back to the pool; the content is discarded.
+                    let mut body = resp.into_body();
+                    while let Some(frame) =
+                        std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx))
+                            .await
+                    {
+                        frame.ok()?;
+                    }
+                    Some(())
+                };
+                let ok = matches!(
+                    tokio::time::timeout(MIRROR_TIMEOUT, sent).await,
+                    Ok(Some(()))
+                );
+                metrics.record_mirror(ok);
+            });
+        }
+        match tee {
+            Some(t) => UpstreamBody::Tee(t),
+            None => UpstreamBody::Empty,
+        }
+    }
+}
+
+fn set_host(parts: &mut Parts, host: &str) -> Result<(), ProxyError> {
+    let v = HeaderValue::from_str(host).map_err(|_| ProxyError::InvalidFilterResult {
+        what: "rewritten hostname",
+    })?;
+    parts.headers.insert(HOST, v);
+    Ok(())
+}
+
+/// The absolute URI the pooled client needs (it connects to the authority
+/// and sends the request in origin-form).
+fn upstream_uri(
+    endpoint: SocketAddr,
+    path: Option<&str>,
+    original: &Uri,
+) -> Result<Uri, ProxyError> {
+    let path = path.unwrap_or(original.path());
+    let path = if path.is_empty() { "/" } else { path };
+    let mut s = String::with_capacity(path.len() + 32);
+    s.push_str("http://");
+    let _ = write!(s, "{endpoint}");
+    s.push_str(path);
+    if let Some(q) = original.query() {
+        s.push('?');
+        s.push_str(q);
+    }
+    Uri::try_from(s).map_err(|_| ProxyError::InvalidFilterResult {
+        what: "request path",
+    })
+}
+
+fn apply_response_filters(filters: &[Filter], resp: &mut Response<ResponseBody>) {
+    for f in filters {
+        if let Filter::ResponseHeaderModifier(m) = f {
+            modify_headers(resp.headers_mut(), m);
+        }
+    }
+}
