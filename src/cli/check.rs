@@ -1,0 +1,412 @@
+//! `sluice check -f PATH...`: load manifests exactly as `serve` would,
+//! translate them, and print what sluice would do with them — every
+//! object's conditions, every rule's backend shares as percentages, the
+//! traps worth a warning and the manifest errors — without binding anything.
+//!
+//! Exit codes: 0 when every object is accepted and every reference
+//! resolved; 1 when something is refused, not accepted or not resolved;
+//! 2 when the input cannot be read at all (missing path, unreadable file,
+//! a file that is not YAML/JSON).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use crate::resources::{Generations, LoadedObject, Object, Snapshot, parse_manifests};
+use crate::source::files::read_all;
+use crate::source::{ConfigError, FileSet};
+use crate::translate::{
+    BackendOutcome, BackendSummary, ObjectStatus, RuleSummary, TranslateOptions, Translation,
+    translate,
+};
+
+/// Everything is accepted and resolved.
+pub const EXIT_OK: i32 = 0;
+/// Something is refused, not accepted or not resolved.
+pub const EXIT_PROBLEMS: i32 = 1;
+/// The input could not be read.
+pub const EXIT_UNREADABLE: i32 = 2;
+
+/// Manifests loaded and translated the way `serve` does it.
+#[derive(Debug)]
+pub struct Checked {
+    pub translation: Translation,
+    /// Number of objects loaded.
+    pub objects: usize,
+    /// Paths, files or documents that could not be read or parsed at all.
+    pub unreadable: Vec<ConfigError>,
+    /// Objects refused by validation, duplicates.
+    pub refused: Vec<ConfigError>,
+}
+
+/// Read, parse, validate and translate the manifests under `paths`.
+pub fn load(paths: &[PathBuf]) -> Checked {
+    let listing = read_all(paths);
+    let mut unreadable = listing.problems;
+    for read in &listing.reads {
+        match &read.content {
+            Err(message) => unreadable.push(ConfigError {
+                file: read.file.clone(),
+                line: None,
+                object: None,
+                field: None,
+                message: format!("cannot read file: {message}"),
+            }),
+            Ok(text) => {
+                // Errors tied to neither an object nor a field mean the text
+                // itself is not a manifest stream (YAML/JSON syntax): the
+                // file is unreadable.
+                let parsed = parse_manifests(text, &read.file);
+                unreadable.extend(
+                    parsed
+                        .errors
+                        .iter()
+                        .filter(|e| e.object.is_none() && e.field.is_none())
+                        .map(ConfigError::from),
+                );
+            }
+        }
+    }
+
+    let mut files = FileSet::new();
+    files.update(listing.reads);
+    let (loaded, errors) = files.merged();
+    let refused = errors
+        .into_iter()
+        .filter(|e| !unreadable.contains(e))
+        .collect();
+
+    let mut objects: Vec<Object> = loaded.into_iter().map(|l: LoadedObject| l.object).collect();
+    Generations::default().assign(&mut objects, k8s_openapi::jiff::Timestamp::now());
+    let count = objects.len();
+    let snapshot = Snapshot::from_objects(objects);
+    let translation = translate(
+        &snapshot,
+        &TranslateOptions {
+            default_bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        },
+    );
+    Checked {
+        translation,
+        objects: count,
+        unreadable,
+        refused,
+    }
+}
+
+/// Run `sluice check` on `paths`, writing the report to `out`. Returns the
+/// process exit code.
+pub fn run(paths: &[PathBuf], out: &mut impl Write) -> i32 {
+    let checked = load(paths);
+    match report(&checked, out) {
+        Ok(code) => code,
+        // The report could not be written (closed pipe): nothing sensible
+        // to print either.
+        Err(_) => EXIT_UNREADABLE,
+    }
+}
+
+/// Print the report for already loaded manifests; returns the exit code.
+pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
+    let translation = &checked.translation;
+    let mut problems: Vec<String> = Vec::new();
+
+    let mut rules_by_route: BTreeMap<&str, Vec<&RuleSummary>> = BTreeMap::new();
+    for rule in &translation.rules {
+        rules_by_route
+            .entry(rule.route.as_str())
+            .or_default()
+            .push(rule);
+    }
+
+    for object in &translation.status.objects {
+        write_object(object, out, &mut problems)?;
+        if object.kind == "HTTPRoute" {
+            let key = format!(
+                "{}/{}",
+                object.metadata.namespace.as_deref().unwrap_or("default"),
+                object.metadata.name
+            );
+            if let Some(rules) = rules_by_route.remove(key.as_str()) {
+                for rule in rules {
+                    write_rule(rule, out, &mut problems)?;
+                }
+            }
+        }
+    }
+    // Rules of routes without a status entry (should not happen, but the
+    // shares are still worth showing).
+    for rules in rules_by_route.values() {
+        for rule in rules {
+            writeln!(out, "HTTPRoute {}", rule.route)?;
+            write_rule(rule, out, &mut problems)?;
+        }
+    }
+
+    if !translation.warnings.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "warnings:")?;
+        for warning in &translation.warnings {
+            writeln!(out, "  {warning}")?;
+        }
+    }
+    if !checked.refused.is_empty() || !checked.unreadable.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "errors:")?;
+        for error in checked.unreadable.iter().chain(&checked.refused) {
+            writeln!(out, "  {error}")?;
+        }
+    }
+
+    writeln!(out)?;
+    let code = if !checked.unreadable.is_empty() {
+        writeln!(
+            out,
+            "FAIL: {} input problem(s) could not be read; nothing else was checked for them",
+            checked.unreadable.len()
+        )?;
+        EXIT_UNREADABLE
+    } else if checked.objects == 0 {
+        writeln!(out, "FAIL: no objects found in the given paths")?;
+        EXIT_PROBLEMS
+    } else if !problems.is_empty() || !checked.refused.is_empty() {
+        writeln!(
+            out,
+            "FAIL: {} problem(s), {} refused object(s):",
+            problems.len(),
+            checked.refused.len()
+        )?;
+        for problem in &problems {
+            writeln!(out, "  {problem}")?;
+        }
+        EXIT_PROBLEMS
+    } else {
+        writeln!(
+            out,
+            "OK: {} object(s), everything accepted and resolved",
+            checked.objects
+        )?;
+        EXIT_OK
+    };
+    Ok(code)
+}
+
+fn write_object(
+    object: &ObjectStatus,
+    out: &mut impl Write,
+    problems: &mut Vec<String>,
+) -> std::io::Result<()> {
+    let namespace = object.metadata.namespace.as_deref();
+    let name = match namespace {
+        Some(namespace) => format!("{} {namespace}/{}", object.kind, object.metadata.name),
+        None => format!("{} {}", object.kind, object.metadata.name),
+    };
+    writeln!(out, "{name} (generation {})", object.metadata.generation)?;
+    let status = &object.status;
+    write_conditions(status.get("conditions"), "  ", &name, out, problems)?;
+    for listener in array(status.get("listeners")) {
+        let listener_name = listener.get("name").and_then(Value::as_str).unwrap_or("?");
+        let attached = listener
+            .get("attachedRoutes")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        writeln!(
+            out,
+            "  listener {listener_name}: {attached} attached route(s)"
+        )?;
+        let context = format!("{name} listener {listener_name}");
+        write_conditions(listener.get("conditions"), "    ", &context, out, problems)?;
+    }
+    for parent in array(status.get("parents")) {
+        let parent_name = describe_parent_ref(parent.get("parentRef"), namespace);
+        writeln!(out, "  parent {parent_name}:")?;
+        let context = format!("{name} parent {parent_name}");
+        write_conditions(parent.get("conditions"), "    ", &context, out, problems)?;
+    }
+    Ok(())
+}
+
+fn array(value: Option<&Value>) -> &[Value] {
+    value.and_then(Value::as_array).map_or(&[], Vec::as_slice)
+}
+
+fn write_conditions(
+    conditions: Option<&Value>,
+    indent: &str,
+    context: &str,
+    out: &mut impl Write,
+    problems: &mut Vec<String>,
+) -> std::io::Result<()> {
+    for condition in array(conditions) {
+        let field = |key: &str| condition.get(key).and_then(Value::as_str).unwrap_or("");
+        let (kind, status, reason, message) = (
+            field("type"),
+            field("status"),
+            field("reason"),
+            field("message"),
+        );
+        let mut line = format!("{kind}={status} {reason}");
+        if !message.is_empty() {
+            line.push_str(": ");
+            line.push_str(message);
+        }
+        if condition_is_problem(kind, status) {
+            writeln!(out, "{indent}{line}   <-- problem")?;
+            problems.push(format!("{context}: {line}"));
+        } else {
+            writeln!(out, "{indent}{line}")?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether a condition says something is wrong. Most Gateway API
+/// conditions are positive (`Accepted`, `ResolvedRefs`, `Programmed`: True
+/// is good); a few are negative (`Conflicted`, `PartiallyInvalid`,
+/// `OverlappingTLSConfig`: True is bad). Unknown types are not judged.
+fn condition_is_problem(kind: &str, status: &str) -> bool {
+    match kind {
+        "Accepted" | "ResolvedRefs" | "Programmed" => status != "True",
+        "Conflicted" | "PartiallyInvalid" | "OverlappingTLSConfig" => status == "True",
+        _ => false,
+    }
+}
+
+fn describe_parent_ref(parent_ref: Option<&Value>, route_namespace: Option<&str>) -> String {
+    let Some(parent_ref) = parent_ref else {
+        return "?".to_owned();
+    };
+    let field = |key: &str| parent_ref.get(key).and_then(Value::as_str);
+    let kind = field("kind").unwrap_or("Gateway");
+    let namespace = field("namespace").or(route_namespace).unwrap_or("default");
+    let mut text = format!("{kind} {namespace}/{}", field("name").unwrap_or("?"));
+    if let Some(section) = field("sectionName") {
+        text.push_str(&format!(" section {section}"));
+    }
+    if let Some(port) = parent_ref.get("port").and_then(Value::as_i64) {
+        text.push_str(&format!(" port {port}"));
+    }
+    text
+}
+
+fn write_rule(
+    rule: &RuleSummary,
+    out: &mut impl Write,
+    problems: &mut Vec<String>,
+) -> std::io::Result<()> {
+    writeln!(out, "  rule {}:", rule.rule)?;
+    if rule.backends.is_empty() {
+        writeln!(out, "    no backendRefs (answers 500)")?;
+        return Ok(());
+    }
+    let width = rule
+        .backends
+        .iter()
+        .map(|b| b.name.len())
+        .max()
+        .unwrap_or(0);
+    for backend in &rule.backends {
+        let weight = if backend.weight_omitted {
+            format!("{} (omitted)", backend.weight)
+        } else {
+            backend.weight.to_string()
+        };
+        let (outcome, problem) = describe_outcome(backend);
+        writeln!(
+            out,
+            "    {:<width$}  weight {:<12}  {:>9}  {outcome}",
+            backend.name,
+            weight,
+            format_share(backend.share_percent),
+        )?;
+        if problem {
+            problems.push(format!(
+                "HTTPRoute {} rule {}: backend {}: {outcome}",
+                rule.route, rule.rule, backend.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What a backend does with its share, and whether that is a problem for
+/// the exit code (an unresolved reference is; an empty Service is only a
+/// warning, as its route is still accepted and resolved).
+fn describe_outcome(backend: &BackendSummary) -> (String, bool) {
+    match &backend.outcome {
+        BackendOutcome::Serves { ready_endpoints } => {
+            (format!("{ready_endpoints} ready endpoint(s)"), false)
+        }
+        BackendOutcome::NoReadyEndpoints => {
+            ("no ready endpoints: share gets 503".to_owned(), false)
+        }
+        BackendOutcome::Unresolved { reason, message } => (
+            format!("unresolved ({reason}: {message}): share gets 500"),
+            true,
+        ),
+    }
+}
+
+/// A share as a short percentage: `99.5%`, `0.5%`, `100%`, `33.33%`. A
+/// non-zero share never prints as `0%`: tiny ones get more digits
+/// (1 of 1,000,001 prints `0.0001%`).
+pub fn format_share(percent: f64) -> String {
+    if !percent.is_finite() {
+        return "?%".to_owned();
+    }
+    let mut text = format!("{percent:.2}");
+    for decimals in 3..=6 {
+        if percent == 0.0 || text.trim_end_matches(['0', '.']) != "" {
+            break;
+        }
+        text = format!("{percent:.decimals$}");
+    }
+    if text.contains('.') {
+        text = text.trim_end_matches('0').trim_end_matches('.').to_owned();
+    }
+    format!("{text}%")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_print_short_and_never_round_to_zero() {
+        assert_eq!(format_share(99.5), "99.5%");
+        assert_eq!(format_share(0.5), "0.5%");
+        assert_eq!(format_share(100.0), "100%");
+        assert_eq!(format_share(0.0), "0%");
+        assert_eq!(format_share(100.0 / 3.0), "33.33%");
+        assert_eq!(format_share(50.0), "50%");
+        assert_eq!(format_share(100.0 / 1_000_001.0), "0.0001%");
+        assert_eq!(format_share(10.0), "10%");
+    }
+
+    #[test]
+    fn negative_polarity_conditions_are_problems_when_true() {
+        assert!(!condition_is_problem("Accepted", "True"));
+        assert!(condition_is_problem("Accepted", "False"));
+        assert!(condition_is_problem("ResolvedRefs", "Unknown"));
+        assert!(condition_is_problem("Conflicted", "True"));
+        assert!(!condition_is_problem("Conflicted", "False"));
+        assert!(!condition_is_problem("SomethingNew", "False"));
+    }
+
+    #[test]
+    fn parent_refs_default_to_the_route_namespace() {
+        let parent = serde_json::json!({"name": "demo", "sectionName": "http"});
+        assert_eq!(
+            describe_parent_ref(Some(&parent), Some("shop")),
+            "Gateway shop/demo section http"
+        );
+        let parent = serde_json::json!({"name": "gw", "namespace": "infra", "port": 80});
+        assert_eq!(
+            describe_parent_ref(Some(&parent), Some("shop")),
+            "Gateway infra/gw port 80"
+        );
+    }
+}

@@ -1,0 +1,229 @@
+//! `sluice check`: exit codes 0/1/2, shares as percentages, warnings and
+//! errors, on manifests written by each test.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use sluice::cli::check;
+
+/// A directory of manifests, removed on drop.
+struct Manifests {
+    dir: PathBuf,
+}
+
+impl Manifests {
+    fn new(files: &[(&str, &str)]) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-check-test-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        for (name, text) in files {
+            let path = dir.join(name);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).expect("create sub dir");
+            }
+            std::fs::write(path, text).expect("write manifest");
+        }
+        Manifests { dir }
+    }
+
+    fn path(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Manifests {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn check(paths: &[&Path]) -> (i32, String) {
+    let paths: Vec<PathBuf> = paths.iter().map(|p| p.to_path_buf()).collect();
+    let mut out = Vec::new();
+    let code = check::run(&paths, &mut out);
+    (code, String::from_utf8(out).expect("check prints UTF-8"))
+}
+
+const GATEWAY: &str = "\
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: sluice}
+spec: {controllerName: sluice.dev/gateway-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: default}
+spec:
+  gatewayClassName: sluice
+  listeners:
+  - {name: http, protocol: HTTP, port: 8080}
+";
+
+/// A Service `name` with one ready endpoint (or none).
+fn service(name: &str, endpoints: usize) -> String {
+    let mut text = format!(
+        "---
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  ports: [{{name: http, port: 80, targetPort: 8080}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: {name}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints:
+"
+    );
+    if endpoints == 0 {
+        text.push_str("- {addresses: [\"127.0.0.1\"], conditions: {ready: false}}\n");
+    }
+    for i in 0..endpoints {
+        text.push_str(&format!("- {{addresses: [\"127.0.0.{}\"]}}\n", i + 1));
+    }
+    text
+}
+
+fn route(backend_refs: &str) -> String {
+    format!(
+        "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: web, namespace: default}}
+spec:
+  parentRefs: [{{name: gw}}]
+  rules:
+  - backendRefs:
+{backend_refs}"
+    )
+}
+
+#[test]
+fn the_examples_are_accepted_and_print_the_canary_shares() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let (code, out) = check(&[&examples]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("HTTPRoute default/autocomplete"), "{out}");
+    assert!(out.contains("99.5%"), "{out}");
+    assert!(out.contains("0.5%"), "{out}");
+    assert!(out.contains("47 ready endpoint"), "{out}");
+    assert!(out.contains("Accepted=True"), "{out}");
+    assert!(out.contains("ResolvedRefs=True"), "{out}");
+    assert!(out.contains("OK:"), "{out}");
+}
+
+#[test]
+fn files_are_found_recursively_and_shares_are_weight_over_sum() {
+    let manifests = Manifests::new(&[
+        ("gateway.yaml", GATEWAY),
+        (
+            "apps/web/route.yml",
+            &route("    - {name: a, port: 80, weight: 1}\n    - {name: b, port: 80, weight: 2}\n"),
+        ),
+        (
+            "apps/web/services.yaml",
+            &(service("a", 1) + &service("b", 1)),
+        ),
+        ("apps/README.md", "not a manifest: ignored"),
+    ]);
+    let (code, out) = check(&[manifests.path()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("33.33%"), "{out}");
+    assert!(out.contains("66.67%"), "{out}");
+}
+
+#[test]
+fn a_missing_backend_is_exit_1_and_named() {
+    let manifests = Manifests::new(&[
+        ("gateway.yaml", GATEWAY),
+        (
+            "route.yaml",
+            &(route(
+                "    - {name: a, port: 80, weight: 995}\n    - {name: gone, port: 80, weight: 5}\n",
+            ) + &service("a", 2)),
+        ),
+    ]);
+    let (code, out) = check(&[manifests.path()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("ResolvedRefs=False"), "{out}");
+    assert!(out.contains("BackendNotFound"), "{out}");
+    assert!(out.contains("99.5%"), "{out}");
+    assert!(out.contains("500"), "the 500 for the missing share: {out}");
+    assert!(out.contains("FAIL"), "{out}");
+}
+
+#[test]
+fn an_out_of_range_weight_is_exit_1_naming_the_field() {
+    let manifests = Manifests::new(&[
+        ("gateway.yaml", GATEWAY),
+        (
+            "route.yaml",
+            &(route("    - {name: a, port: 80, weight: 1000001}\n") + &service("a", 1)),
+        ),
+    ]);
+    let (code, out) = check(&[manifests.path()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("HTTPRoute default/web"), "{out}");
+    assert!(out.contains("weight"), "{out}");
+    assert!(out.contains("route.yaml"), "{out}");
+}
+
+#[test]
+fn omitted_weights_and_empty_services_are_warnings_not_failures() {
+    let manifests = Manifests::new(&[
+        ("gateway.yaml", GATEWAY),
+        (
+            "route.yaml",
+            &(route("    - {name: a, port: 80, weight: 3}\n    - {name: b, port: 80}\n")
+                + &service("a", 0)
+                + &service("b", 1)),
+        ),
+    ]);
+    let (code, out) = check(&[manifests.path()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("warnings:"), "{out}");
+    assert!(out.contains("75%"), "{out}");
+    assert!(out.contains("25%"), "{out}");
+    assert!(out.contains("(omitted)"), "{out}");
+    assert!(out.contains("503"), "{out}");
+}
+
+#[test]
+fn a_missing_path_is_exit_2() {
+    let manifests = Manifests::new(&[("gateway.yaml", GATEWAY)]);
+    let missing = manifests.path().join("does-not-exist");
+    let (code, out) = check(&[&missing]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("does-not-exist"), "{out}");
+}
+
+#[test]
+fn a_yaml_syntax_error_is_exit_2_naming_file_and_line() {
+    let manifests = Manifests::new(&[
+        ("gateway.yaml", GATEWAY),
+        (
+            "broken.yaml",
+            "apiVersion: v1\nkind: Service\nmetadata: {name: [oops\n",
+        ),
+    ]);
+    let (code, out) = check(&[manifests.path()]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("broken.yaml:"), "{out}");
+}
+
+#[test]
+fn no_objects_at_all_is_not_ok() {
+    let manifests = Manifests::new(&[("notes.txt", "nothing here")]);
+    let (code, out) = check(&[manifests.path()]);
+    assert_eq!(code, 1, "{out}");
+}
