@@ -1,1 +1,307 @@
-//! TODO
+//! The admin listener: what a standalone gateway tells its operator.
+//!
+//! With no API server to write status to, sluice serves it here, next to the
+//! configuration errors, the Prometheus metrics and the health probes:
+//!
+//! - `GET /status`: JSON array of `{apiVersion, kind, metadata, status}`, each
+//!   `status` in the shape the object's Kubernetes status has;
+//! - `GET /errors`: JSON array of the current configuration errors
+//!   (`{file, line, object, field, message}`);
+//! - `GET /metrics`: Prometheus text;
+//! - `GET /healthz`: `ok` while the process serves;
+//! - `GET /readyz`: 200 once the first configuration is applied, 503 before.
+//!
+//! The serve loop publishes a new [`Published`] after every reload; requests
+//! read it with one atomic load.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::metrics::Metrics;
+use crate::source::ConfigError;
+use crate::translate::StatusReport;
+
+/// Content type of the Prometheus text exposition format.
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4";
+const JSON: &str = "application/json";
+
+/// What the admin endpoints show, replaced as a whole after each reload.
+#[derive(Debug, Default)]
+pub struct Published {
+    pub status: StatusReport,
+    pub errors: Vec<ConfigError>,
+}
+
+/// State shared between the serve loop (writer) and the admin listener
+/// (reader).
+pub struct AdminState {
+    published: ArcSwap<Published>,
+    ready: AtomicBool,
+    metrics: Arc<Metrics>,
+}
+
+impl AdminState {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        AdminState {
+            published: ArcSwap::from_pointee(Published::default()),
+            ready: AtomicBool::new(false),
+            metrics,
+        }
+    }
+
+    /// Replace the status and errors shown.
+    pub fn publish(&self, published: Published) {
+        self.published.store(Arc::new(published));
+    }
+
+    /// The status and errors currently shown.
+    pub fn published(&self) -> Arc<Published> {
+        self.published.load_full()
+    }
+
+    /// `/readyz` answers 200 from now on.
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Release);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Answer one admin request.
+    pub fn respond(&self, method: &Method, path: &str) -> Response<Full<Bytes>> {
+        if method != Method::GET && method != Method::HEAD {
+            return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+        }
+        match path {
+            "/status" => json(&self.published.load().status),
+            "/errors" => json(&self.published.load().errors),
+            "/metrics" => body(StatusCode::OK, PROMETHEUS_TEXT, self.metrics.encode()),
+            "/healthz" => text(StatusCode::OK, "ok\n"),
+            "/readyz" if self.is_ready() => text(StatusCode::OK, "ready\n"),
+            "/readyz" => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no configuration applied yet\n",
+            ),
+            _ => text(StatusCode::NOT_FOUND, "not found\n"),
+        }
+    }
+}
+
+fn body(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body.into()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, http::HeaderValue::from_static(content_type));
+    response
+}
+
+fn text(status: StatusCode, message: &'static str) -> Response<Full<Bytes>> {
+    body(status, "text/plain; charset=utf-8", message)
+}
+
+fn json(value: &impl serde::Serialize) -> Response<Full<Bytes>> {
+    match serde_json::to_vec_pretty(value) {
+        Ok(mut bytes) => {
+            bytes.push(b'\n');
+            body(StatusCode::OK, JSON, bytes)
+        }
+        Err(error) => {
+            tracing::error!(%error, "cannot serialize admin response");
+            text(StatusCode::INTERNAL_SERVER_ERROR, "cannot serialize\n")
+        }
+    }
+}
+
+/// A running admin listener.
+pub struct AdminServer {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl AdminServer {
+    /// Bind `addr` and serve `state` until `shutdown` turns true.
+    pub async fn start(
+        addr: SocketAddr,
+        state: Arc<AdminState>,
+        shutdown: watch::Receiver<bool>,
+    ) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(accept_loop(listener, state, shutdown));
+        Ok(AdminServer { addr, task })
+    }
+
+    /// The address actually bound (port 0 resolved).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Wait for the accept loop to end (after shutdown was signalled).
+    pub async fn join(self) {
+        if let Err(error) = self.task.await {
+            tracing::error!(%error, "admin listener task failed");
+        }
+    }
+}
+
+/// Resolves once shutdown is signalled (or its sender is gone).
+pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    // An error means the sender was dropped: nobody can stop us any more
+    // than that, so treat it as a stop.
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    state: Arc<AdminState>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stopped(&mut shutdown) => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors and the like: pause instead of spinning.
+                tracing::warn!(%error, "admin listener: accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let state = state.clone();
+        let mut shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request: Request<Incoming>| {
+                let response = state.respond(request.method(), request.uri().path());
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            let result = tokio::select! {
+                result = connection.as_mut() => result,
+                _ = stopped(&mut shutdown) => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(error) = result {
+                tracing::debug!(%error, %peer, "admin connection ended with an error");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn body_text(response: Response<Full<Bytes>>) -> String {
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .expect("Full bodies cannot fail")
+            .to_bytes();
+        String::from_utf8(bytes.to_vec()).expect("admin bodies are UTF-8")
+    }
+
+    #[tokio::test]
+    async fn readyz_is_503_until_set_ready() {
+        let state = AdminState::new(Metrics::shared());
+        assert_eq!(
+            state.respond(&Method::GET, "/readyz").status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        state.set_ready();
+        assert_eq!(
+            state.respond(&Method::GET, "/readyz").status(),
+            StatusCode::OK
+        );
+        assert_eq!(
+            state.respond(&Method::GET, "/healthz").status(),
+            StatusCode::OK
+        );
+    }
+
+    #[tokio::test]
+    async fn unknown_paths_are_404_and_other_methods_405() {
+        let state = AdminState::new(Metrics::shared());
+        assert_eq!(
+            state.respond(&Method::GET, "/nope").status(),
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            state.respond(&Method::POST, "/status").status(),
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+    }
+
+    #[tokio::test]
+    async fn errors_are_served_as_json_objects() {
+        let state = AdminState::new(Metrics::shared());
+        state.publish(Published {
+            status: StatusReport::default(),
+            errors: vec![ConfigError {
+                file: "routes.yaml".into(),
+                line: Some(7),
+                object: Some("HTTPRoute default/web".into()),
+                field: Some("spec.rules[0].backendRefs[0].weight".into()),
+                message: "must be at most 1000000".into(),
+            }],
+        });
+        let response = state.respond(&Method::GET, "/errors");
+        assert_eq!(response.headers()[CONTENT_TYPE], JSON);
+        let value: serde_json::Value =
+            serde_json::from_str(&body_text(response).await).expect("valid JSON");
+        assert_eq!(
+            value,
+            serde_json::json!([{
+                "file": "routes.yaml",
+                "line": 7,
+                "object": "HTTPRoute default/web",
+                "field": "spec.rules[0].backendRefs[0].weight",
+                "message": "must be at most 1000000",
+            }])
+        );
+        let status = body_text(state.respond(&Method::GET, "/status")).await;
+        assert_eq!(status.trim(), "[]");
+    }
+
+    #[tokio::test]
+    async fn metrics_use_the_prometheus_text_content_type() {
+        let metrics = Metrics::shared();
+        metrics.record_config_error("a.yaml");
+        let state = AdminState::new(metrics);
+        let response = state.respond(&Method::GET, "/metrics");
+        assert_eq!(response.headers()[CONTENT_TYPE], PROMETHEUS_TEXT);
+        let text = body_text(response).await;
+        assert!(
+            text.contains(r#"sluice_config_errors_total{file="a.yaml"} 1"#),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,401 @@
+//! The standalone file source: reads manifest files and watches them.
+//!
+//! `sluice serve -f PATH...` takes files and directories; directories are
+//! read recursively for `*.yaml`, `*.yml` and `*.json` (hidden entries
+//! skipped, so a Kubernetes ConfigMap mount's `..data` copies are not read
+//! twice). Every change notification triggers a full rescan: the listing
+//! and contents go to [`FileSet`], which parses only what changed. Bursts of
+//! events (an editor's write-rename-chmod) are debounced into one reload.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::event::{AccessKind, AccessMode};
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+
+use crate::metrics::Metrics;
+use crate::resources::{Generations, Object, Snapshot};
+
+use super::merge::{FileRead, FileSet};
+use super::{ConfigError, SourceUpdate};
+
+/// Quiet time after the last file event before a reload starts.
+const DEBOUNCE: Duration = Duration::from_millis(150);
+/// Longest a continuous stream of events can delay a reload.
+const MAX_DEBOUNCE: Duration = Duration::from_secs(1);
+/// Deepest directory nesting read (guards against symlink loops).
+const MAX_DEPTH: usize = 32;
+
+const MANIFEST_EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
+
+/// Manifests read from files, with each file's last good objects.
+pub struct FileSource {
+    paths: Vec<PathBuf>,
+    files: FileSet,
+    generations: Generations,
+    metrics: Arc<Metrics>,
+    /// Errors of the previous update, to log and count only new ones.
+    reported: Vec<ConfigError>,
+    /// Configured paths that could not be listed at the previous reload.
+    path_problems: Vec<ConfigError>,
+    loaded_once: bool,
+}
+
+impl FileSource {
+    pub fn new(paths: Vec<PathBuf>, metrics: Arc<Metrics>) -> Self {
+        FileSource {
+            paths,
+            files: FileSet::new(),
+            generations: Generations::default(),
+            metrics,
+            reported: Vec::new(),
+            path_problems: Vec::new(),
+            loaded_once: false,
+        }
+    }
+
+    /// Read every file again. Returns the new configuration, or `None` when
+    /// nothing changed since the previous call (the first call always
+    /// returns one). Blocking: call it off the async workers.
+    pub fn reload(&mut self) -> Option<SourceUpdate> {
+        let listing = read_all(&self.paths);
+        let changed = self.files.update(listing.reads);
+        let mut errors = listing.problems;
+        if !changed && self.loaded_once && errors == self.path_problems {
+            return None;
+        }
+        self.loaded_once = true;
+        self.path_problems = errors.clone();
+
+        let (loaded, file_errors) = self.files.merged();
+        errors.extend(file_errors);
+        for error in errors.iter().filter(|e| !self.reported.contains(e)) {
+            tracing::warn!(file = %error.file, line = ?error.line, "configuration error: {error}");
+            self.metrics.record_config_error(&error.file);
+        }
+        self.reported = errors.clone();
+
+        let mut objects: Vec<Object> = loaded.into_iter().map(|l| l.object).collect();
+        self.generations
+            .assign(&mut objects, k8s_openapi::jiff::Timestamp::now());
+        let count = objects.len();
+        Some(SourceUpdate {
+            snapshot: Snapshot::from_objects(objects),
+            errors,
+            objects: count,
+        })
+    }
+
+    /// Start watching the configured paths. Events are coalesced by
+    /// [`FileWatch::changed`].
+    pub fn watch(&self) -> notify::Result<FileWatch> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                let relevant = match &event {
+                    Ok(event) => is_change(&event.kind),
+                    Err(error) => {
+                        // Lost events (queue overflow...): a rescan repairs it.
+                        tracing::warn!(%error, "file watch error; rescanning");
+                        true
+                    }
+                };
+                if relevant {
+                    // The receiver is gone only when the gateway shut down.
+                    let _ = tx.send(());
+                }
+            })?;
+        for path in &self.paths {
+            if path.is_dir() {
+                watcher.watch(path, RecursiveMode::Recursive)?;
+            } else {
+                // Watch the directory, not the file: an editor that replaces
+                // the file by renaming a new one over it would leave a
+                // watch on the old inode deaf.
+                let dir = match path.parent() {
+                    Some(dir) if !dir.as_os_str().is_empty() => dir,
+                    _ => Path::new("."),
+                };
+                watcher.watch(dir, RecursiveMode::NonRecursive)?;
+            }
+        }
+        Ok(FileWatch {
+            _watcher: watcher,
+            events: rx,
+        })
+    }
+}
+
+/// Whether a file event can change what the manifests say. Opening and
+/// reading (which the source itself does on every reload) cannot.
+fn is_change(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
+    }
+}
+
+/// A live watch on the manifest paths.
+pub struct FileWatch {
+    _watcher: RecommendedWatcher,
+    events: mpsc::UnboundedReceiver<()>,
+}
+
+impl FileWatch {
+    /// Wait until the files changed and then stayed quiet for a moment.
+    /// Returns `false` when the watch has stopped.
+    pub async fn changed(&mut self) -> bool {
+        if self.events.recv().await.is_none() {
+            return false;
+        }
+        let deadline = tokio::time::Instant::now() + MAX_DEBOUNCE;
+        loop {
+            let quiet = (tokio::time::Instant::now() + DEBOUNCE).min(deadline);
+            match tokio::time::timeout_at(quiet, self.events.recv()).await {
+                Ok(Some(())) if tokio::time::Instant::now() < deadline => continue,
+                Ok(Some(())) | Err(_) => return true,
+                Ok(None) => return false,
+            }
+        }
+    }
+}
+
+/// The manifest files found under the configured paths, read.
+#[derive(Debug, Default)]
+pub struct Listing {
+    /// Every file found, in sorted order.
+    pub reads: Vec<FileRead>,
+    /// Configured paths or directories that could not be listed.
+    pub problems: Vec<ConfigError>,
+}
+
+/// List every manifest file under `paths` and read it. Files are named as
+/// found (the configured path joined with the relative path), each once.
+/// A file that vanishes between listing and reading is left out, like one
+/// never listed.
+pub fn read_all(paths: &[PathBuf]) -> Listing {
+    let mut files = Vec::new();
+    let mut problems = Vec::new();
+    for path in paths {
+        match std::fs::metadata(path) {
+            Ok(meta) if meta.is_dir() => collect_dir(path, 0, &mut files, &mut problems),
+            // A file named explicitly is read whatever its extension.
+            Ok(_) => files.push(path.clone()),
+            Err(error) => problems.push(path_problem(path, &error)),
+        }
+    }
+    files.sort();
+    files.dedup();
+    let reads = files
+        .into_iter()
+        .filter_map(|path| {
+            let content = match std::fs::read_to_string(&path) {
+                Ok(text) => Ok(text),
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
+                Err(error) => Err(error.to_string()),
+            };
+            Some(FileRead {
+                file: path.display().to_string(),
+                content,
+            })
+        })
+        .collect();
+    Listing { reads, problems }
+}
+
+fn path_problem(path: &Path, error: &dyn std::fmt::Display) -> ConfigError {
+    ConfigError {
+        file: path.display().to_string(),
+        line: None,
+        object: None,
+        field: None,
+        message: format!("cannot read: {error}"),
+    }
+}
+
+fn collect_dir(
+    dir: &Path,
+    depth: usize,
+    files: &mut Vec<PathBuf>,
+    problems: &mut Vec<ConfigError>,
+) {
+    if depth > MAX_DEPTH {
+        problems.push(path_problem(
+            dir,
+            &format!("directories nested deeper than {MAX_DEPTH}"),
+        ));
+        return;
+    }
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(error) => {
+            problems.push(path_problem(dir, &error));
+            return;
+        }
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let hidden = entry.file_name().to_string_lossy().starts_with('.');
+        if hidden {
+            continue;
+        }
+        // `metadata` follows symlinks: a link to a directory is walked.
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_dir() => collect_dir(&path, depth + 1, files, problems),
+            Ok(_) if is_manifest(&path) => files.push(path),
+            Ok(_) => {}
+            // A dangling symlink or a file removed while listing: skip it,
+            // the next event rescans.
+            Err(_) => {}
+        }
+    }
+}
+
+fn is_manifest(path: &Path) -> bool {
+    path.extension().and_then(|e| e.to_str()).is_some_and(|e| {
+        MANIFEST_EXTENSIONS
+            .iter()
+            .any(|m| e.eq_ignore_ascii_case(m))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn directories_are_read_recursively_in_sorted_order_for_manifest_extensions() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("b/nested")).expect("mkdir");
+        std::fs::create_dir_all(root.join(".hidden")).expect("mkdir");
+        for (name, text) in [
+            ("b/nested/z.yml", "z"),
+            ("a.yaml", "a"),
+            ("c.json", "c"),
+            ("notes.txt", "ignored"),
+            (".swap.yaml", "hidden file"),
+            (".hidden/x.yaml", "hidden dir"),
+        ] {
+            std::fs::write(root.join(name), text).expect("write");
+        }
+        let listing = read_all(&[root.to_path_buf()]);
+        assert!(listing.problems.is_empty(), "{:?}", listing.problems);
+        let reads = listing.reads;
+        let names: Vec<String> = reads
+            .iter()
+            .map(|r| {
+                Path::new(&r.file)
+                    .strip_prefix(root)
+                    .expect("under root")
+                    .display()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(names, ["a.yaml", "b/nested/z.yml", "c.json"]);
+        assert_eq!(reads[0].content, Ok("a".to_string()));
+    }
+
+    #[test]
+    fn a_missing_path_is_reported_not_fatal() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let missing = dir.path().join("gone.yaml");
+        let listing = read_all(std::slice::from_ref(&missing));
+        assert!(listing.reads.is_empty());
+        assert_eq!(listing.problems.len(), 1);
+        assert_eq!(listing.problems[0].file, missing.display().to_string());
+    }
+
+    #[test]
+    fn opening_a_file_is_not_a_change_but_writing_is() {
+        assert!(!is_change(&EventKind::Access(AccessKind::Open(
+            notify::event::AccessMode::Any
+        ))));
+        assert!(!is_change(&EventKind::Access(AccessKind::Close(
+            AccessMode::Read
+        ))));
+        assert!(is_change(&EventKind::Access(AccessKind::Close(
+            AccessMode::Write
+        ))));
+        assert!(is_change(&EventKind::Remove(
+            notify::event::RemoveKind::File
+        )));
+    }
+
+    fn service(name: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\nspec:\n  ports:\n  - port: 80\n"
+        )
+    }
+
+    fn service_names(update: &SourceUpdate) -> Vec<String> {
+        update
+            .snapshot
+            .services
+            .iter()
+            .map(|s| s.metadata.name.clone().unwrap_or_default())
+            .collect()
+    }
+
+    async fn next_change(watch: &mut FileWatch) {
+        let changed = tokio::time::timeout(Duration::from_secs(20), watch.changed())
+            .await
+            .expect("a change is reported");
+        assert!(changed, "the watch is still running");
+    }
+
+    #[tokio::test]
+    async fn changes_are_seen_including_rename_replace_and_removal() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut source = FileSource::new(vec![dir.path().to_path_buf()], Metrics::shared());
+        let mut watch = source.watch().expect("watch the temp dir");
+        let first = source.reload().expect("the first reload always reports");
+        assert_eq!(first.objects, 0);
+
+        std::fs::write(dir.path().join("a.yaml"), service("one")).expect("write");
+        next_change(&mut watch).await;
+        let update = source.reload().expect("a.yaml appeared");
+        assert_eq!(service_names(&update), ["one"]);
+        assert_eq!(
+            update.snapshot.services[0].metadata.generation,
+            Some(1),
+            "generations are assigned"
+        );
+
+        let temp = dir.path().join(".a.yaml.swp");
+        std::fs::write(&temp, service("two")).expect("write temp");
+        std::fs::rename(&temp, dir.path().join("a.yaml")).expect("rename");
+        next_change(&mut watch).await;
+        let update = source.reload().expect("a.yaml replaced");
+        assert_eq!(service_names(&update), ["two"]);
+
+        std::fs::remove_file(dir.path().join("a.yaml")).expect("remove");
+        next_change(&mut watch).await;
+        let update = source.reload().expect("a.yaml removed");
+        assert_eq!(update.objects, 0);
+        assert!(source.reload().is_none(), "nothing changed since");
+    }
+
+    #[test]
+    fn each_error_is_counted_once_while_it_lasts() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let metrics = Metrics::shared();
+        let mut source = FileSource::new(vec![dir.path().to_path_buf()], metrics.clone());
+        std::fs::write(dir.path().join("a.yaml"), "kind: [").expect("write");
+        let update = source.reload().expect("first reload");
+        assert_eq!(update.errors.len(), 1);
+        // Another file changes: a.yaml's error is still there, not new.
+        std::fs::write(dir.path().join("b.yaml"), service("b")).expect("write");
+        let update = source.reload().expect("b.yaml appeared");
+        assert_eq!(update.errors.len(), 1);
+        let file = dir.path().join("a.yaml").display().to_string();
+        let text = metrics.encode();
+        assert!(
+            text.contains(&format!("sluice_config_errors_total{{file=\"{file}\"}} 1")),
+            "{text}"
+        );
+    }
+}
