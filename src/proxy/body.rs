@@ -109,7 +109,7 @@ impl Body for UpstreamBody {
             UpstreamBody::Empty => SizeHint::with_exact(0),
             UpstreamBody::Incoming(b) => b.size_hint(),
             UpstreamBody::Tee(t) => t.inner.size_hint(),
-            UpstreamBody::Mirror(m) => m.size.clone(),
+            UpstreamBody::Mirror(m) => m.size,
         }
     }
 }
