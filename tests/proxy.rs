@@ -834,8 +834,28 @@ async fn mirrors_get_a_copy_and_never_delay_the_client() {
         mirror_to(&mirror, "mirror", 100),
         mirror_to(&never, "never", 0),
     ];
-    let (_proxy, metrics) = start_proxy(table(bind, vec![r])).await;
+    // A large body mirrored to a backend that never reads it: the mirror
+    // falls behind and is cut off; the client gets its whole answer.
+    let mut big = rule(
+        "mirrored-big",
+        PathMatch::prefix("/big"),
+        vec![be("main", 1, endpoints(&[&main]))],
+    );
+    big.filters = vec![mirror_to(&hanging, "hanging", 100)];
+    let (_proxy, metrics) = start_proxy(table(bind, vec![r, big])).await;
     let mut conn = Conn::open(bind).await;
+    let payload: Vec<u8> = (0..8 * 1024 * 1024).map(|i| (i % 241) as u8).collect();
+    let req = Request::post("/big")
+        .header("host", "mirror.example")
+        .body(full(payload.clone()))
+        .unwrap();
+    let (status, _, body) = read(conn.send(req).await).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body == payload, "echoed body differs");
+    eventually("big copy reached the hanging mirror", || {
+        hanging.count() == 1
+    })
+    .await;
     const N: usize = 5;
     for i in 0..N {
         let req = Request::post(format!("/m/{i}?q=1"))
@@ -849,7 +869,7 @@ async fn mirrors_get_a_copy_and_never_delay_the_client() {
         assert_eq!(body, format!("payload-{i}"));
     }
     eventually("mirror copies", || mirror.count() == N).await;
-    eventually("hanging mirror copies", || hanging.count() == N).await;
+    eventually("hanging mirror copies", || hanging.count() == N + 1).await;
     let mut copies = mirror.seen();
     copies.sort_by(|a, b| a.target.cmp(&b.target));
     for (i, copy) in copies.iter().enumerate() {

@@ -1,6 +1,7 @@
 //! HTTPRoute filters and header hygiene as pure functions over headers and
 //! paths, so each spec rule is unit tested without a socket.
 
+use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -55,7 +56,7 @@ pub fn add_forwarded(headers: &mut HeaderMap, client: IpAddr) {
             list.push_str(", ");
         }
     }
-    list.push_str(&client.to_string());
+    let _ = write!(list, "{client}");
     if let Ok(v) = HeaderValue::from_str(&list) {
         headers.insert(X_FORWARDED_FOR.clone(), v);
     }

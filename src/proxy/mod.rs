@@ -55,6 +55,9 @@ pub(crate) struct Shared {
     client: Client<HttpConnector, UpstreamBody>,
     /// HTTP/2 with prior knowledge, for `appProtocol: kubernetes.io/h2c`.
     h2_client: Client<HttpConnector, UpstreamBody>,
+    /// How client connections are served: HTTP/1.1 with keep-alive, or
+    /// HTTP/2 with prior knowledge (h2c), detected per connection.
+    server: auto::Builder<TokioExecutor>,
     /// The accept loop of each bound socket, by its configured address.
     listeners: Mutex<BTreeMap<SocketAddr, AbortHandle>>,
 }
@@ -79,8 +82,14 @@ impl Proxy {
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .http2_only(true)
             .build(connector);
+        let mut server = auto::Builder::new(TokioExecutor::new());
+        // A timer makes hyper enforce its limit on how long a client may
+        // take to send request headers.
+        server.http1().timer(TokioTimer::new());
+        server.http2().timer(TokioTimer::new());
         Proxy {
             shared: Arc::new(Shared {
+                server,
                 table: ArcSwap::from_pointee(RouteTable::default()),
                 metrics,
                 client,
@@ -192,15 +201,15 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAdd
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         tokio::spawn(async move {
+            let for_requests = shared.clone();
             let service = service_fn(move |req| {
-                let shared = shared.clone();
+                let shared = for_requests.clone();
                 async move { Ok::<_, Infallible>(handler::handle(&shared, req, client, bind).await) }
             });
-            let builder = auto::Builder::new(TokioExecutor::new());
-            if let Err(e) = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
+            let conn = shared
+                .server
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
                 tracing::debug!(%client, error = %e, "connection ended with an error");
             }
         });
