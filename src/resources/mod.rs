@@ -4,17 +4,39 @@
 //! Kubernetes API) currently holds. Sources build it; `translate` reads it.
 //! Every object in a snapshot has a namespace (`default` when the manifest
 //! gave none), a `metadata.generation` and a `metadata.creationTimestamp`
-//! (see the source for how they are filled in when a file omits them).
+//! (see [`Generations`] for how they are filled in when a file omits them).
+//!
+//! [`parse_manifests`] turns manifest text into [`Object`]s, refusing what
+//! the API server's CRD schema would refuse, with errors that name the file,
+//! line, object and field.
+
+mod duration;
+pub mod generations;
+pub mod load;
+mod validate;
+
+pub use duration::parse_gateway_duration;
+pub use generations::Generations;
+pub use load::{LoadError, LoadedObject, ParsedFile, parse_manifests};
+pub(crate) use validate::filter_type_name;
 
 pub use gateway_api::experimental::gatewayclasses::GatewayClass;
 pub use gateway_api::experimental::gateways::Gateway;
 pub use gateway_api::experimental::httproutes::HttpRoute;
 pub use gateway_api::experimental::referencegrants::ReferenceGrant;
-pub use k8s_openapi::api::core::v1::Service;
+pub use k8s_openapi::api::core::v1::{Namespace, Service};
 pub use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// Our GatewayClass `controllerName`.
 pub const CONTROLLER_NAME: &str = "sluice.dev/gateway-controller";
+
+/// The namespace of objects whose manifest gives none.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// The Gateway API group.
+pub const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
 
 /// Every object the gateway's configuration is made of.
 #[derive(Debug, Clone, Default)]
@@ -25,4 +47,174 @@ pub struct Snapshot {
     pub reference_grants: Vec<ReferenceGrant>,
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
+    /// Namespaces, for `allowedRoutes.namespaces.selector`. A namespace
+    /// without an object here only has the `kubernetes.io/metadata.name`
+    /// label Kubernetes gives every namespace.
+    pub namespaces: Vec<Namespace>,
+}
+
+impl Snapshot {
+    /// Sort objects into a snapshot by kind (their order is kept).
+    pub fn from_objects(objects: impl IntoIterator<Item = Object>) -> Snapshot {
+        let mut s = Snapshot::default();
+        for object in objects {
+            match object {
+                Object::GatewayClass(o) => s.gateway_classes.push(o),
+                Object::Gateway(o) => s.gateways.push(o),
+                Object::HttpRoute(o) => s.http_routes.push(o),
+                Object::ReferenceGrant(o) => s.reference_grants.push(o),
+                Object::Service(o) => s.services.push(o),
+                Object::EndpointSlice(o) => s.endpoint_slices.push(o),
+                Object::Namespace(o) => s.namespaces.push(o),
+            }
+        }
+        s
+    }
+}
+
+/// One object of a kind sluice reads.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Object {
+    GatewayClass(GatewayClass),
+    Gateway(Gateway),
+    HttpRoute(HttpRoute),
+    ReferenceGrant(ReferenceGrant),
+    Service(Service),
+    EndpointSlice(EndpointSlice),
+    Namespace(Namespace),
+}
+
+impl Object {
+    /// The Kubernetes `kind`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Object::GatewayClass(_) => "GatewayClass",
+            Object::Gateway(_) => "Gateway",
+            Object::HttpRoute(_) => "HTTPRoute",
+            Object::ReferenceGrant(_) => "ReferenceGrant",
+            Object::Service(_) => "Service",
+            Object::EndpointSlice(_) => "EndpointSlice",
+            Object::Namespace(_) => "Namespace",
+        }
+    }
+
+    /// Cluster-scoped kinds have no namespace.
+    pub fn is_namespaced(&self) -> bool {
+        is_namespaced_kind(self.kind())
+    }
+
+    pub fn metadata(&self) -> &ObjectMeta {
+        match self {
+            Object::GatewayClass(o) => &o.metadata,
+            Object::Gateway(o) => &o.metadata,
+            Object::HttpRoute(o) => &o.metadata,
+            Object::ReferenceGrant(o) => &o.metadata,
+            Object::Service(o) => &o.metadata,
+            Object::EndpointSlice(o) => &o.metadata,
+            Object::Namespace(o) => &o.metadata,
+        }
+    }
+
+    pub fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        match self {
+            Object::GatewayClass(o) => &mut o.metadata,
+            Object::Gateway(o) => &mut o.metadata,
+            Object::HttpRoute(o) => &mut o.metadata,
+            Object::ReferenceGrant(o) => &mut o.metadata,
+            Object::Service(o) => &mut o.metadata,
+            Object::EndpointSlice(o) => &mut o.metadata,
+            Object::Namespace(o) => &mut o.metadata,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        self.metadata().name.as_deref().unwrap_or("")
+    }
+
+    /// The namespace (`None` for cluster-scoped kinds).
+    pub fn namespace(&self) -> Option<&str> {
+        if self.is_namespaced() {
+            Some(
+                self.metadata()
+                    .namespace
+                    .as_deref()
+                    .unwrap_or(DEFAULT_NAMESPACE),
+            )
+        } else {
+            None
+        }
+    }
+
+    /// `HTTPRoute default/checkout`, `GatewayClass sluice`.
+    pub fn id(&self) -> String {
+        object_id(self.kind(), self.namespace(), self.name())
+    }
+
+    /// What counts as the object's `spec` for generation counting: the
+    /// `spec`, or for an EndpointSlice (which has none) its endpoints,
+    /// ports and address type.
+    pub fn spec_value(&self) -> serde_json::Value {
+        let v = match self {
+            Object::GatewayClass(o) => serde_json::to_value(&o.spec),
+            Object::Gateway(o) => serde_json::to_value(&o.spec),
+            Object::HttpRoute(o) => serde_json::to_value(&o.spec),
+            Object::ReferenceGrant(o) => serde_json::to_value(&o.spec),
+            Object::Service(o) => serde_json::to_value(&o.spec),
+            Object::Namespace(o) => serde_json::to_value(&o.spec),
+            Object::EndpointSlice(o) => Ok(serde_json::json!({
+                "addressType": o.address_type,
+                "endpoints": o.endpoints,
+                "ports": o.ports,
+            })),
+        };
+        // Serializing these plain data types cannot fail (no maps with
+        // non-string keys); a null spec only makes generations coarser.
+        v.unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// Whether objects of this kind live in a namespace.
+pub fn is_namespaced_kind(kind: &str) -> bool {
+    !matches!(kind, "GatewayClass" | "Namespace")
+}
+
+/// The display id of an object: `Kind namespace/name` or `Kind name`.
+pub fn object_id(kind: &str, namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None => format!("{kind} {name}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_sorts_objects_by_kind() {
+        let parsed = parse_manifests(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\n\
+             apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n---\n\
+             apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\n\
+             metadata: {name: c}\nspec: {controllerName: x/y}\n",
+            "f.yaml",
+        );
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        let s = Snapshot::from_objects(parsed.objects.into_iter().map(|o| o.object));
+        assert_eq!(s.services.len(), 1);
+        assert_eq!(s.namespaces.len(), 1);
+        assert_eq!(s.gateway_classes.len(), 1);
+    }
+
+    #[test]
+    fn ids_name_kind_namespace_and_name() {
+        assert_eq!(
+            object_id("HTTPRoute", Some("default"), "checkout"),
+            "HTTPRoute default/checkout"
+        );
+        assert_eq!(
+            object_id("GatewayClass", None, "sluice"),
+            "GatewayClass sluice"
+        );
+    }
 }

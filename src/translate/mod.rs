@@ -6,12 +6,29 @@
 //! ReferenceGrant checks, backend resolution, status conditions and reasons.
 //! No I/O: manifests in, table and status out.
 
+mod backends;
+mod conditions;
+mod filters;
+mod gateways;
+mod matches;
+mod routes;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
+use gateway_api::experimental::gateways::GatewayStatus;
+use gateway_api::experimental::httproutes::{
+    HttpRouteStatus, HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
-use crate::resources::Snapshot;
-use crate::route::RouteTable;
+use crate::resources::{CONTROLLER_NAME, DEFAULT_NAMESPACE, GATEWAY_GROUP, Snapshot};
+use crate::route::{BackendTarget, EndpointSet, RouteOrder, RouteTable, RouteTableBuilder};
+
+use backends::{BackendResolver, Resolution};
+use conditions::{ConditionMaker, set_condition};
 
 /// Settings that are not part of the manifests.
 #[derive(Debug, Clone)]
@@ -103,13 +120,315 @@ pub enum BackendOutcome {
     Unresolved { reason: String, message: String },
 }
 
-/// Build the route table and status for a snapshot.
+/// A backendRef (or mirror backendRef) that did not resolve.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RefFailure {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+pub(crate) fn backend_target(resolution: Resolution) -> BackendTarget {
+    match resolution {
+        Resolution::Endpoints { addrs, protocol } => {
+            BackendTarget::Endpoints(EndpointSet::new(addrs, protocol))
+        }
+        Resolution::NoReadyEndpoints => BackendTarget::NoReadyEndpoints,
+        Resolution::Unresolved { reason, .. } => BackendTarget::Unresolved {
+            reason: reason.to_string(),
+        },
+    }
+}
+
+pub(crate) fn api_version() -> String {
+    format!("{GATEWAY_GROUP}/v1")
+}
+
+/// Inputs are ordered by (creationTimestamp, namespace, name) so that the
+/// output never depends on file order.
+pub(crate) fn sort_key(meta: &ObjectMeta) -> (i128, String, String) {
+    (
+        created_nanos(meta),
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+fn created_nanos(meta: &ObjectMeta) -> i128 {
+    meta.creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_nanosecond())
+        .unwrap_or(0)
+}
+
+/// Build the route table and status for a snapshot, with conditions
+/// stamped with the current time.
 pub fn translate(snapshot: &Snapshot, options: &TranslateOptions) -> Translation {
-    let _ = (snapshot, options);
+    translate_at(snapshot, options, Timestamp::now())
+}
+
+/// [`translate`] with the time conditions are stamped with
+/// (`lastTransitionTime`) given: the pure form, for tests.
+pub fn translate_at(
+    snapshot: &Snapshot,
+    options: &TranslateOptions,
+    now: Timestamp,
+) -> Translation {
+    let mut warnings = Vec::new();
+    let (mut objects, classes) = gateways::gateway_classes(snapshot, now);
+    let mut views = gateways::gateways(snapshot, &classes, options, now, &mut warnings);
+
+    let mut builder = RouteTableBuilder::new();
+    let mut listener_binds = Vec::new();
+    // handles[gateway][listener]: one per socket the listener is served on.
+    let mut handles = Vec::new();
+    for view in &views {
+        let mut per_listener = Vec::new();
+        for (l, listener) in view.listeners.iter().enumerate() {
+            let mut hs = Vec::new();
+            if view.serves(l) {
+                for bind in &listener.binds {
+                    hs.push(builder.add_listener(
+                        *bind,
+                        view.listener_id(l),
+                        listener.hostname.clone(),
+                    ));
+                    listener_binds.push(ListenerBind {
+                        gateway_namespace: view.namespace.clone(),
+                        gateway_name: view.name.clone(),
+                        listener: listener.name.clone(),
+                        bind: *bind,
+                    });
+                }
+            }
+            per_listener.push(hs);
+        }
+        handles.push(per_listener);
+    }
+
+    let namespace_labels: BTreeMap<&str, &BTreeMap<String, String>> = snapshot
+        .namespaces
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()?)))
+        .collect();
+    let labels = |ns: &str| -> BTreeMap<String, String> {
+        let mut l = namespace_labels
+            .get(ns)
+            .map(|l| (*l).clone())
+            .unwrap_or_default();
+        l.insert("kubernetes.io/metadata.name".into(), ns.to_string());
+        l
+    };
+
+    let resolver = BackendResolver::new(snapshot);
+    let mut routes: Vec<_> = snapshot.http_routes.iter().collect();
+    routes.sort_by_key(|r| sort_key(&r.metadata));
+    let mut route_statuses = Vec::new();
+    let mut rules = Vec::new();
+    for route in routes {
+        let ns = route
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or(DEFAULT_NAMESPACE);
+        let name = route.metadata.name.as_deref().unwrap_or("");
+        let parents = routes::attach(route, ns, &views, &labels);
+        if parents.is_empty() {
+            warnings.push(format!(
+                "HTTPRoute {ns}/{name}: no parentRef names a Gateway of {CONTROLLER_NAME}; the route is ignored"
+            ));
+            continue;
+        }
+        let compiled = routes::compile_route(route, ns, name, &resolver);
+        let cond = ConditionMaker {
+            generation: route.metadata.generation.unwrap_or(0),
+            now,
+        };
+        let order = RouteOrder {
+            created: created_nanos(&route.metadata),
+            namespace: ns.to_string(),
+            name: name.to_string(),
+        };
+        let resolved = match compiled.ref_failures.first() {
+            None => cond.make(
+                "ResolvedRefs",
+                true,
+                "ResolvedRefs",
+                "all references resolved",
+            ),
+            Some(first) => cond.make(
+                "ResolvedRefs",
+                false,
+                first.reason,
+                compiled
+                    .ref_failures
+                    .iter()
+                    .map(|f| f.message.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ),
+        };
+        let mut attached: BTreeSet<(usize, usize)> = BTreeSet::new();
+        let mut status_parents = Vec::new();
+        let mut accepted_anywhere = false;
+        for parent in &parents {
+            let accepted = if !compiled.unsupported.is_empty() {
+                cond.make(
+                    "Accepted",
+                    false,
+                    "UnsupportedValue",
+                    compiled.unsupported.join("; "),
+                )
+            } else {
+                match &parent.accepted {
+                    Err((reason, message)) => cond.make("Accepted", false, reason, message.clone()),
+                    Ok(attachments) => {
+                        accepted_anywhere = true;
+                        let mut names = Vec::new();
+                        for a in attachments {
+                            names.push(views[a.gateway].listeners[a.listener].name.clone());
+                            if !attached.insert((a.gateway, a.listener)) {
+                                continue; // attached here through another parentRef
+                            }
+                            views[a.gateway].listeners[a.listener].attached_routes += 1;
+                            for handle in &handles[a.gateway][a.listener] {
+                                for r in &compiled.rules {
+                                    builder.add_rule(
+                                        *handle,
+                                        &a.hostnames,
+                                        &order,
+                                        r.rule.clone(),
+                                        r.matches.clone(),
+                                    );
+                                }
+                            }
+                        }
+                        cond.make(
+                            "Accepted",
+                            true,
+                            "Accepted",
+                            format!("attached to listener(s) {}", names.join(", ")),
+                        )
+                    }
+                }
+            };
+            let p = parent.parent_ref;
+            status_parents.push(HttpRouteStatusParents {
+                conditions: vec![accepted, resolved.clone()],
+                controller_name: CONTROLLER_NAME.to_string(),
+                parent_ref: HttpRouteStatusParentsParentRef {
+                    group: p.group.clone(),
+                    kind: p.kind.clone(),
+                    name: p.name.clone(),
+                    namespace: p.namespace.clone(),
+                    port: p.port,
+                    section_name: p.section_name.clone(),
+                },
+            });
+        }
+        if accepted_anywhere {
+            rules.extend(compiled.summaries);
+            warnings.extend(compiled.warnings);
+        }
+        route_statuses.push(ObjectStatus {
+            api_version: api_version(),
+            kind: "HTTPRoute".into(),
+            metadata: StatusMetadata {
+                name: name.to_string(),
+                namespace: Some(ns.to_string()),
+                generation: cond.generation,
+            },
+            status: serde_json::to_value(HttpRouteStatus {
+                parents: status_parents,
+            })
+            .unwrap_or_default(),
+        });
+    }
+    rules.sort_by(|a, b| (&a.route, a.rule).cmp(&(&b.route, b.rule)));
+
+    views
+        .iter()
+        .for_each(|v| objects.push(gateways::gateway_status(v)));
+    objects.extend(route_statuses);
     Translation {
-        table: RouteTable::default(),
-        status: StatusReport::default(),
-        rules: Vec::new(),
-        warnings: Vec::new(),
+        table: builder.build(),
+        status: StatusReport {
+            objects,
+            listener_binds,
+        },
+        rules,
+        warnings,
+    }
+}
+
+impl StatusReport {
+    /// Report sockets the proxy could not listen on: their listeners get
+    /// `Accepted=False` (reason `PortUnavailable`, "the port is already in
+    /// use") and `Programmed=False` (reason `Pending`), with the OS error
+    /// as message; a Gateway none of whose listeners is programmed any more
+    /// gets `Programmed=False` with reason `AddressNotUsable`.
+    pub fn apply_bind_failures(&mut self, failures: &[(SocketAddr, String)]) {
+        // (gateway ns, gateway name) -> listener -> errors
+        let mut failed: BTreeMap<(&str, &str), BTreeMap<&str, Vec<String>>> = BTreeMap::new();
+        for b in &self.listener_binds {
+            for (addr, error) in failures {
+                if *addr == b.bind {
+                    failed
+                        .entry((&b.gateway_namespace, &b.gateway_name))
+                        .or_default()
+                        .entry(&b.listener)
+                        .or_default()
+                        .push(format!("cannot listen on {addr}: {error}"));
+                }
+            }
+        }
+        for ((ns, name), listeners) in failed {
+            let Some(object) = self.objects.iter_mut().find(|o| {
+                o.kind == "Gateway"
+                    && o.metadata.namespace.as_deref() == Some(ns)
+                    && o.metadata.name == name
+            }) else {
+                continue;
+            };
+            let Ok(mut status) = serde_json::from_value::<GatewayStatus>(object.status.clone())
+            else {
+                continue;
+            };
+            let cond = ConditionMaker {
+                generation: object.metadata.generation,
+                now: Timestamp::now(),
+            };
+            for l in status.listeners.iter_mut().flatten() {
+                if let Some(errors) = listeners.get(l.name.as_str()) {
+                    let message = errors.join("; ");
+                    set_condition(
+                        &mut l.conditions,
+                        cond.make("Accepted", false, "PortUnavailable", message.clone()),
+                    );
+                    set_condition(
+                        &mut l.conditions,
+                        cond.make("Programmed", false, "Pending", message),
+                    );
+                }
+            }
+            let any_programmed = status.listeners.iter().flatten().any(|l| {
+                l.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Programmed" && c.status == "True")
+            });
+            if !any_programmed {
+                let message = listeners
+                    .iter()
+                    .map(|(l, e)| format!("listener {l}: {}", e.join("; ")))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                set_condition(
+                    status.conditions.get_or_insert_with(Vec::new),
+                    cond.make("Programmed", false, "AddressNotUsable", message),
+                );
+            }
+            if let Ok(v) = serde_json::to_value(status) {
+                object.status = v;
+            }
+        }
     }
 }

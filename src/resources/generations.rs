@@ -1,0 +1,160 @@
+//! `metadata.generation` and `metadata.creationTimestamp` without an API
+//! server.
+//!
+//! DESIGN.md: an object's generation is the file's value when it gives one;
+//! otherwise 1 when first seen and +1 each time its `spec` changes (not its
+//! status or labels). Its creationTimestamp is the file's value, otherwise
+//! the time sluice first saw it, kept across reloads. Pure: the caller
+//! passes the clock.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use super::Object;
+
+/// What sluice remembers of every object it has seen, across reloads.
+#[derive(Debug, Clone, Default)]
+pub struct Generations {
+    seen: BTreeMap<ObjectKey, Seen>,
+}
+
+/// (kind, namespace or "", name)
+type ObjectKey = (&'static str, String, String);
+
+#[derive(Debug, Clone)]
+struct Seen {
+    spec: serde_json::Value,
+    generation: i64,
+    created: Timestamp,
+}
+
+impl Generations {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fill in `metadata.generation` and `metadata.creationTimestamp` of
+    /// `objects` (the complete current set), and forget objects that are no
+    /// longer present.
+    pub fn assign(&mut self, objects: &mut [Object], now: Timestamp) {
+        let mut next = BTreeMap::new();
+        for object in objects.iter_mut() {
+            let key: ObjectKey = (
+                object.kind(),
+                object.namespace().unwrap_or("").to_string(),
+                object.name().to_string(),
+            );
+            let spec = object.spec_value();
+            let prev = self.seen.get(&key);
+            let meta = object.metadata_mut();
+            let generation = match (meta.generation, prev) {
+                (Some(g), _) => g,
+                (None, None) => 1,
+                (None, Some(p)) if p.spec == spec => p.generation,
+                (None, Some(p)) => p.generation.saturating_add(1),
+            };
+            let created = match (&meta.creation_timestamp, prev) {
+                (Some(t), _) => t.0,
+                (None, Some(p)) => p.created,
+                (None, None) => now,
+            };
+            meta.generation = Some(generation);
+            meta.creation_timestamp = Some(Time(created));
+            next.insert(
+                key,
+                Seen {
+                    spec,
+                    generation,
+                    created,
+                },
+            );
+        }
+        self.seen = next;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::parse_manifests;
+
+    fn route(yaml_extra: &str, hostname: &str) -> Object {
+        let text = format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\n\
+             metadata:\n  name: r\n{yaml_extra}spec:\n  hostnames: [{hostname}]\n"
+        );
+        let mut parsed = parse_manifests(&text, "t.yaml");
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        parsed.objects.remove(0).object
+    }
+
+    fn ts(secs: i64) -> Timestamp {
+        Timestamp::from_second(secs).expect("small timestamps are valid")
+    }
+
+    fn meta(o: &Object) -> (Option<i64>, Option<Timestamp>) {
+        let m = o.metadata();
+        (m.generation, m.creation_timestamp.as_ref().map(|t| t.0))
+    }
+
+    #[test]
+    fn counts_spec_changes_from_one() {
+        let mut g = Generations::new();
+        let mut objs = [route("", "a.example.com")];
+        g.assign(&mut objs, ts(100));
+        assert_eq!(meta(&objs[0]), (Some(1), Some(ts(100))));
+
+        // Same spec, later reload: unchanged, creation time kept.
+        let mut objs = [route("", "a.example.com")];
+        g.assign(&mut objs, ts(200));
+        assert_eq!(meta(&objs[0]), (Some(1), Some(ts(100))));
+
+        // Spec change: +1.
+        let mut objs = [route("", "b.example.com")];
+        g.assign(&mut objs, ts(300));
+        assert_eq!(meta(&objs[0]), (Some(2), Some(ts(100))));
+    }
+
+    #[test]
+    fn labels_do_not_bump_the_generation() {
+        let mut g = Generations::new();
+        let mut objs = [route("", "a.example.com")];
+        g.assign(&mut objs, ts(1));
+        let mut objs = [route("  labels: {team: x}\n", "a.example.com")];
+        g.assign(&mut objs, ts(2));
+        assert_eq!(meta(&objs[0]).0, Some(1));
+    }
+
+    #[test]
+    fn values_from_the_file_win() {
+        let mut g = Generations::new();
+        let mut objs = [route(
+            "  generation: 7\n  creationTimestamp: \"2024-01-02T03:04:05Z\"\n",
+            "a.example.com",
+        )];
+        g.assign(&mut objs, ts(1));
+        let expected: Timestamp = "2024-01-02T03:04:05Z".parse().expect("valid timestamp");
+        assert_eq!(meta(&objs[0]), (Some(7), Some(expected)));
+        // The file drops its generation: counting continues from 7.
+        let mut objs = [route("", "b.example.com")];
+        g.assign(&mut objs, ts(2));
+        assert_eq!(meta(&objs[0]), (Some(8), Some(expected)));
+    }
+
+    #[test]
+    fn forgets_objects_that_disappear() {
+        let mut g = Generations::new();
+        let mut objs = [route("", "a.example.com")];
+        g.assign(&mut objs, ts(1));
+        let mut objs = [route("", "b.example.com")];
+        g.assign(&mut objs, ts(2));
+        assert_eq!(meta(&objs[0]).0, Some(2));
+        g.assign(&mut [], ts(3));
+        // Seen again: a new object, generation 1, created now.
+        let mut objs = [route("", "b.example.com")];
+        g.assign(&mut objs, ts(4));
+        assert_eq!(meta(&objs[0]), (Some(1), Some(ts(4))));
+    }
+}

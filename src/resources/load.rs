@@ -1,0 +1,516 @@
+//! Manifest text to typed objects: multi-document YAML, JSON, `kind: List`.
+//!
+//! Pure: the caller reads the file and passes its text and name. A file that
+//! does not parse fails whole (one error naming file and line, no objects),
+//! so the caller keeps what it loaded from that file before. A document that
+//! parses but does not fit its type, or that the API server's CRD schema
+//! would refuse, is refused alone; every other object is kept.
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::validate::validate;
+use super::{DEFAULT_NAMESPACE, is_namespaced_kind, object_id};
+
+pub use super::Object;
+
+/// One object read from a manifest file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedObject {
+    pub file: String,
+    /// First line of the document the object came from (1-based).
+    pub line: usize,
+    pub object: Object,
+}
+
+/// Everything read from one file.
+#[derive(Debug, Clone, Default)]
+pub struct ParsedFile {
+    pub objects: Vec<LoadedObject>,
+    pub errors: Vec<LoadError>,
+    /// Documents of kinds sluice does not read (`file:line: Kind ns/name
+    /// (apiVersion)`): not errors, a manifest directory may hold anything.
+    pub ignored: Vec<String>,
+}
+
+/// Why a file or an object was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadError {
+    pub file: String,
+    pub line: usize,
+    /// `HTTPRoute default/foo`, when the error is about one object.
+    pub object: Option<String>,
+    /// `spec.rules[0].backendRefs[1].weight`, when about one field.
+    pub field: Option<String>,
+    pub message: String,
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}: ", self.file, self.line)?;
+        if let Some(o) = &self.object {
+            write!(f, "{o}: ")?;
+        }
+        if let Some(field) = &self.field {
+            write!(f, "{field}: ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// Parse one manifest file's text. `file` is only used in messages.
+pub fn parse_manifests(text: &str, file: &str) -> ParsedFile {
+    let documents = match split_documents(text, file) {
+        Ok(d) => d,
+        Err(e) => {
+            return ParsedFile {
+                errors: vec![e],
+                ..ParsedFile::default()
+            };
+        }
+    };
+    let mut out = ParsedFile::default();
+    for (line, value) in documents {
+        load_document(value, file, line, "", &mut out);
+    }
+    out
+}
+
+/// The documents of a file with the line each starts on, or the syntax
+/// error that makes the whole file fail.
+fn split_documents(text: &str, file: &str) -> Result<Vec<(usize, Value)>, LoadError> {
+    let syntax = |line: usize, message: String| LoadError {
+        file: file.to_string(),
+        line,
+        object: None,
+        field: None,
+        message,
+    };
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        // JSON (one or more concatenated values). YAML would read most of
+        // it too, but JSON's own parser gives better errors.
+        let mut docs = Vec::new();
+        let mut stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+        loop {
+            let start = stream.byte_offset();
+            match stream.next() {
+                None => break,
+                Some(Ok(v)) => {
+                    let skipped = text[start..].len() - text[start..].trim_start().len();
+                    docs.push((line_of(text, start + skipped), v));
+                }
+                Some(Err(e)) => {
+                    return Err(syntax(e.line().max(1), format!("invalid JSON: {e}")));
+                }
+            }
+        }
+        return Ok(docs);
+    }
+
+    let mut values = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(text) {
+        match <serde_yaml::Value as serde::Deserialize>::deserialize(doc) {
+            Ok(v) => values.push(v),
+            Err(e) => {
+                let line = e.location().map(|l| l.line()).unwrap_or(1);
+                return Err(syntax(line, format!("invalid YAML: {e}")));
+            }
+        }
+    }
+    let starts = yaml_document_starts(text);
+    // Our scan of `---` markers and the parser agree on the number of
+    // documents in every ordinary file; if they do not, line 1 is the best
+    // we can say.
+    let lines_known = starts.len() == values.len();
+    let line_for = |i: usize| if lines_known { starts[i] } else { 1 };
+    let mut docs = Vec::new();
+    for (i, v) in values.into_iter().enumerate() {
+        let json = match serde_json::to_value(&v) {
+            Ok(j) => j,
+            Err(e) => {
+                return Err(syntax(
+                    line_for(i),
+                    format!("YAML that has no JSON equivalent: {e}"),
+                ));
+            }
+        };
+        docs.push((line_for(i), json));
+    }
+    Ok(docs)
+}
+
+fn line_of(text: &str, byte: usize) -> usize {
+    text.as_bytes()[..byte.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// First content line of each YAML document, as the parser splits them: a
+/// `---` line starts a document; text before the first marker is a
+/// document only when it holds something besides comments.
+fn yaml_document_starts(text: &str) -> Vec<usize> {
+    let mut starts = Vec::new();
+    // (start line of the current document, first content line seen)
+    let mut current: Option<(usize, Option<usize>)> = Some((1, None));
+    let mut explicit = false;
+    for (i, raw) in text.lines().enumerate() {
+        let line = i + 1;
+        let is_marker =
+            raw.starts_with("---") && raw[3..].chars().next().is_none_or(char::is_whitespace);
+        if is_marker {
+            if let Some((start, content)) = current.take() {
+                if explicit || content.is_some() {
+                    starts.push(content.unwrap_or(start));
+                }
+            }
+            explicit = true;
+            let rest = raw[3..].trim();
+            let content = (!rest.is_empty() && !rest.starts_with('#')).then_some(line);
+            current = Some((line + 1, content));
+            continue;
+        }
+        if raw.starts_with("...") {
+            continue;
+        }
+        let t = raw.trim();
+        if let Some((_, content @ None)) = &mut current {
+            if !t.is_empty() && !t.starts_with('#') {
+                *content = Some(line);
+            }
+        }
+    }
+    if let Some((start, content)) = current {
+        if explicit || content.is_some() {
+            starts.push(content.unwrap_or(start));
+        }
+    }
+    starts
+}
+
+/// Load one document (or one item of a `List`, with `prefix` `items[3].`).
+fn load_document(mut value: Value, file: &str, line: usize, prefix: &str, out: &mut ParsedFile) {
+    let error = |object: Option<String>, field: Option<String>, message: String| LoadError {
+        file: file.to_string(),
+        line,
+        object,
+        field,
+        message,
+    };
+    let map = match &mut value {
+        Value::Null => return, // an empty document
+        Value::Object(m) => m,
+        other => {
+            let what = match other {
+                Value::Array(_) => "a list",
+                Value::String(_) => "a string",
+                _ => "a scalar",
+            };
+            out.errors.push(error(
+                None,
+                (!prefix.is_empty()).then(|| prefix.trim_end_matches('.').to_string()),
+                format!("expected a Kubernetes object (a mapping with apiVersion and kind), found {what}"),
+            ));
+            return;
+        }
+    };
+    let api_version = map
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let kind = map
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if kind.is_empty() || api_version.is_empty() {
+        let missing = if api_version.is_empty() {
+            "apiVersion"
+        } else {
+            "kind"
+        };
+        out.errors.push(error(
+            None,
+            Some(format!("{prefix}{missing}")),
+            "is required".to_string(),
+        ));
+        return;
+    }
+
+    if kind == "List" {
+        let items = match map.remove("items") {
+            Some(Value::Array(items)) => items,
+            Some(Value::Null) | None => Vec::new(),
+            Some(_) => {
+                out.errors.push(error(
+                    None,
+                    Some(format!("{prefix}items")),
+                    "must be a list of objects".to_string(),
+                ));
+                return;
+            }
+        };
+        for (i, item) in items.into_iter().enumerate() {
+            load_document(item, file, line, &format!("{prefix}items[{i}]."), out);
+        }
+        return;
+    }
+
+    // Names for messages, before the document is known to fit its type.
+    let namespaced = is_namespaced_kind(&kind);
+    let meta = map
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Default::default()));
+    let name = meta.get("name").and_then(Value::as_str).map(str::to_string);
+    let namespace = if namespaced {
+        let ns = meta
+            .get("namespace")
+            .and_then(Value::as_str)
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or(DEFAULT_NAMESPACE)
+            .to_string();
+        if let Value::Object(m) = meta {
+            m.insert("namespace".into(), Value::String(ns.clone()));
+        }
+        Some(ns)
+    } else {
+        None
+    };
+    let id = object_id(
+        &kind,
+        namespace.as_deref(),
+        name.as_deref().unwrap_or("<unnamed>"),
+    );
+
+    let gateway = matches!(
+        api_version.as_str(),
+        "gateway.networking.k8s.io/v1" | "gateway.networking.k8s.io/v1beta1"
+    );
+    let parsed: Result<Object, (Option<String>, String)> =
+        match (kind.as_str(), api_version.as_str()) {
+            ("GatewayClass", _) if gateway => typed(value).map(Object::GatewayClass),
+            ("Gateway", _) if gateway => typed(value).map(Object::Gateway),
+            ("HTTPRoute", _) if gateway => typed(value).map(Object::HttpRoute),
+            ("ReferenceGrant", _) if gateway => typed(value).map(Object::ReferenceGrant),
+            ("Service", "v1") => typed(value).map(Object::Service),
+            ("Namespace", "v1") => typed(value).map(Object::Namespace),
+            ("EndpointSlice", "discovery.k8s.io/v1") => typed(value).map(Object::EndpointSlice),
+            _ => {
+                out.ignored.push(format!(
+                    "{file}:{line}: {id} ({api_version}): not a kind sluice reads"
+                ));
+                return;
+            }
+        };
+    let object = match parsed {
+        Ok(o) => o,
+        Err((field, message)) => {
+            out.errors.push(error(
+                Some(id),
+                field.map(|f| format!("{prefix}{f}")),
+                message,
+            ));
+            return;
+        }
+    };
+    if name.as_deref().is_none_or(str::is_empty) {
+        out.errors.push(error(
+            Some(id),
+            Some(format!("{prefix}metadata.name")),
+            "is required".to_string(),
+        ));
+        return;
+    }
+    let problems = validate(&object);
+    if !problems.is_empty() {
+        for (field, message) in problems {
+            out.errors.push(error(
+                Some(id.clone()),
+                Some(format!("{prefix}{field}")),
+                message,
+            ));
+        }
+        return;
+    }
+    out.objects.push(LoadedObject {
+        file: file.to_string(),
+        line,
+        object,
+    });
+}
+
+/// Deserialize into a typed object, with the path of the field at fault.
+fn typed<T: DeserializeOwned>(value: Value) -> Result<T, (Option<String>, String)> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = (path != "." && !path.is_empty()).then_some(path);
+        (field, e.into_inner().to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROUTE: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: checkout
+spec:
+  parentRefs: [{name: gw}]
+  rules:
+  - backendRefs:
+    - {name: stable, port: 80, weight: 995}
+    - {name: canary, port: 80, weight: 5}
+";
+
+    #[test]
+    fn reads_multi_document_yaml_with_lines() {
+        let text = format!(
+            "# leading comment\n---\n{ROUTE}---\n\n---\napiVersion: v1\nkind: Service\n\
+             metadata: {{name: stable, namespace: shop}}\nspec:\n  ports: [{{port: 80}}]\n"
+        );
+        let parsed = parse_manifests(&text, "r.yaml");
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        assert_eq!(parsed.objects.len(), 2);
+        assert_eq!(parsed.objects[0].line, 3);
+        assert_eq!(parsed.objects[0].object.id(), "HTTPRoute default/checkout");
+        assert_eq!(parsed.objects[1].line, 16);
+        assert_eq!(parsed.objects[1].object.id(), "Service shop/stable");
+    }
+
+    #[test]
+    fn first_document_without_marker_starts_at_its_first_line() {
+        let text = format!("\n{ROUTE}---\n{ROUTE}");
+        let parsed = parse_manifests(&text, "r.yaml");
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        let lines: Vec<usize> = parsed.objects.iter().map(|o| o.line).collect();
+        assert_eq!(lines, vec![2, 13]);
+    }
+
+    #[test]
+    fn reads_json_and_lists() {
+        let json = r#"{"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"}},
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}
+        ]}"#;
+        let parsed = parse_manifests(json, "all.json");
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        let ids: Vec<String> = parsed.objects.iter().map(|o| o.object.id()).collect();
+        assert_eq!(ids, vec!["Service default/a", "Namespace shop"]);
+    }
+
+    #[test]
+    fn accepts_v1beta1_gateway_kinds() {
+        let text = ROUTE.replace("/v1\n", "/v1beta1\n");
+        let parsed = parse_manifests(&text, "r.yaml");
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        assert!(matches!(parsed.objects[0].object, Object::HttpRoute(_)));
+    }
+
+    #[test]
+    fn syntax_error_fails_the_whole_file_with_its_line() {
+        let text = format!("{ROUTE}---\napiVersion: v1\nkind: Service\nmetadata: {{name: [oops\n");
+        let parsed = parse_manifests(&text, "bad.yaml");
+        assert!(parsed.objects.is_empty());
+        assert_eq!(parsed.errors.len(), 1);
+        let e = &parsed.errors[0];
+        assert_eq!(e.file, "bad.yaml");
+        assert!(e.line >= 14, "{e}");
+        assert!(e.to_string().starts_with("bad.yaml:"), "{e}");
+    }
+
+    #[test]
+    fn json_syntax_error_names_its_line() {
+        let parsed = parse_manifests("{\n\"apiVersion\": \"v1\",\n\"kind\": }\n", "x.json");
+        assert!(parsed.objects.is_empty());
+        assert_eq!(parsed.errors.len(), 1);
+        assert_eq!(parsed.errors[0].line, 3);
+    }
+
+    #[test]
+    fn type_error_names_object_and_field_and_refuses_only_that_object() {
+        let bad = ROUTE.replace("weight: 5}", "weight: many}");
+        let text = format!("{bad}---\napiVersion: v1\nkind: Service\nmetadata: {{name: a}}\n");
+        let parsed = parse_manifests(&text, "routes.yaml");
+        assert_eq!(parsed.objects.len(), 1);
+        assert_eq!(parsed.objects[0].object.kind(), "Service");
+        assert_eq!(parsed.errors.len(), 1);
+        let e = &parsed.errors[0];
+        assert_eq!(e.object.as_deref(), Some("HTTPRoute default/checkout"));
+        assert_eq!(
+            e.field.as_deref(),
+            Some("spec.rules[0].backendRefs[1].weight")
+        );
+        assert_eq!(e.line, 1);
+    }
+
+    #[test]
+    fn validation_error_display_names_everything() {
+        let bad = ROUTE.replace("weight: 5}", "weight: 2000000}");
+        let parsed = parse_manifests(&bad, "routes.yaml");
+        assert!(parsed.objects.is_empty());
+        assert_eq!(
+            parsed.errors[0].to_string(),
+            "routes.yaml:1: HTTPRoute default/checkout: spec.rules[0].backendRefs[1].weight: \
+             2000000 is outside 0..=1000000"
+        );
+    }
+
+    #[test]
+    fn missing_name_is_refused() {
+        let parsed = parse_manifests("apiVersion: v1\nkind: Service\nmetadata: {}\n", "s.yaml");
+        assert!(parsed.objects.is_empty());
+        assert_eq!(parsed.errors[0].field.as_deref(), Some("metadata.name"));
+    }
+
+    #[test]
+    fn unknown_kinds_are_ignored_not_errors() {
+        let text = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\n\
+                    apiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: {name: t}\n";
+        let parsed = parse_manifests(text, "m.yaml");
+        assert!(parsed.errors.is_empty());
+        assert!(parsed.objects.is_empty());
+        assert_eq!(parsed.ignored.len(), 2);
+        assert!(
+            parsed.ignored[1].starts_with("m.yaml:5: TCPRoute default/t"),
+            "{:?}",
+            parsed.ignored
+        );
+    }
+
+    #[test]
+    fn empty_documents_and_files_are_fine() {
+        for text in ["", "---\n", "# nothing\n", "---\n---\n"] {
+            let parsed = parse_manifests(text, "e.yaml");
+            assert!(parsed.errors.is_empty(), "{text:?}: {:?}", parsed.errors);
+            assert!(parsed.objects.is_empty());
+        }
+    }
+
+    #[test]
+    fn namespaces_default_except_for_cluster_scoped_kinds() {
+        let text = "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\n\
+                    metadata: {name: c}\nspec: {controllerName: a/b}\n---\n\
+                    apiVersion: v1\nkind: Service\nmetadata: {name: s}\n";
+        let parsed = parse_manifests(text, "m.yaml");
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        assert_eq!(parsed.objects[0].object.metadata().namespace, None);
+        assert_eq!(
+            parsed.objects[1].object.metadata().namespace.as_deref(),
+            Some("default")
+        );
+    }
+
+    #[test]
+    fn a_non_object_document_is_an_error() {
+        let parsed = parse_manifests("- a\n- b\n", "m.yaml");
+        assert_eq!(parsed.errors.len(), 1);
+        assert!(parsed.errors[0].message.contains("found a list"));
+    }
+}

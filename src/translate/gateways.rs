@@ -1,0 +1,560 @@
+//! GatewayClasses, Gateways and their listeners: which are ours, where each
+//! listener binds, which listeners conflict, and their status.
+//!
+//! Per the spec: each listener in a set of listeners MUST be distinct
+//! (unique port, protocol and, for HTTP, hostname); indistinct listeners are
+//! `Conflicted`, and "ALL indistinct Listeners must not be accepted for
+//! processing" while the distinct ones still serve. sluice treats every
+//! listener of every one of its Gateways that binds the same socket as one
+//! set, so two Gateways may share a port when their hostnames differ.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+
+use gateway_api::experimental::gatewayclasses::GatewayClassStatus;
+use gateway_api::experimental::gateways::{
+    GatewayListenersAllowedRoutesNamespacesFrom, GatewayListenersAllowedRoutesNamespacesSelector,
+    GatewayStatus, GatewayStatusAddresses, GatewayStatusListeners,
+    GatewayStatusListenersSupportedKinds,
+};
+use k8s_openapi::jiff::Timestamp;
+
+use super::conditions::ConditionMaker;
+use super::{ObjectStatus, StatusMetadata, TranslateOptions, api_version, sort_key};
+use crate::resources::{CONTROLLER_NAME, GATEWAY_GROUP, Gateway, GatewayClass, Snapshot};
+use crate::route::HostPattern;
+
+/// Which namespaces a listener accepts routes from.
+#[derive(Debug, Clone)]
+pub(crate) enum AllowedNamespaces {
+    Same,
+    All,
+    Selector(Option<GatewayListenersAllowedRoutesNamespacesSelector>),
+}
+
+/// One listener of one of our Gateways, as translate sees it.
+#[derive(Debug)]
+pub(crate) struct ListenerView {
+    pub name: String,
+    pub port: i32,
+    pub protocol: String,
+    pub hostname: HostPattern,
+    /// Sockets the listener is served on (one per Gateway address).
+    pub binds: Vec<SocketAddr>,
+    /// HTTPRoute is among the kinds this listener accepts.
+    pub accepts_http_routes: bool,
+    /// `allowedRoutes.kinds` entries sluice does not support.
+    pub invalid_kinds: Vec<String>,
+    pub namespaces: AllowedNamespaces,
+    pub unsupported_protocol: bool,
+    /// (reason, message) of the `Conflicted=True` condition.
+    pub conflict: Option<(&'static str, String)>,
+    /// Accepted routes attached to this listener.
+    pub attached_routes: i32,
+}
+
+impl ListenerView {
+    fn valid(&self) -> bool {
+        !self.unsupported_protocol && self.conflict.is_none()
+    }
+}
+
+/// One of our Gateways.
+#[derive(Debug)]
+pub(crate) struct GatewayView {
+    pub namespace: String,
+    pub name: String,
+    pub cond: ConditionMaker,
+    /// (reason, message) when the Gateway as a whole is not accepted.
+    pub rejected: Option<(&'static str, String)>,
+    pub addresses: Vec<IpAddr>,
+    pub listeners: Vec<ListenerView>,
+}
+
+impl GatewayView {
+    /// Is this listener served (its Gateway accepted, its protocol
+    /// supported, not conflicted)?
+    pub fn serves(&self, listener: usize) -> bool {
+        self.rejected.is_none() && self.listeners[listener].valid()
+    }
+
+    /// `gateway/<ns>/<name>/listener/<listener>`, the route table's id.
+    pub fn listener_id(&self, listener: usize) -> String {
+        format!(
+            "gateway/{}/{}/listener/{}",
+            self.namespace, self.name, self.listeners[listener].name
+        )
+    }
+}
+
+/// Status of our GatewayClasses, and the names of the accepted ones.
+pub(crate) fn gateway_classes(
+    snapshot: &Snapshot,
+    now: Timestamp,
+) -> (Vec<ObjectStatus>, BTreeSet<String>) {
+    let mut ours: Vec<&GatewayClass> = snapshot
+        .gateway_classes
+        .iter()
+        .filter(|c| c.spec.controller_name == CONTROLLER_NAME)
+        .collect();
+    ours.sort_by_key(|c| sort_key(&c.metadata));
+    let mut statuses = Vec::new();
+    let mut names = BTreeSet::new();
+    for class in ours {
+        let name = class.metadata.name.clone().unwrap_or_default();
+        let generation = class.metadata.generation.unwrap_or(0);
+        let cond = ConditionMaker { generation, now };
+        let status = GatewayClassStatus {
+            conditions: Some(vec![cond.make(
+                "Accepted",
+                true,
+                "Accepted",
+                format!("handled by {CONTROLLER_NAME}"),
+            )]),
+            supported_features: None,
+        };
+        statuses.push(ObjectStatus {
+            api_version: api_version(),
+            kind: "GatewayClass".into(),
+            metadata: StatusMetadata {
+                name: name.clone(),
+                namespace: None,
+                generation,
+            },
+            status: serde_json::to_value(status).unwrap_or_default(),
+        });
+        names.insert(name);
+    }
+    (statuses, names)
+}
+
+/// Our Gateways (those whose class is one of `classes`), with listeners,
+/// binds and conflicts worked out. Gateways of other classes are not
+/// returned: they get no status and no routes.
+pub(crate) fn gateways<'a>(
+    snapshot: &'a Snapshot,
+    classes: &BTreeSet<String>,
+    options: &TranslateOptions,
+    now: Timestamp,
+    warnings: &mut Vec<String>,
+) -> Vec<GatewayView> {
+    let mut ours: Vec<&Gateway> = Vec::new();
+    for gw in &snapshot.gateways {
+        let class = &gw.spec.gateway_class_name;
+        if classes.contains(class) {
+            ours.push(gw);
+        } else if !snapshot
+            .gateway_classes
+            .iter()
+            .any(|c| c.metadata.name.as_ref() == Some(class))
+        {
+            warnings.push(format!(
+                "Gateway {}/{}: GatewayClass {class} not found; the Gateway is ignored",
+                gw.metadata.namespace.as_deref().unwrap_or("default"),
+                gw.metadata.name.as_deref().unwrap_or("")
+            ));
+        }
+    }
+    ours.sort_by_key(|g| sort_key(&g.metadata));
+    let mut views: Vec<GatewayView> = ours
+        .into_iter()
+        .map(|gw| gateway_view(gw, options, now))
+        .collect();
+    find_conflicts(&mut views);
+    views
+}
+
+fn gateway_view(gw: &Gateway, options: &TranslateOptions, now: Timestamp) -> GatewayView {
+    let namespace = gw
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let name = gw.metadata.name.clone().unwrap_or_default();
+    let cond = ConditionMaker {
+        generation: gw.metadata.generation.unwrap_or(0),
+        now,
+    };
+    let mut rejected = None;
+    let mut addresses: Vec<IpAddr> = Vec::new();
+    for (i, a) in gw.spec.addresses.iter().flatten().enumerate() {
+        let ty = a.r#type.as_deref().unwrap_or("IPAddress");
+        if ty != "IPAddress" {
+            rejected = Some((
+                "UnsupportedAddress",
+                format!(
+                    "spec.addresses[{i}]: address type {ty} is not supported; sluice binds IPAddress addresses only"
+                ),
+            ));
+            continue;
+        }
+        match a.value.as_deref() {
+            // No value: the implementation picks one.
+            None | Some("") => addresses.push(options.default_bind),
+            Some(v) => match v.parse::<IpAddr>() {
+                Ok(ip) => addresses.push(ip),
+                Err(_) => {
+                    rejected = Some((
+                        "UnsupportedAddress",
+                        format!("spec.addresses[{i}]: {v:?} is not an IP address"),
+                    ));
+                }
+            },
+        }
+    }
+    if gw.spec.addresses.as_ref().is_none_or(Vec::is_empty) {
+        addresses.push(options.default_bind);
+    }
+    let mut seen = BTreeSet::new();
+    addresses.retain(|a| seen.insert(*a));
+    if rejected.is_some() {
+        addresses.clear();
+    }
+
+    let listeners = gw
+        .spec
+        .listeners
+        .iter()
+        .map(|l| {
+            let http_like = matches!(l.protocol.as_str(), "HTTP" | "HTTPS");
+            let mut accepts_http_routes = false;
+            let mut invalid_kinds = Vec::new();
+            match l.allowed_routes.as_ref().and_then(|a| a.kinds.as_ref()) {
+                Some(kinds) if !kinds.is_empty() => {
+                    for k in kinds {
+                        let group = k.group.as_deref().unwrap_or(GATEWAY_GROUP);
+                        if group == GATEWAY_GROUP && k.kind == "HTTPRoute" && http_like {
+                            accepts_http_routes = true;
+                        } else {
+                            invalid_kinds.push(if group.is_empty() {
+                                k.kind.clone()
+                            } else {
+                                format!("{}.{group}", k.kind)
+                            });
+                        }
+                    }
+                }
+                _ => accepts_http_routes = http_like,
+            }
+            let namespaces = match l
+                .allowed_routes
+                .as_ref()
+                .and_then(|a| a.namespaces.as_ref())
+            {
+                None => AllowedNamespaces::Same,
+                Some(n) => match n.from {
+                    None | Some(GatewayListenersAllowedRoutesNamespacesFrom::Same) => {
+                        AllowedNamespaces::Same
+                    }
+                    Some(GatewayListenersAllowedRoutesNamespacesFrom::All) => {
+                        AllowedNamespaces::All
+                    }
+                    Some(GatewayListenersAllowedRoutesNamespacesFrom::Selector) => {
+                        AllowedNamespaces::Selector(n.selector.clone())
+                    }
+                },
+            };
+            let unsupported_protocol = l.protocol != "HTTP";
+            let binds = match u16::try_from(l.port) {
+                Ok(port) if !unsupported_protocol => addresses
+                    .iter()
+                    .map(|ip| SocketAddr::new(*ip, port))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            ListenerView {
+                name: l.name.clone(),
+                port: l.port,
+                protocol: l.protocol.clone(),
+                hostname: HostPattern::parse(l.hostname.as_deref()),
+                binds,
+                accepts_http_routes,
+                invalid_kinds,
+                namespaces,
+                unsupported_protocol,
+                conflict: None,
+                attached_routes: 0,
+            }
+        })
+        .collect();
+    GatewayView {
+        namespace,
+        name,
+        cond,
+        rejected,
+        addresses,
+        listeners,
+    }
+}
+
+/// Mark listeners that cannot all be served: on one socket, different
+/// protocols (ProtocolConflict) or equal hostnames (HostnameConflict); on
+/// one port, a wildcard address next to a specific one (they cannot both
+/// be bound: PortUnavailable).
+fn find_conflicts(views: &mut [GatewayView]) {
+    // Every (gateway, listener) that has a port, by socket. Listeners with
+    // an unsupported protocol still count for protocol conflicts (the spec
+    // judges distinctness by the manifest), so they are placed on the
+    // sockets their Gateway's addresses give.
+    let mut by_socket: BTreeMap<SocketAddr, Vec<(usize, usize)>> = BTreeMap::new();
+    for (g, view) in views.iter().enumerate() {
+        for (l, listener) in view.listeners.iter().enumerate() {
+            let Ok(port) = u16::try_from(listener.port) else {
+                continue;
+            };
+            for ip in &view.addresses {
+                by_socket
+                    .entry(SocketAddr::new(*ip, port))
+                    .or_default()
+                    .push((g, l));
+            }
+        }
+    }
+    let id = |views: &[GatewayView], (g, l): (usize, usize)| {
+        format!(
+            "{}/{}/{}",
+            views[g].namespace, views[g].name, views[g].listeners[l].name
+        )
+    };
+    let mut conflicts: BTreeMap<(usize, usize), (&'static str, String)> = BTreeMap::new();
+    for (socket, members) in &by_socket {
+        let protocols: BTreeSet<&str> = members
+            .iter()
+            .map(|&(g, l)| views[g].listeners[l].protocol.as_str())
+            .collect();
+        if protocols.len() > 1 {
+            let list: Vec<&str> = protocols.into_iter().collect();
+            for &m in members {
+                conflicts.entry(m).or_insert((
+                    "ProtocolConflict",
+                    format!(
+                        "listeners on {socket} use different protocols ({})",
+                        list.join(", ")
+                    ),
+                ));
+            }
+            continue;
+        }
+        for &m in members {
+            let host = &views[m.0].listeners[m.1].hostname;
+            let others: Vec<String> = members
+                .iter()
+                .filter(|&&o| o != m && &views[o.0].listeners[o.1].hostname == host)
+                .map(|&o| id(views, o))
+                .collect();
+            if !others.is_empty() {
+                conflicts.entry(m).or_insert((
+                    "HostnameConflict",
+                    format!(
+                        "listener(s) {} on {socket} have the same hostname {host}",
+                        others.join(", ")
+                    ),
+                ));
+            }
+        }
+    }
+    // A wildcard address and another address on one port cannot both be
+    // bound.
+    let sockets: Vec<&SocketAddr> = by_socket.keys().collect();
+    for (i, a) in sockets.iter().enumerate() {
+        for b in &sockets[i + 1..] {
+            let overlap =
+                a.port() == b.port() && (a.ip().is_unspecified() || b.ip().is_unspecified());
+            if !overlap {
+                continue;
+            }
+            let served = |m: &(usize, usize)| !views[m.0].listeners[m.1].unsupported_protocol;
+            for (this, other) in [(a, b), (b, a)] {
+                for m in by_socket[this].iter().filter(|m| served(m)) {
+                    conflicts.entry(*m).or_insert((
+                        "PortUnavailable",
+                        format!("{this} and {other} cannot both be bound"),
+                    ));
+                }
+            }
+        }
+    }
+    for ((g, l), c) in conflicts {
+        views[g].listeners[l].conflict = Some(c);
+    }
+}
+
+/// Does a route in `route_ns` fall under a listener's allowedRoutes
+/// namespaces? `labels` gives each namespace's labels.
+pub(crate) fn namespace_allowed(
+    allowed: &AllowedNamespaces,
+    gateway_ns: &str,
+    route_ns: &str,
+    labels: &dyn Fn(&str) -> BTreeMap<String, String>,
+) -> bool {
+    match allowed {
+        AllowedNamespaces::Same => gateway_ns == route_ns,
+        AllowedNamespaces::All => true,
+        AllowedNamespaces::Selector(None) => false,
+        AllowedNamespaces::Selector(Some(sel)) => {
+            let labels = labels(route_ns);
+            let match_labels = sel
+                .match_labels
+                .iter()
+                .flatten()
+                .all(|(k, v)| labels.get(k) == Some(v));
+            let match_expressions = sel.match_expressions.iter().flatten().all(|e| {
+                let values = e.values.as_deref().unwrap_or_default();
+                let value = labels.get(&e.key);
+                match e.operator.as_str() {
+                    "In" => value.is_some_and(|v| values.contains(v)),
+                    "NotIn" => value.is_none_or(|v| !values.contains(v)),
+                    "Exists" => value.is_some(),
+                    "DoesNotExist" => value.is_none(),
+                    _ => false,
+                }
+            });
+            match_labels && match_expressions
+        }
+    }
+}
+
+/// The Gateway's status, once routes are attached.
+pub(crate) fn gateway_status(view: &GatewayView) -> ObjectStatus {
+    let c = &view.cond;
+    let mut listeners = Vec::new();
+    let mut invalid = Vec::new();
+    for (i, l) in view.listeners.iter().enumerate() {
+        let mut conds = Vec::new();
+        let accepted = match (&l.conflict, l.unsupported_protocol) {
+            (_, true) => c.make(
+                "Accepted",
+                false,
+                "UnsupportedProtocol",
+                format!(
+                    "protocol {} is not supported yet; sluice serves HTTP listeners",
+                    l.protocol
+                ),
+            ),
+            (Some((reason, message)), false) => c.make("Accepted", false, reason, message.clone()),
+            (None, false) => c.make("Accepted", true, "Accepted", "listener accepted"),
+        };
+        if accepted.status == "False" {
+            invalid.push(format!("{} ({})", l.name, accepted.reason));
+        }
+        conds.push(accepted);
+        conds.push(if view.serves(i) {
+            c.make(
+                "Programmed",
+                true,
+                "Programmed",
+                format!(
+                    "served on {}",
+                    l.binds
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+        } else if let Some((_, message)) = &view.rejected {
+            c.make(
+                "Programmed",
+                false,
+                "Invalid",
+                format!("the Gateway is not accepted: {message}"),
+            )
+        } else {
+            c.make(
+                "Programmed",
+                false,
+                "Invalid",
+                "the listener is not accepted",
+            )
+        });
+        conds.push(if l.invalid_kinds.is_empty() {
+            c.make(
+                "ResolvedRefs",
+                true,
+                "ResolvedRefs",
+                "all references resolved",
+            )
+        } else {
+            c.make(
+                "ResolvedRefs",
+                false,
+                "InvalidRouteKinds",
+                format!(
+                    "route kinds {} are not supported; sluice supports HTTPRoute",
+                    l.invalid_kinds.join(", ")
+                ),
+            )
+        });
+        conds.push(match &l.conflict {
+            Some((reason, message)) => c.make("Conflicted", true, reason, message.clone()),
+            None => c.make("Conflicted", false, "NoConflicts", "no conflicts"),
+        });
+        listeners.push(GatewayStatusListeners {
+            attached_routes: l.attached_routes,
+            conditions: conds,
+            name: l.name.clone(),
+            supported_kinds: Some(if l.accepts_http_routes {
+                vec![GatewayStatusListenersSupportedKinds {
+                    group: Some(GATEWAY_GROUP.into()),
+                    kind: "HTTPRoute".into(),
+                }]
+            } else {
+                Vec::new()
+            }),
+        });
+    }
+    let any_valid = (0..view.listeners.len()).any(|i| view.listeners[i].valid());
+    let accepted = match &view.rejected {
+        Some((reason, message)) => c.make("Accepted", false, reason, message.clone()),
+        None if !any_valid => c.make(
+            "Accepted",
+            false,
+            "ListenersNotValid",
+            format!("no listener is valid: {}", invalid.join(", ")),
+        ),
+        None if !invalid.is_empty() => c.make(
+            "Accepted",
+            true,
+            "ListenersNotValid",
+            format!(
+                "listeners not accepted: {}; the others are served",
+                invalid.join(", ")
+            ),
+        ),
+        None => c.make("Accepted", true, "Accepted", "Gateway accepted"),
+    };
+    let programmed = if accepted.status == "True" {
+        c.make("Programmed", true, "Programmed", "Gateway programmed")
+    } else {
+        c.make(
+            "Programmed",
+            false,
+            "Invalid",
+            "the Gateway is not accepted",
+        )
+    };
+    let status = GatewayStatus {
+        addresses: (!view.addresses.is_empty()).then(|| {
+            view.addresses
+                .iter()
+                .map(|ip| GatewayStatusAddresses {
+                    r#type: Some("IPAddress".into()),
+                    value: ip.to_string(),
+                })
+                .collect()
+        }),
+        attached_listener_sets: None,
+        conditions: Some(vec![accepted, programmed]),
+        listeners: Some(listeners),
+    };
+    ObjectStatus {
+        api_version: api_version(),
+        kind: "Gateway".into(),
+        metadata: StatusMetadata {
+            name: view.name.clone(),
+            namespace: Some(view.namespace.clone()),
+            generation: c.generation,
+        },
+        status: serde_json::to_value(status).unwrap_or_default(),
+    }
+}

@@ -1,0 +1,363 @@
+//! HTTPRoutes: compiling their rules (matches, filters, weighted backends)
+//! and attaching them to listeners through their parentRefs.
+//!
+//! Per the spec, a route attaches to a listener when the parentRef selects
+//! it (`sectionName`, `port`), the listener's `allowedRoutes` admits the
+//! route's namespace and kind, and their hostnames intersect. The failures
+//! are reported in that order: `NoMatchingParent`, `NotAllowedByListeners`,
+//! `NoMatchingListenerHostname`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteParentRefs, HttpRouteRules};
+
+use super::backends::{BackendRefFields, BackendResolver, Resolution};
+use super::filters::{backend_filters_as_rule_filters, compile_filters};
+use super::gateways::{GatewayView, namespace_allowed};
+use super::matches::{compile_match, compile_timeouts};
+use super::{BackendOutcome, BackendSummary, RefFailure, RuleSummary, backend_target};
+use crate::resources::GATEWAY_GROUP;
+use crate::route::{Backend, BackendSplit, HostPattern, RequestMatch, Rule, RuleId};
+
+/// One rule, compiled, ready to be attached to listeners.
+#[derive(Debug)]
+pub(crate) struct CompiledRule {
+    pub rule: Arc<Rule>,
+    pub matches: Vec<RequestMatch>,
+}
+
+/// A route's rules and what compiling them found.
+#[derive(Debug, Default)]
+pub(crate) struct CompiledRoute {
+    pub rules: Vec<CompiledRule>,
+    /// Values sluice cannot honour (filter types, ...): `Accepted=False`
+    /// with reason `UnsupportedValue`.
+    pub unsupported: Vec<String>,
+    /// backendRefs that do not resolve: `ResolvedRefs=False`.
+    pub ref_failures: Vec<RefFailure>,
+    pub summaries: Vec<RuleSummary>,
+    pub warnings: Vec<String>,
+}
+
+/// Compile every rule of a route.
+pub(crate) fn compile_route(
+    route: &HttpRoute,
+    ns: &str,
+    name: &str,
+    resolver: &BackendResolver<'_>,
+) -> CompiledRoute {
+    let mut out = CompiledRoute::default();
+    for (i, rule) in route.spec.rules.iter().flatten().enumerate() {
+        compile_rule(rule, i, ns, name, resolver, &mut out);
+    }
+    out
+}
+
+fn compile_rule(
+    rule: &HttpRouteRules,
+    i: usize,
+    ns: &str,
+    name: &str,
+    resolver: &BackendResolver<'_>,
+    out: &mut CompiledRoute,
+) {
+    let field = format!("spec.rules[{i}]");
+    let route_id = format!("HTTPRoute {ns}/{name}");
+    let id_prefix = format!("httproute/{ns}/{name}/rule/{i}");
+
+    let mut matches = Vec::new();
+    for (j, m) in rule.matches.iter().flatten().enumerate() {
+        match compile_match(m) {
+            Ok(m) => matches.push(m),
+            Err(e) => out.unsupported.push(format!("{field}.matches[{j}].{e}")),
+        }
+    }
+    let timeouts = compile_timeouts(rule.timeouts.as_ref()).unwrap_or_else(|e| {
+        out.unsupported.push(format!("{field}.{e}"));
+        Default::default()
+    });
+    if rule.retry.is_some() {
+        out.warnings.push(format!(
+            "{route_id}: {field}.retry is not supported yet and is ignored"
+        ));
+    }
+    if rule.session_persistence.is_some() {
+        out.warnings.push(format!(
+            "{route_id}: {field}.sessionPersistence is not supported yet and is ignored"
+        ));
+    }
+
+    let filters = compile_filters(
+        rule.filters.as_deref().unwrap_or_default(),
+        &format!("{field}.filters"),
+        &id_prefix,
+        ns,
+        resolver,
+    );
+    out.unsupported.extend(filters.unsupported);
+    out.ref_failures.extend(filters.ref_failures);
+    out.warnings.extend(
+        filters
+            .warnings
+            .into_iter()
+            .map(|w| format!("{route_id}: {w}")),
+    );
+
+    let refs = rule.backend_refs.as_deref().unwrap_or_default();
+    let explicit_weights = refs.iter().any(|b| b.weight.is_some());
+    let mut backends = Vec::new();
+    let mut summaries = Vec::new();
+    for (j, b) in refs.iter().enumerate() {
+        let bfield = format!("{field}.backendRefs[{j}]");
+        let fields = BackendRefFields {
+            group: b.group.as_deref(),
+            kind: b.kind.as_deref(),
+            name: &b.name,
+            namespace: b.namespace.as_deref(),
+            port: b.port,
+        };
+        let label = BackendResolver::label(ns, &fields);
+        let weight = match b.weight.map(u32::try_from) {
+            None => 1,
+            Some(Ok(w)) if w <= 1_000_000 => w,
+            Some(_) => {
+                out.unsupported.push(format!(
+                    "{bfield}.weight: {:?} is outside 0..=1000000",
+                    b.weight
+                ));
+                0
+            }
+        };
+        if b.weight.is_none() && explicit_weights {
+            out.warnings.push(format!(
+                "{route_id}: {bfield} ({label}) has no weight, so it weighs 1, next to explicit weights"
+            ));
+        }
+        let resolution = resolver.resolve(ns, &fields);
+        let outcome = match &resolution {
+            Resolution::Endpoints { addrs, .. } => BackendOutcome::Serves {
+                ready_endpoints: addrs.len(),
+            },
+            Resolution::NoReadyEndpoints => {
+                if weight > 0 {
+                    out.warnings.push(format!(
+                        "{route_id}: {bfield} ({label}) has no ready endpoints: its share gets 503"
+                    ));
+                }
+                BackendOutcome::NoReadyEndpoints
+            }
+            Resolution::Unresolved { reason, message } => {
+                if weight > 0 {
+                    out.warnings.push(format!(
+                        "{route_id}: {bfield} ({label}) does not resolve ({reason}): its share gets 500"
+                    ));
+                }
+                out.ref_failures.push(RefFailure {
+                    reason,
+                    message: format!("{bfield}: {message}"),
+                });
+                BackendOutcome::Unresolved {
+                    reason: reason.to_string(),
+                    message: message.clone(),
+                }
+            }
+        };
+        let backend_id = format!("{id_prefix}/backend/{j}");
+        let mut backend_filters = Vec::new();
+        match backend_filters_as_rule_filters(b.filters.as_deref().unwrap_or_default()) {
+            Ok(fs) => {
+                let compiled =
+                    compile_filters(&fs, &format!("{bfield}.filters"), &backend_id, ns, resolver);
+                out.unsupported.extend(compiled.unsupported);
+                out.ref_failures.extend(compiled.ref_failures);
+                out.warnings.extend(
+                    compiled
+                        .warnings
+                        .into_iter()
+                        .map(|w| format!("{route_id}: {w}")),
+                );
+                backend_filters = compiled.filters;
+            }
+            Err(e) => out.unsupported.push(format!("{bfield}.filters: {e}")),
+        }
+        summaries.push(BackendSummary {
+            name: label.clone(),
+            weight,
+            weight_omitted: b.weight.is_none(),
+            share_percent: 0.0,
+            outcome,
+        });
+        backends.push(Backend {
+            id: backend_id,
+            service: label,
+            weight,
+            target: backend_target(resolution),
+            filters: backend_filters,
+        });
+    }
+    let total: u64 = summaries.iter().map(|s| u64::from(s.weight)).sum();
+    for s in &mut summaries {
+        if total > 0 {
+            s.share_percent = 100.0 * f64::from(s.weight) / total as f64;
+        }
+    }
+    if !refs.is_empty() && total == 0 {
+        out.warnings.push(format!(
+            "{route_id}: {field}: every backendRef has weight 0: the rule answers 500"
+        ));
+    }
+    out.summaries.push(RuleSummary {
+        route: format!("{ns}/{name}"),
+        rule: i,
+        backends: summaries,
+    });
+    out.rules.push(CompiledRule {
+        rule: Arc::new(Rule {
+            id: RuleId {
+                namespace: ns.to_string(),
+                route: name.to_string(),
+                index: i,
+                name: rule.name.clone(),
+            },
+            filters: filters.filters,
+            backends: BackendSplit::new(backends),
+            timeouts,
+        }),
+        matches,
+    });
+}
+
+/// A route attached to one listener, under these effective hostnames.
+#[derive(Debug, Clone)]
+pub(crate) struct Attachment {
+    pub gateway: usize,
+    pub listener: usize,
+    pub hostnames: Vec<HostPattern>,
+}
+
+/// What one parentRef that names one of our Gateways came to.
+#[derive(Debug)]
+pub(crate) struct ParentResult<'a> {
+    pub parent_ref: &'a HttpRouteParentRefs,
+    /// `Err((reason, message))` when the route is not accepted here.
+    pub accepted: Result<Vec<Attachment>, (&'static str, String)>,
+}
+
+/// Attach a route through each of its parentRefs that names one of our
+/// Gateways. ParentRefs to anything else are not ours to report on.
+pub(crate) fn attach<'a>(
+    route: &'a HttpRoute,
+    ns: &str,
+    views: &[GatewayView],
+    labels: &dyn Fn(&str) -> BTreeMap<String, String>,
+) -> Vec<ParentResult<'a>> {
+    let route_hosts: Vec<HostPattern> = match route.spec.hostnames.as_deref() {
+        Some(h) if !h.is_empty() => h.iter().map(|h| HostPattern::parse(Some(h))).collect(),
+        _ => vec![HostPattern::Any],
+    };
+    let mut out = Vec::new();
+    for parent in route.spec.parent_refs.iter().flatten() {
+        let group = parent.group.as_deref().unwrap_or(GATEWAY_GROUP);
+        let kind = parent.kind.as_deref().unwrap_or("Gateway");
+        if group != GATEWAY_GROUP || kind != "Gateway" {
+            continue;
+        }
+        let gw_ns = parent.namespace.as_deref().unwrap_or(ns);
+        let Some(g) = views
+            .iter()
+            .position(|v| v.namespace == gw_ns && v.name == parent.name)
+        else {
+            continue;
+        };
+        let view = &views[g];
+        let selected: Vec<usize> = (0..view.listeners.len())
+            .filter(|&l| {
+                let listener = &view.listeners[l];
+                parent
+                    .section_name
+                    .as_ref()
+                    .is_none_or(|s| s == &listener.name)
+                    && parent.port.is_none_or(|p| p == listener.port)
+            })
+            .collect();
+        let accepted = if selected.is_empty() {
+            Err((
+                "NoMatchingParent",
+                match (&parent.section_name, parent.port) {
+                    (Some(s), Some(p)) => format!(
+                        "Gateway {gw_ns}/{} has no listener {s} on port {p}",
+                        parent.name
+                    ),
+                    (Some(s), None) => {
+                        format!("Gateway {gw_ns}/{} has no listener named {s}", parent.name)
+                    }
+                    (None, Some(p)) => format!(
+                        "Gateway {gw_ns}/{} has no listener on port {p}",
+                        parent.name
+                    ),
+                    (None, None) => format!("Gateway {gw_ns}/{} has no listeners", parent.name),
+                },
+            ))
+        } else {
+            let allowed: Vec<usize> = selected
+                .iter()
+                .copied()
+                .filter(|&l| {
+                    let listener = &view.listeners[l];
+                    listener.accepts_http_routes
+                        && namespace_allowed(&listener.namespaces, &view.namespace, ns, labels)
+                })
+                .collect();
+            if allowed.is_empty() {
+                Err((
+                    "NotAllowedByListeners",
+                    format!(
+                        "no listener of Gateway {gw_ns}/{} that the parentRef selects allows HTTPRoutes from namespace {ns}",
+                        parent.name
+                    ),
+                ))
+            } else {
+                let attachments: Vec<Attachment> = allowed
+                    .iter()
+                    .filter_map(|&l| {
+                        let lh = &view.listeners[l].hostname;
+                        let mut hostnames: Vec<HostPattern> = Vec::new();
+                        for h in &route_hosts {
+                            if let Some(i) = lh.intersect(h) {
+                                if !hostnames.contains(&i) {
+                                    hostnames.push(i);
+                                }
+                            }
+                        }
+                        (!hostnames.is_empty()).then_some(Attachment {
+                            gateway: g,
+                            listener: l,
+                            hostnames,
+                        })
+                    })
+                    .collect();
+                if attachments.is_empty() {
+                    let listener_hosts: Vec<String> = allowed
+                        .iter()
+                        .map(|&l| view.listeners[l].hostname.to_string())
+                        .collect();
+                    Err((
+                        "NoMatchingListenerHostname",
+                        format!(
+                            "no route hostname intersects the listener hostnames ({})",
+                            listener_hosts.join(", ")
+                        ),
+                    ))
+                } else {
+                    Ok(attachments)
+                }
+            }
+        };
+        out.push(ParentResult {
+            parent_ref: parent,
+            accepted,
+        });
+    }
+    out
+}
