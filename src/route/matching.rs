@@ -121,10 +121,8 @@ impl RequestMatch {
         query: Option<&str>,
         headers: &HeaderMap,
     ) -> bool {
-        if let Some(m) = &self.method {
-            if m != method {
-                return false;
-            }
+        if self.method.as_ref().is_some_and(|m| m != method) {
+            return false;
         }
         if !self.path.matches(path) {
             return false;

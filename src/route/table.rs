@@ -290,7 +290,7 @@ impl RouteTableBuilder {
             .map(|(bind, listeners)| {
                 let mut listeners: Vec<ListenerRoutes> =
                     listeners.into_iter().map(build_listener).collect();
-                listeners.sort_by(|a, b| a.hostname.precedence().cmp(&b.hostname.precedence()));
+                listeners.sort_by_key(|l| l.hostname.precedence());
                 (bind, PortRoutes { listeners })
             })
             .collect();
