@@ -46,7 +46,10 @@ fn check(paths: &[&Path]) -> (i32, String) {
     let paths: Vec<PathBuf> = paths.iter().map(|p| p.to_path_buf()).collect();
     let mut out = Vec::new();
     let code = check::run(&paths, &mut out);
-    (code, String::from_utf8(out).expect("check prints UTF-8"))
+    let out = String::from_utf8(out).expect("check prints UTF-8");
+    // Shown with `--nocapture`.
+    println!("--- sluice check (exit {code})\n{out}");
+    (code, out)
 }
 
 const GATEWAY: &str = "\
@@ -135,9 +138,14 @@ fn files_are_found_recursively_and_shares_are_weight_over_sum() {
             &(service("a", 1) + &service("b", 1)),
         ),
         ("apps/README.md", "not a manifest: ignored"),
+        (
+            "apps/web/config.yaml",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings}\n",
+        ),
     ]);
     let (code, out) = check(&[manifests.path()]);
     assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ConfigMap"), "listed as ignored: {out}");
     assert!(out.contains("33.33%"), "{out}");
     assert!(out.contains("66.67%"), "{out}");
 }

@@ -24,6 +24,8 @@ async fn demo_splits_exactly_and_flips_blue_green() {
     .await
     .expect("demo runs");
     let printed = String::from_utf8(out).expect("UTF-8 output");
+    // Shown with `--nocapture`: what a user of `sluice demo` sees.
+    println!("{printed}");
     assert_eq!(report.failed(), 0, "{printed}");
     assert_eq!(report.phases.len(), 5, "{printed}");
 

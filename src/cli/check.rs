@@ -40,12 +40,15 @@ pub struct Checked {
     pub unreadable: Vec<ConfigError>,
     /// Objects refused by validation, duplicates.
     pub refused: Vec<ConfigError>,
+    /// Documents of kinds sluice does not read (not an error).
+    pub ignored: Vec<String>,
 }
 
 /// Read, parse, validate and translate the manifests under `paths`.
 pub fn load(paths: &[PathBuf]) -> Checked {
     let listing = read_all(paths);
     let mut unreadable = listing.problems;
+    let mut ignored = Vec::new();
     for read in &listing.reads {
         match &read.content {
             Err(message) => unreadable.push(ConfigError {
@@ -60,6 +63,7 @@ pub fn load(paths: &[PathBuf]) -> Checked {
                 // itself is not a manifest stream (YAML/JSON syntax): the
                 // file is unreadable.
                 let parsed = parse_manifests(text, &read.file);
+                ignored.extend(parsed.ignored);
                 unreadable.extend(
                     parsed
                         .errors
@@ -94,6 +98,7 @@ pub fn load(paths: &[PathBuf]) -> Checked {
         objects: count,
         unreadable,
         refused,
+        ignored,
     }
 }
 
@@ -153,6 +158,13 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
             writeln!(out, "  {warning}")?;
         }
     }
+    if !checked.ignored.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "ignored (kinds sluice does not read):")?;
+        for ignored in &checked.ignored {
+            writeln!(out, "  {ignored}")?;
+        }
+    }
     if !checked.refused.is_empty() || !checked.unreadable.is_empty() {
         writeln!(out)?;
         writeln!(out, "errors:")?;
@@ -165,7 +177,8 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
     let code = if !checked.unreadable.is_empty() {
         writeln!(
             out,
-            "FAIL: {} input problem(s) could not be read; nothing else was checked for them",
+            "FAIL: {} input(s) could not be read (see errors above); \
+             what they hold was not checked",
             checked.unreadable.len()
         )?;
         EXIT_UNREADABLE
@@ -173,13 +186,10 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
         writeln!(out, "FAIL: no objects found in the given paths")?;
         EXIT_PROBLEMS
     } else if !problems.is_empty() || !checked.refused.is_empty() {
-        writeln!(
-            out,
-            "FAIL: {} problem(s), {} refused object(s):",
-            problems.len(),
-            checked.refused.len()
-        )?;
-        for problem in &problems {
+        let refused = checked.refused.iter().map(ToString::to_string);
+        let all: Vec<String> = refused.chain(problems).collect();
+        writeln!(out, "FAIL: {} problem(s):", all.len())?;
+        for problem in &all {
             writeln!(out, "  {problem}")?;
         }
         EXIT_PROBLEMS
@@ -308,16 +318,23 @@ fn write_rule(
         .map(|b| b.name.len())
         .max()
         .unwrap_or(0);
-    for backend in &rule.backends {
-        let weight = if backend.weight_omitted {
-            format!("{} (omitted)", backend.weight)
-        } else {
-            backend.weight.to_string()
-        };
+    let weights: Vec<String> = rule
+        .backends
+        .iter()
+        .map(|b| {
+            if b.weight_omitted {
+                format!("{} (omitted)", b.weight)
+            } else {
+                b.weight.to_string()
+            }
+        })
+        .collect();
+    let weight_width = weights.iter().map(String::len).max().unwrap_or(0);
+    for (backend, weight) in rule.backends.iter().zip(&weights) {
         let (outcome, problem) = describe_outcome(backend);
         writeln!(
             out,
-            "    {:<width$}  weight {:<12}  {:>9}  {outcome}",
+            "    {:<width$}  weight {:<weight_width$}  {:>8}  {outcome}",
             backend.name,
             weight,
             format_share(backend.share_percent),
@@ -359,7 +376,7 @@ pub fn format_share(percent: f64) -> String {
     }
     let mut text = format!("{percent:.2}");
     for decimals in 3..=6 {
-        if percent == 0.0 || text.trim_end_matches(['0', '.']) != "" {
+        if percent == 0.0 || !text.trim_end_matches(['0', '.']).is_empty() {
             break;
         }
         text = format!("{percent:.decimals$}");

@@ -81,6 +81,8 @@ pub struct PhaseReport {
     pub sent: usize,
     /// Requests that failed or were not answered 200.
     pub failed: usize,
+    /// What went wrong with the first failed request.
+    pub first_failure: Option<String>,
     /// Per Service name: requests received and pods that received any.
     pub received: BTreeMap<String, ServiceCount>,
 }
@@ -148,7 +150,7 @@ pub async fn run_with_output(
     )
     .await;
     gateway.shutdown().await;
-    for pod in pods.into_iter().flat_map(|(_, servers)| servers) {
+    for pod in pods.into_values().flatten() {
         pod.shutdown().await;
     }
     result
@@ -624,16 +626,11 @@ async fn measure(
             )
         })
         .collect();
-    if let Some(failure) = &driven.first_failure {
-        tracing::warn!(
-            "{title}: {} request(s) failed, first: {failure}",
-            driven.failed
-        );
-    }
     Ok(PhaseReport {
         title,
         sent: driven.sent,
         failed: driven.failed,
+        first_failure: driven.first_failure,
         received,
     })
 }
@@ -879,10 +876,9 @@ fn print_table(
             }
         }
     }
-    let failed = if phase.failed == 0 {
-        String::new()
-    } else {
-        format!(", {} FAILED", phase.failed)
+    let failed = match &phase.first_failure {
+        None => String::new(),
+        Some(first) => format!(", {} FAILED (first: {first})", phase.failed),
     };
     writeln!(
         out,
