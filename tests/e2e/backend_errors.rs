@@ -15,9 +15,15 @@ fn condition<'a>(parent: &'a serde_json::Value, kind: &str) -> &'a serde_json::V
 /// The route's single `parents[]` entry.
 async fn route_parent(gw: &Sluice, ns: &str, name: &str) -> serde_json::Value {
     let route = gw.object_status("HTTPRoute", Some(ns), name).await;
-    let parents = route["status"]["parents"].as_array().expect("parents[]").clone();
+    let parents = route["status"]["parents"]
+        .as_array()
+        .expect("parents[]")
+        .clone();
     assert_eq!(parents.len(), 1, "{route:#}");
-    assert_eq!(parents[0]["controllerName"], "sluice.dev/gateway-controller");
+    assert_eq!(
+        parents[0]["controllerName"],
+        "sluice.dev/gateway-controller"
+    );
     parents[0].clone()
 }
 
@@ -39,9 +45,17 @@ fn two_backends(name: &str, host: &str, second: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_service_keeps_its_share_and_that_share_gets_500() {
     let good = Pods::start("default", "good", 1).await;
-    let r = two_backends("r", "app.example.com", "    - name: does-not-exist\n      port: 8080");
+    let r = two_backends(
+        "r",
+        "app.example.com",
+        "    - name: does-not-exist\n      port: 8080",
+    );
     let gw = Sluice::start(&[("all.yaml", gateway() + &good.manifests() + &r)]).await;
-    let tally = gw.connect().await.tally(200, "app.example.com", "/", &[]).await;
+    let tally = gw
+        .connect()
+        .await
+        .tally(200, "app.example.com", "/", &[])
+        .await;
     assert_eq!(tally.get("good-0"), Some(&100), "{tally:?}");
     assert_eq!(tally.get("<500>"), Some(&100), "{tally:?}");
 
@@ -61,7 +75,11 @@ async fn unsupported_kind_gets_500_and_invalid_kind() {
         "    - name: some-bucket\n      group: storage.example.com\n      kind: Bucket\n      port: 8080",
     );
     let gw = Sluice::start(&[("all.yaml", gateway() + &good.manifests() + &r)]).await;
-    let tally = gw.connect().await.tally(100, "app.example.com", "/", &[]).await;
+    let tally = gw
+        .connect()
+        .await
+        .tally(100, "app.example.com", "/", &[])
+        .await;
     assert_eq!(tally.get("<500>"), Some(&50), "{tally:?}");
     assert_eq!(tally.get("good-0"), Some(&50), "{tally:?}");
     let parent = route_parent(&gw, "default", "r").await;
@@ -73,7 +91,11 @@ async fn unsupported_kind_gets_500_and_invalid_kind() {
 async fn cross_namespace_backend_needs_a_reference_grant() {
     let good = Pods::start("default", "good", 1).await;
     let other = Pods::start("other", "shared", 1).await;
-    let r = two_backends("r", "app.example.com", "    - name: shared\n      namespace: other\n      port: 8080");
+    let r = two_backends(
+        "r",
+        "app.example.com",
+        "    - name: shared\n      namespace: other\n      port: 8080",
+    );
     let grant = r#"
 ---
 apiVersion: gateway.networking.k8s.io/v1beta1
@@ -90,17 +112,35 @@ spec:
   - group: ""
     kind: Service
 "#;
-    let gw = Sluice::start(&[("all.yaml", gateway() + &good.manifests() + &other.manifests() + &r)]).await;
-    let tally = gw.connect().await.tally(100, "app.example.com", "/", &[]).await;
+    let gw = Sluice::start(&[(
+        "all.yaml",
+        gateway() + &good.manifests() + &other.manifests() + &r,
+    )])
+    .await;
+    let tally = gw
+        .connect()
+        .await
+        .tally(100, "app.example.com", "/", &[])
+        .await;
     assert_eq!(tally.get("<500>"), Some(&50), "{tally:?}");
     assert_eq!(other.requests(), 0);
     let parent = route_parent(&gw, "default", "r").await;
-    assert_eq!(condition(&parent, "ResolvedRefs")["reason"], "RefNotPermitted");
+    assert_eq!(
+        condition(&parent, "ResolvedRefs")["reason"],
+        "RefNotPermitted"
+    );
 
     // The grant arrives in a file of its own: the reference resolves.
     gw.write("grant.yaml", grant);
-    gw.eventually("app.example.com", "/", |r| r.status == 200 && r.echo().namespace == "other").await;
-    let tally = gw.connect().await.tally(100, "app.example.com", "/", &[]).await;
+    gw.eventually("app.example.com", "/", |r| {
+        r.status == 200 && r.echo().namespace == "other"
+    })
+    .await;
+    let tally = gw
+        .connect()
+        .await
+        .tally(100, "app.example.com", "/", &[])
+        .await;
     assert_eq!(tally.get("<500>"), None, "{tally:?}");
     assert_eq!(by_service(&tally).get("shared"), Some(&50), "{tally:?}");
     let parent = route_parent(&gw, "default", "r").await;
@@ -111,10 +151,19 @@ spec:
 async fn service_without_ready_endpoints_gets_503_and_stays_resolved() {
     let good = Pods::start("default", "good", 1).await;
     let empty = Pods::start("default", "empty", 2).await;
-    let r = two_backends("r", "app.example.com", "    - name: empty\n      port: 8080");
-    let manifests = gateway() + &good.manifests() + &empty.manifests_with_readiness(|_| Some(false)) + &r;
+    let r = two_backends(
+        "r",
+        "app.example.com",
+        "    - name: empty\n      port: 8080",
+    );
+    let manifests =
+        gateway() + &good.manifests() + &empty.manifests_with_readiness(|_| Some(false)) + &r;
     let gw = Sluice::start(&[("all.yaml", manifests)]).await;
-    let tally = gw.connect().await.tally(100, "app.example.com", "/", &[]).await;
+    let tally = gw
+        .connect()
+        .await
+        .tally(100, "app.example.com", "/", &[])
+        .await;
     assert_eq!(tally.get("<503>"), Some(&50), "{tally:?}");
     assert_eq!(tally.get("good-0"), Some(&50), "{tally:?}");
     assert_eq!(empty.requests(), 0);

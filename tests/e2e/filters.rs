@@ -43,14 +43,22 @@ async fn header_modifiers_edit_the_request_and_the_response() {
                 ("x-env", "staging"),
                 ("x-added", "0"),
                 ("x-secret", "token"),
-                ("x-echo-set-header", "X-Backend-Internal:leak, X-Served-By:backend"),
+                (
+                    "x-echo-set-header",
+                    "X-Backend-Internal:leak, X-Served-By:backend",
+                ),
             ],
         )
         .await;
     assert_eq!(r.status, 200);
     let e = r.echo();
     assert_eq!(e.header("x-env"), Some(&["prod".to_string()][..]));
-    assert_eq!(e.header("x-added").map(|v| v.len()), Some(2), "{:?}", e.headers);
+    assert_eq!(
+        e.header("x-added").map(|v| v.len()),
+        Some(2),
+        "{:?}",
+        e.headers
+    );
     assert_eq!(e.header("x-secret"), None);
     assert_eq!(r.headers["x-served-by"], "sluice");
     assert_eq!(r.headers["x-resp-added"], "a");
@@ -82,12 +90,18 @@ async fn request_redirect_builds_the_location_and_never_reaches_a_backend() {
     let mut c = gw.connect().await;
     let r = c.get("old.example.com", "/old/page?x=1").await;
     assert_eq!(r.status, 301);
-    assert_eq!(r.headers["location"], "https://new.example.com/new/page?x=1");
+    assert_eq!(
+        r.headers["location"],
+        "https://new.example.com/new/page?x=1"
+    );
     let r = c.get("a.example.com", "/port/x").await;
     assert_eq!(r.status, 302, "the spec's default status");
     assert_eq!(r.headers["location"], "http://a.example.com:8443/port/x");
     let r = c.get("a.example.com", "/full/x").await;
-    assert_eq!(r.headers["location"], format!("http://a.example.com:{}/elsewhere", gw.port));
+    assert_eq!(
+        r.headers["location"],
+        format!("http://a.example.com:{}/elsewhere", gw.port)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,5 +206,8 @@ endpoints: [{{addresses: ["127.0.0.1"]}}]
     // percent: 50 mirrors about half.
     let half = pods[2].requests();
     assert!((120..=280).contains(&half), "half mirror got {half}");
-    assert!(!held.lock().unwrap().is_empty(), "the hanging mirror was contacted");
+    assert!(
+        !held.lock().unwrap().is_empty(),
+        "the hanging mirror was contacted"
+    );
 }

@@ -8,7 +8,9 @@ fn hosted(name: &str, hostnames: &str, backend: &str) -> String {
     route(
         "default",
         name,
-        &format!("  hostnames: {hostnames}\n  rules:\n  - backendRefs: [{{name: {backend}, port: 8080}}]"),
+        &format!(
+            "  hostnames: {hostnames}\n  rules:\n  - backendRefs: [{{name: {backend}, port: 8080}}]"
+        ),
     )
 }
 
@@ -45,11 +47,18 @@ async fn exact_beats_wildcard_and_longer_wildcard_beats_shorter() {
 async fn listener_hostname_intersects_route_hostnames() {
     let app = Pods::start("default", "app", 1).await;
     let inherit = Pods::start("default", "inherit", 1).await;
-    let gw_yaml = gateway().replace("    protocol: HTTP\n", "    protocol: HTTP\n    hostname: \"*.example.com\"\n");
+    let gw_yaml = gateway().replace(
+        "    protocol: HTTP\n",
+        "    protocol: HTTP\n    hostname: \"*.example.com\"\n",
+    );
     let manifests = gw_yaml
         + &app.manifests()
         + &inherit.manifests()
-        + &hosted("partly", "[\"test.example.com\", \"test.example.net\"]", "app")
+        + &hosted(
+            "partly",
+            "[\"test.example.com\", \"test.example.net\"]",
+            "app",
+        )
         + &hosted("outside", "[\"example.net\"]", "app")
         + &hosted("inherits", "[]", "inherit");
     let gw = Sluice::start(&[("all.yaml", manifests)]).await;
@@ -61,7 +70,9 @@ async fn listener_hostname_intersects_route_hostnames() {
     // A route without hostnames takes the listener's.
     assert_eq!(c.get("other.example.com", "/").await.pod(), "inherit-0");
 
-    let outside = gw.object_status("HTTPRoute", Some("default"), "outside").await;
+    let outside = gw
+        .object_status("HTTPRoute", Some("default"), "outside")
+        .await;
     let accepted = outside["status"]["parents"][0]["conditions"]
         .as_array()
         .unwrap()
@@ -71,6 +82,11 @@ async fn listener_hostname_intersects_route_hostnames() {
         .unwrap();
     assert_eq!(accepted["status"], "False", "{outside:#}");
     assert_eq!(accepted["reason"], "NoMatchingListenerHostname");
-    let partly = gw.object_status("HTTPRoute", Some("default"), "partly").await;
-    assert_eq!(partly["status"]["parents"][0]["conditions"][0]["status"], "True", "{partly:#}");
+    let partly = gw
+        .object_status("HTTPRoute", Some("default"), "partly")
+        .await;
+    assert_eq!(
+        partly["status"]["parents"][0]["conditions"][0]["status"], "True",
+        "{partly:#}"
+    );
 }

@@ -6,7 +6,9 @@ use crate::support::*;
 
 async fn pods() -> Vec<Pods> {
     let mut v = Vec::new();
-    for name in ["exact", "prefix", "regex", "header", "headerre", "query", "method", "and", "or"] {
+    for name in [
+        "exact", "prefix", "regex", "header", "headerre", "query", "method", "and", "or",
+    ] {
         v.push(Pods::start("default", name, 1).await);
     }
     v
@@ -69,13 +71,19 @@ async fn start() -> (Sluice, Vec<Pods>) {
 }
 
 async fn who(conn: &mut Conn, method: &str, path: &str, headers: &[(&str, &str)]) -> String {
-    let mut req = http::Request::builder().method(method).uri(path).header("host", "match.example.com");
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "match.example.com");
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    conn.send(req.body(http_body_util::Full::new(bytes::Bytes::new())).unwrap())
-        .await
-        .pod()
+    conn.send(
+        req.body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap(),
+    )
+    .await
+    .pod()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -89,18 +97,36 @@ async fn every_kind_of_match_routes_as_the_spec_says() {
     assert_eq!(who(&mut c, "GET", "/exact?x=1", &[]).await, "exact-0");
     assert_eq!(who(&mut c, "GET", "/prefix", &[]).await, "prefix-0");
     assert_eq!(who(&mut c, "GET", "/prefix/", &[]).await, "prefix-0");
-    assert_eq!(who(&mut c, "GET", "/prefix/deeper/x", &[]).await, "prefix-0");
+    assert_eq!(
+        who(&mut c, "GET", "/prefix/deeper/x", &[]).await,
+        "prefix-0"
+    );
     assert_eq!(who(&mut c, "GET", "/prefixed", &[]).await, "<404>");
     // RegularExpression matches the whole path.
     assert_eq!(who(&mut c, "GET", "/re/123", &[]).await, "regex-0");
     assert_eq!(who(&mut c, "GET", "/re/12a", &[]).await, "<404>");
 
     // Headers: names case-insensitive, Exact and RegularExpression values.
-    assert_eq!(who(&mut c, "GET", "/h", &[("x-env", "canary")]).await, "header-0");
-    assert_eq!(who(&mut c, "GET", "/h", &[("X-ENV", "canary")]).await, "header-0");
-    assert_eq!(who(&mut c, "GET", "/h", &[("x-env", "Canary")]).await, "<404>");
-    assert_eq!(who(&mut c, "GET", "/h", &[("X-Version", "v42")]).await, "headerre-0");
-    assert_eq!(who(&mut c, "GET", "/h", &[("X-Version", "v42-beta")]).await, "<404>");
+    assert_eq!(
+        who(&mut c, "GET", "/h", &[("x-env", "canary")]).await,
+        "header-0"
+    );
+    assert_eq!(
+        who(&mut c, "GET", "/h", &[("X-ENV", "canary")]).await,
+        "header-0"
+    );
+    assert_eq!(
+        who(&mut c, "GET", "/h", &[("x-env", "Canary")]).await,
+        "<404>"
+    );
+    assert_eq!(
+        who(&mut c, "GET", "/h", &[("X-Version", "v42")]).await,
+        "headerre-0"
+    );
+    assert_eq!(
+        who(&mut c, "GET", "/h", &[("X-Version", "v42-beta")]).await,
+        "<404>"
+    );
 
     // Query params.
     assert_eq!(who(&mut c, "GET", "/q?debug=1", &[]).await, "query-0");
@@ -124,7 +150,10 @@ async fn conditions_are_anded_within_a_match_and_ored_across_matches() {
     assert_eq!(who(&mut c, "PUT", "/and?b=2", &[]).await, "<404>");
 
     assert_eq!(who(&mut c, "GET", "/or1", &[]).await, "or-0");
-    assert_eq!(who(&mut c, "GET", "/anything/else", &[("x-or", "yes")]).await, "or-0");
+    assert_eq!(
+        who(&mut c, "GET", "/anything/else", &[("x-or", "yes")]).await,
+        "or-0"
+    );
     assert_eq!(who(&mut c, "GET", "/anything/else", &[]).await, "<404>");
 }
 

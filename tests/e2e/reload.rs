@@ -22,7 +22,10 @@ async fn flipping_weights_under_keep_alive_traffic_drops_nothing() {
     let blue = Pods::start("default", "blue", 2).await;
     let green = Pods::start("default", "green", 2).await;
     let gw = Sluice::start(&[
-        ("base.yaml", gateway() + &blue.manifests() + &green.manifests()),
+        (
+            "base.yaml",
+            gateway() + &blue.manifests() + &green.manifests(),
+        ),
         ("route.yaml", flip_route(1, 0)),
     ])
     .await;
@@ -48,11 +51,20 @@ async fn flipping_weights_under_keep_alive_traffic_drops_nothing() {
     }
     // Ten flips, each waited for until it is served, under continuous load.
     for flip in 0..10 {
-        let (b, g, want) = if flip % 2 == 0 { (0, 1, "green") } else { (1, 0, "blue") };
+        let (b, g, want) = if flip % 2 == 0 {
+            (0, 1, "green")
+        } else {
+            (1, 0, "blue")
+        };
         gw.write("route.yaml", &flip_route(b, g));
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
-            let pod = gw.connect().await.get("checkout.example.com", "/").await.pod();
+            let pod = gw
+                .connect()
+                .await
+                .get("checkout.example.com", "/")
+                .await
+                .pod();
             if pod.starts_with(want) {
                 break;
             }
@@ -66,7 +78,10 @@ async fn flipping_weights_under_keep_alive_traffic_drops_nothing() {
     for c in clients {
         failures.extend(c.await.unwrap());
     }
-    assert!(failures.is_empty(), "failed requests during reloads: {failures:?}");
+    assert!(
+        failures.is_empty(),
+        "failed requests during reloads: {failures:?}"
+    );
     assert!(ok.load(Ordering::Relaxed) > 100);
     assert!(blue.requests() > 0 && green.requests() > 0);
     // All 20 reloads were swapped in one by one? At least the ten flips were.
@@ -79,12 +94,22 @@ async fn a_broken_file_keeps_its_last_good_objects_serving() {
     let app = Pods::start("default", "app", 1).await;
     let gw = Sluice::start(&[
         ("base.yaml", gateway() + &app.manifests()),
-        ("route.yaml", route("default", "app", "  rules:\n  - backendRefs: [{name: app, port: 8080}]")),
+        (
+            "route.yaml",
+            route(
+                "default",
+                "app",
+                "  rules:\n  - backendRefs: [{name: app, port: 8080}]",
+            ),
+        ),
     ])
     .await;
     assert_eq!(gw.connect().await.get("h", "/").await.pod(), "app-0");
     // A YAML syntax error on line 4 of route.yaml.
-    gw.write("route.yaml", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: [unclosed\n");
+    gw.write(
+        "route.yaml",
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: [unclosed\n",
+    );
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let errors = gw.errors().await.to_string();
@@ -100,5 +125,8 @@ async fn a_broken_file_keeps_its_last_good_objects_serving() {
         assert_eq!(gw.connect().await.get("h", "/").await.pod(), "app-0");
     }
     let metrics = gw.metrics().await;
-    assert!(metrics.contains("sluice_config_errors_total{file="), "{metrics}");
+    assert!(
+        metrics.contains("sluice_config_errors_total{file="),
+        "{metrics}"
+    );
 }

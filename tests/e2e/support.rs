@@ -78,7 +78,11 @@ impl Pods {
                     .expect("echo backend binds"),
             );
         }
-        Pods { namespace: namespace.into(), service: service.into(), servers }
+        Pods {
+            namespace: namespace.into(),
+            service: service.into(),
+            servers,
+        }
     }
 
     /// Requests received by all pods together.
@@ -111,7 +115,7 @@ spec:
         );
         for (i, s) in self.servers.iter().enumerate() {
             let conditions = match ready(i) {
-                Some(r) => format!("\n    conditions:\n      ready: {r}"),
+                Some(r) => format!("\n  conditions:\n    ready: {r}"),
                 None => String::new(),
             };
             out.push_str(&format!(
@@ -159,7 +163,11 @@ impl Sluice {
         let port = free_port();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         for (name, content) in files {
-            std::fs::write(dir.path().join(name), content.replace("{{PORT}}", &port.to_string())).unwrap();
+            std::fs::write(
+                dir.path().join(name),
+                content.replace("{{PORT}}", &port.to_string()),
+            )
+            .unwrap();
         }
         let log = std::fs::File::create(dir.path().join("sluice.log.txt")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -172,7 +180,12 @@ impl Sluice {
             .stderr(log)
             .spawn()
             .expect("the sluice binary starts");
-        let sluice = Sluice { child, dir, port, admin };
+        let sluice = Sluice {
+            child,
+            dir,
+            port,
+            admin,
+        };
         sluice.wait_ready().await;
         sluice
     }
@@ -183,7 +196,11 @@ impl Sluice {
             if let Ok((StatusCode::OK, _)) = admin_get(self.admin, "/readyz").await {
                 return;
             }
-            assert!(Instant::now() < deadline, "sluice not ready in 30s; log:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "sluice not ready in 30s; log:\n{}",
+                self.log()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -215,13 +232,20 @@ impl Sluice {
 
     /// `/status` as JSON.
     pub async fn status(&self) -> serde_json::Value {
-        let (code, body) = admin_get(self.admin, "/status").await.expect("admin answers");
+        let (code, body) = admin_get(self.admin, "/status")
+            .await
+            .expect("admin answers");
         assert_eq!(code, StatusCode::OK);
         serde_json::from_slice(&body).expect("/status is JSON")
     }
 
     /// The status of one object from `/status`.
-    pub async fn object_status(&self, kind: &str, namespace: Option<&str>, name: &str) -> serde_json::Value {
+    pub async fn object_status(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> serde_json::Value {
         let all = self.status().await;
         all.as_array()
             .expect("/status is an array")
@@ -237,12 +261,16 @@ impl Sluice {
 
     /// `/errors` as JSON.
     pub async fn errors(&self) -> serde_json::Value {
-        let (_, body) = admin_get(self.admin, "/errors").await.expect("admin answers");
+        let (_, body) = admin_get(self.admin, "/errors")
+            .await
+            .expect("admin answers");
         serde_json::from_slice(&body).expect("/errors is JSON")
     }
 
     pub async fn metrics(&self) -> String {
-        let (_, body) = admin_get(self.admin, "/metrics").await.expect("admin answers");
+        let (_, body) = admin_get(self.admin, "/metrics")
+            .await
+            .expect("admin answers");
         String::from_utf8_lossy(&body).into_owned()
     }
 
@@ -256,7 +284,11 @@ impl Sluice {
             if check(&r) {
                 return r;
             }
-            assert!(Instant::now() < deadline, "condition never held; last response {r:?}; log:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "condition never held; last response {r:?}; log:\n{}",
+                self.log()
+            );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
@@ -271,15 +303,25 @@ impl Drop for Sluice {
 
 /// One GET on a fresh connection to the admin listener.
 pub async fn admin_get(admin: SocketAddr, path: &str) -> Result<(StatusCode, Bytes), String> {
-    let stream = tokio::net::TcpStream::connect(admin).await.map_err(|e| e.to_string())?;
+    let stream = tokio::net::TcpStream::connect(admin)
+        .await
+        .map_err(|e| e.to_string())?;
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    let req = Request::get(path).header("host", "admin").body(Full::new(Bytes::new())).unwrap();
+    let req = Request::get(path)
+        .header("host", "admin")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
     let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
     let code = resp.status();
-    let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
     Ok((code, body))
 }
 
@@ -294,8 +336,12 @@ pub struct Resp {
 impl Resp {
     /// The echo backend's description of the request it received.
     pub fn echo(&self) -> EchoResponse {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not an echo response ({e}): {} {:?}", self.status, self.body))
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "not an echo response ({e}): {} {:?}",
+                self.status, self.body
+            )
+        })
     }
 
     /// The pod that answered, or `"<status>"` when the gateway answered itself.
@@ -315,7 +361,9 @@ pub struct Conn {
 
 impl Conn {
     pub async fn open(addr: SocketAddr) -> Conn {
-        let stream = tokio::net::TcpStream::connect(addr).await.expect("gateway accepts");
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("gateway accepts");
         let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .expect("http/1.1 handshake");
@@ -328,7 +376,11 @@ impl Conn {
         let resp = self.send.send_request(req).await.expect("gateway answers");
         let (parts, body) = resp.into_parts();
         let body = body.collect().await.expect("whole body").to_bytes();
-        Resp { status: parts.status, headers: parts.headers, body }
+        Resp {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
     }
 
     pub async fn get(&mut self, host: &str, path: &str) -> Resp {
@@ -344,10 +396,18 @@ impl Conn {
     }
 
     /// Send `n` GETs and count the answers by pod (or `<status>`).
-    pub async fn tally(&mut self, n: usize, host: &str, path: &str, headers: &[(&str, &str)]) -> BTreeMap<String, usize> {
+    pub async fn tally(
+        &mut self,
+        n: usize,
+        host: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> BTreeMap<String, usize> {
         let mut counts = BTreeMap::new();
         for _ in 0..n {
-            *counts.entry(self.get_with(host, path, headers).await.pod()).or_insert(0) += 1;
+            *counts
+                .entry(self.get_with(host, path, headers).await.pod())
+                .or_insert(0) += 1;
         }
         counts
     }

@@ -4,7 +4,10 @@
 use crate::support::*;
 
 fn split_route(host: &str, stable_weight: Option<u32>, canary_weight: Option<u32>) -> String {
-    let w = |w: Option<u32>| w.map(|w| format!("\n      weight: {w}")).unwrap_or_default();
+    let w = |w: Option<u32>| {
+        w.map(|w| format!("\n      weight: {w}"))
+            .unwrap_or_default()
+    };
     route(
         "default",
         "autocomplete",
@@ -37,13 +40,28 @@ async fn canary_995_5_gets_exactly_its_share_over_one_keep_alive_connection() {
     let services = by_service(&tally);
     let canary_count = services.get("canary").copied().unwrap_or(0);
     // The issue's promise: 995/5 over 20,000 requests gives the canary 100 ±2.
-    assert!((98..=102).contains(&canary_count), "canary got {canary_count}: {services:?}");
-    assert_eq!(services.get("stable").copied().unwrap_or(0) + canary_count, 20_000, "{services:?}");
+    assert!(
+        (98..=102).contains(&canary_count),
+        "canary got {canary_count}: {services:?}"
+    );
+    assert_eq!(
+        services.get("stable").copied().unwrap_or(0) + canary_count,
+        20_000,
+        "{services:?}"
+    );
     // The backends' own counts agree with what the client saw.
     assert_eq!(canary.requests() as usize, canary_count);
     // Per request, not per connection: every pod of both Services got traffic.
-    assert!(stable.per_pod().iter().all(|&n| n > 3_000), "{:?}", stable.per_pod());
-    assert!(canary.per_pod().iter().all(|&n| n > 30), "{:?}", canary.per_pod());
+    assert!(
+        stable.per_pod().iter().all(|&n| n > 3_000),
+        "{:?}",
+        stable.per_pod()
+    );
+    assert!(
+        canary.per_pod().iter().all(|&n| n > 30),
+        "{:?}",
+        canary.per_pod()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,7 +80,10 @@ async fn omitted_weight_is_one_and_zero_gets_nothing() {
     assert_eq!(services.get("canary"), Some(&100), "{services:?}");
 
     // Blue-green cutover: weight 0 takes the canary out entirely.
-    gw.write("route.yaml", &split_route("app.example.com", Some(1), Some(0)));
+    gw.write(
+        "route.yaml",
+        &split_route("app.example.com", Some(1), Some(0)),
+    );
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     loop {
         let mut conn = gw.connect().await;
@@ -70,10 +91,18 @@ async fn omitted_weight_is_one_and_zero_gets_nothing() {
         if services.get("stable") == Some(&20) {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "weight 0 never took effect: {services:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "weight 0 never took effect: {services:?}"
+        );
     }
     let mark = canary.requests();
-    let services = by_service(&gw.connect().await.tally(300, "app.example.com", "/", &[]).await);
+    let services = by_service(
+        &gw.connect()
+            .await
+            .tally(300, "app.example.com", "/", &[])
+            .await,
+    );
     assert_eq!(services.get("stable"), Some(&300), "{services:?}");
     assert_eq!(canary.requests(), mark);
 }
@@ -87,7 +116,11 @@ async fn all_weights_zero_answers_500() {
         + &canary.manifests()
         + &split_route("app.example.com", Some(0), Some(0));
     let gw = Sluice::start(&[("all.yaml", manifests)]).await;
-    let tally = gw.connect().await.tally(10, "app.example.com", "/", &[]).await;
+    let tally = gw
+        .connect()
+        .await
+        .tally(10, "app.example.com", "/", &[])
+        .await;
     assert_eq!(tally.get("<500>"), Some(&10), "{tally:?}");
     assert_eq!(stable.requests() + canary.requests(), 0);
 }
@@ -105,7 +138,8 @@ async fn weight_out_of_range_refuses_that_route_alone() {
     - name: stable
       port: 8080"#,
     );
-    let bad = split_route("bad.example.com", Some(1_000_001), Some(5)).replace("autocomplete", "bad");
+    let bad =
+        split_route("bad.example.com", Some(1_000_001), Some(5)).replace("autocomplete", "bad");
     let manifests = gateway() + &stable.manifests() + &canary.manifests() + &good + &bad;
     let gw = Sluice::start(&[("all.yaml", manifests)]).await;
 
@@ -114,7 +148,10 @@ async fn weight_out_of_range_refuses_that_route_alone() {
     assert_eq!(conn.get("bad.example.com", "/").await.status, 404);
     let errors = gw.errors().await.to_string();
     assert!(errors.contains("HTTPRoute default/bad"), "{errors}");
-    assert!(errors.contains("spec.rules[0].backendRefs[0].weight"), "{errors}");
+    assert!(
+        errors.contains("spec.rules[0].backendRefs[0].weight"),
+        "{errors}"
+    );
     assert!(errors.contains("all.yaml"), "{errors}");
 }
 
