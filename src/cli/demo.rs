@@ -998,4 +998,39 @@ mod tests {
         set_slice_port(slice, 31337);
         assert_eq!(slice["ports"][0]["port"].as_u64(), Some(31337));
     }
+
+    #[tokio::test]
+    async fn without_own_loopback_addresses_every_pod_gets_a_slice_and_port() {
+        let mut files = parse_examples().expect("embedded examples parse");
+        let pods = start_pods_on_own_ports(&mut files)
+            .await
+            .expect("pods start on 127.0.0.1");
+        assert_eq!(pods["autocomplete-stable"].len(), 47);
+        assert_eq!(pods["autocomplete-canary"].len(), 2);
+        let slices: Vec<&Value> = files
+            .iter()
+            .flat_map(|(_, d)| d.iter())
+            .filter(|d| kind_of(d) == "EndpointSlice")
+            .collect();
+        let total: usize = pods.values().map(Vec::len).sum();
+        assert_eq!(slices.len(), total);
+        let mut ports: Vec<u64> = Vec::new();
+        for slice in &slices {
+            assert_eq!(slice["endpoints"].as_sequence().map(Vec::len), Some(1));
+            assert_eq!(
+                slice["endpoints"][0]["addresses"][0].as_str(),
+                Some("127.0.0.1")
+            );
+            ports.push(slice["ports"][0]["port"].as_u64().expect("port"));
+        }
+        let servers: Vec<u64> = pods
+            .values()
+            .flatten()
+            .map(|s| u64::from(s.local_addr().port()))
+            .collect();
+        ports.sort_unstable();
+        let mut sorted = servers.clone();
+        sorted.sort_unstable();
+        assert_eq!(ports, sorted, "each slice points at its own echo pod");
+    }
 }
