@@ -8,6 +8,7 @@ mod backend_errors;
 mod filters;
 mod forwarding;
 mod hostnames;
+mod inputs;
 mod matching;
 mod precedence;
 mod reload;

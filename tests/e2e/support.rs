@@ -216,9 +216,11 @@ impl Sluice {
     /// Replace a manifest file (same `{{PORT}}` substitution), atomically by
     /// rename as editors and `kubectl`-style tools do.
     pub fn write(&self, name: &str, content: &str) {
-        let tmp = self.dir.path().join(format!(".{name}.tmp"));
+        let target = self.path(name);
+        let file_name = target.file_name().expect("a file name").to_string_lossy();
+        let tmp = target.with_file_name(format!(".{file_name}.tmp"));
         std::fs::write(&tmp, content.replace("{{PORT}}", &self.port.to_string())).unwrap();
-        std::fs::rename(tmp, self.path(name)).unwrap();
+        std::fs::rename(tmp, target).unwrap();
     }
 
     pub fn addr(&self) -> SocketAddr {
