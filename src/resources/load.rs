@@ -163,10 +163,10 @@ fn yaml_document_starts(text: &str) -> Vec<usize> {
         let is_marker =
             raw.starts_with("---") && raw[3..].chars().next().is_none_or(char::is_whitespace);
         if is_marker {
-            if let Some((start, content)) = current.take() {
-                if explicit || content.is_some() {
-                    starts.push(content.unwrap_or(start));
-                }
+            if let Some((start, content)) = current.take()
+                && (explicit || content.is_some())
+            {
+                starts.push(content.unwrap_or(start));
             }
             explicit = true;
             let rest = raw[3..].trim();
@@ -178,16 +178,17 @@ fn yaml_document_starts(text: &str) -> Vec<usize> {
             continue;
         }
         let t = raw.trim();
-        if let Some((_, content @ None)) = &mut current {
-            if !t.is_empty() && !t.starts_with('#') {
-                *content = Some(line);
-            }
+        if let Some((_, content @ None)) = &mut current
+            && !t.is_empty()
+            && !t.starts_with('#')
+        {
+            *content = Some(line);
         }
     }
-    if let Some((start, content)) = current {
-        if explicit || content.is_some() {
-            starts.push(content.unwrap_or(start));
-        }
+    if let Some((start, content)) = current
+        && (explicit || content.is_some())
+    {
+        starts.push(content.unwrap_or(start));
     }
     starts
 }

@@ -76,24 +76,23 @@ fn gateway(o: &Gateway, p: &mut Problems) {
             );
         }
         check_port(p, format!("{f}.port"), l.port);
-        if let Some(h) = &l.hostname {
-            if let Err(e) = check_hostname(h) {
-                push(p, format!("{f}.hostname"), e);
-            }
+        if let Some(h) = &l.hostname
+            && let Err(e) = check_hostname(h)
+        {
+            push(p, format!("{f}.hostname"), e);
         }
     }
     for (i, a) in o.spec.addresses.iter().flatten().enumerate() {
         let ty = a.r#type.as_deref().unwrap_or("IPAddress");
-        if ty == "IPAddress" {
-            if let Some(v) = &a.value {
-                if v.parse::<IpAddr>().is_err() {
-                    push(
-                        p,
-                        format!("spec.addresses[{i}].value"),
-                        format!("{v:?} is not an IP address"),
-                    );
-                }
-            }
+        if ty == "IPAddress"
+            && let Some(v) = &a.value
+            && v.parse::<IpAddr>().is_err()
+        {
+            push(
+                p,
+                format!("spec.addresses[{i}].value"),
+                format!("{v:?} is not an IP address"),
+            );
         }
     }
 }
@@ -198,10 +197,8 @@ fn http_rule(rule: &HttpRouteRules, f: &str, p: &mut Problems) {
                     format!("{:?} is not a valid header name", h.name),
                 );
             }
-            if matches!(h.r#type, Some(gateway_api::experimental::httproutes::HttpRouteRulesMatchesHeadersType::RegularExpression)) {
-                if let Err(e) = regex::Regex::new(&h.value) {
-                    push(p, format!("{mf}.headers[{k}].value"), format!("invalid regular expression: {e}"));
-                }
+            if matches!(h.r#type, Some(gateway_api::experimental::httproutes::HttpRouteRulesMatchesHeadersType::RegularExpression)) && let Err(e) = regex::Regex::new(&h.value) {
+                push(p, format!("{mf}.headers[{k}].value"), format!("invalid regular expression: {e}"));
             }
         }
         for (k, q) in m.query_params.iter().flatten().enumerate() {
@@ -212,10 +209,8 @@ fn http_rule(rule: &HttpRouteRules, f: &str, p: &mut Problems) {
                     "must not be empty",
                 );
             }
-            if matches!(q.r#type, Some(gateway_api::experimental::httproutes::HttpRouteRulesMatchesQueryParamsType::RegularExpression)) {
-                if let Err(e) = regex::Regex::new(&q.value) {
-                    push(p, format!("{mf}.queryParams[{k}].value"), format!("invalid regular expression: {e}"));
-                }
+            if matches!(q.r#type, Some(gateway_api::experimental::httproutes::HttpRouteRulesMatchesQueryParamsType::RegularExpression)) && let Err(e) = regex::Regex::new(&q.value) {
+                push(p, format!("{mf}.queryParams[{k}].value"), format!("invalid regular expression: {e}"));
             }
         }
     }
@@ -238,14 +233,14 @@ fn http_rule(rule: &HttpRouteRules, f: &str, p: &mut Problems) {
 
     for (j, b) in rule.backend_refs.iter().flatten().enumerate() {
         let bf = format!("{f}.backendRefs[{j}]");
-        if let Some(w) = b.weight {
-            if !(0..=MAX_WEIGHT).contains(&w) {
-                push(
-                    p,
-                    format!("{bf}.weight"),
-                    format!("{w} is outside 0..={MAX_WEIGHT}"),
-                );
-            }
+        if let Some(w) = b.weight
+            && !(0..=MAX_WEIGHT).contains(&w)
+        {
+            push(
+                p,
+                format!("{bf}.weight"),
+                format!("{w} is outside 0..={MAX_WEIGHT}"),
+            );
         }
         let is_service = b.group.as_deref().unwrap_or("").is_empty()
             && b.kind.as_deref().unwrap_or("Service") == "Service";
@@ -284,14 +279,15 @@ fn http_rule(rule: &HttpRouteRules, f: &str, p: &mut Problems) {
         if let Some((_, Err(e))) = &backend {
             push(p, format!("{f}.timeouts.backendRequest"), e.clone());
         }
-        if let (Some((_, Ok(r))), Some((bd, Ok(b)))) = (&request, &backend) {
-            if !r.is_zero() && (b.is_zero() || b > r) {
-                push(
-                    p,
-                    format!("{f}.timeouts.backendRequest"),
-                    format!("{bd:?} cannot be longer than request timeout"),
-                );
-            }
+        if let (Some((_, Ok(r))), Some((bd, Ok(b)))) = (&request, &backend)
+            && !r.is_zero()
+            && (b.is_zero() || b > r)
+        {
+            push(
+                p,
+                format!("{f}.timeouts.backendRequest"),
+                format!("{bd:?} cannot be longer than request timeout"),
+            );
         }
     }
 }
@@ -338,14 +334,14 @@ fn filters(filters: &[HttpRouteRulesFilters], f: &str, prefix_match_only: bool, 
                         format!("{hn:?} is not a valid header name"),
                     );
                 }
-                if let Some(v) = hv {
-                    if HeaderValue::from_str(v).is_err() {
-                        push(
-                            p,
-                            format!("{ff}.{field}[{n}].value"),
-                            format!("{v:?} is not a valid header value"),
-                        );
-                    }
+                if let Some(v) = hv
+                    && HeaderValue::from_str(v).is_err()
+                {
+                    push(
+                        p,
+                        format!("{ff}.{field}[{n}].value"),
+                        format!("{v:?} is not a valid header value"),
+                    );
                 }
             }
         };
@@ -402,22 +398,22 @@ fn filters(filters: &[HttpRouteRulesFilters], f: &str, prefix_match_only: bool, 
             );
         }
         if let Some(r) = &flt.request_redirect {
-            if let Some(code) = r.status_code {
-                if ![301, 302, 303, 307, 308].contains(&code) {
-                    push(
-                        p,
-                        format!("{ff}.requestRedirect.statusCode"),
-                        format!("{code} is not one of 301, 302, 303, 307, 308"),
-                    );
-                }
+            if let Some(code) = r.status_code
+                && ![301, 302, 303, 307, 308].contains(&code)
+            {
+                push(
+                    p,
+                    format!("{ff}.requestRedirect.statusCode"),
+                    format!("{code} is not one of 301, 302, 303, 307, 308"),
+                );
             }
             if let Some(port) = r.port {
                 check_port(p, format!("{ff}.requestRedirect.port"), port);
             }
-            if let Some(h) = &r.hostname {
-                if let Err(e) = check_hostname(h) {
-                    push(p, format!("{ff}.requestRedirect.hostname"), e);
-                }
+            if let Some(h) = &r.hostname
+                && let Err(e) = check_hostname(h)
+            {
+                push(p, format!("{ff}.requestRedirect.hostname"), e);
             }
             if let Some(path) = &r.path {
                 let prefix = matches!(path.r#type, gateway_api::experimental::httproutes::HttpRouteRulesFiltersRequestRedirectPathType::ReplacePrefixMatch);
@@ -433,10 +429,10 @@ fn filters(filters: &[HttpRouteRulesFilters], f: &str, prefix_match_only: bool, 
             }
         }
         if let Some(r) = &flt.url_rewrite {
-            if let Some(h) = &r.hostname {
-                if let Err(e) = check_hostname(h) {
-                    push(p, format!("{ff}.urlRewrite.hostname"), e);
-                }
+            if let Some(h) = &r.hostname
+                && let Err(e) = check_hostname(h)
+            {
+                push(p, format!("{ff}.urlRewrite.hostname"), e);
             }
             if let Some(path) = &r.path {
                 let prefix = matches!(path.r#type, gateway_api::experimental::httproutes::HttpRouteRulesFiltersUrlRewritePathType::ReplacePrefixMatch);
@@ -460,14 +456,14 @@ fn filters(filters: &[HttpRouteRulesFilters], f: &str, prefix_match_only: bool, 
                     "Only one of percent or fraction may be specified",
                 );
             }
-            if let Some(pc) = m.percent {
-                if !(0..=100).contains(&pc) {
-                    push(
-                        p,
-                        format!("{mf}.percent"),
-                        format!("{pc} is outside 0..=100"),
-                    );
-                }
+            if let Some(pc) = m.percent
+                && !(0..=100).contains(&pc)
+            {
+                push(
+                    p,
+                    format!("{mf}.percent"),
+                    format!("{pc} is outside 0..=100"),
+                );
             }
             if let Some(fr) = &m.fraction {
                 let den = fr.denominator.unwrap_or(100);

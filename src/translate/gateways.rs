@@ -131,8 +131,8 @@ pub(crate) fn gateway_classes(
 /// Our Gateways (those whose class is one of `classes`), with listeners,
 /// binds and conflicts worked out. Gateways of other classes are not
 /// returned: they get no status and no routes.
-pub(crate) fn gateways<'a>(
-    snapshot: &'a Snapshot,
+pub(crate) fn gateways(
+    snapshot: &Snapshot,
     classes: &BTreeSet<String>,
     options: &TranslateOptions,
     now: Timestamp,

@@ -89,6 +89,7 @@ pub struct ListenerBind {
 
 /// One rule's backends and their shares, for `sluice check`.
 #[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
 pub struct RuleSummary {
     /// `<namespace>/<name>` of the HTTPRoute.
     pub route: String,
@@ -97,6 +98,7 @@ pub struct RuleSummary {
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
 pub struct BackendSummary {
     /// `<namespace>/<name>:<port>` (kind prefixed when not a Service).
     pub name: String,
@@ -109,7 +111,11 @@ pub struct BackendSummary {
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(tag = "outcome", rename_all = "camelCase")]
+#[serde(
+    tag = "outcome",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
 pub enum BackendOutcome {
     /// Resolved, with this many ready endpoints.
     Serves { ready_endpoints: usize },
@@ -430,5 +436,255 @@ impl StatusReport {
                 object.status = v;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::{Generations, Object, parse_manifests};
+    use crate::route::Lookup;
+    use http::{HeaderMap, Method};
+    use std::net::Ipv4Addr;
+
+    const CLASS: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: sluice}
+spec: {controllerName: sluice.dev/gateway-controller}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec: {ports: [{port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.0.0.1]}]
+";
+
+    fn translate_yaml(yaml: &str) -> Translation {
+        let parsed = parse_manifests(&format!("{CLASS}---\n{yaml}"), "t.yaml");
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        let mut objects: Vec<Object> = parsed.objects.into_iter().map(|o| o.object).collect();
+        Generations::new().assign(&mut objects, Timestamp::UNIX_EPOCH);
+        let options = TranslateOptions {
+            default_bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        };
+        translate_at(
+            &Snapshot::from_objects(objects),
+            &options,
+            Timestamp::UNIX_EPOCH,
+        )
+    }
+
+    fn bind(port: u16) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)
+    }
+
+    /// `route ns/name` of the rule a GET for `host` + `path` reaches.
+    fn route_for(t: &Translation, port: u16, host: &str, path: &str) -> Option<String> {
+        match t.table.lookup(
+            bind(port),
+            host,
+            &Method::GET,
+            path,
+            None,
+            &HeaderMap::new(),
+        ) {
+            Lookup::Matched(m) => Some(format!("{}/{}", m.rule.id.namespace, m.rule.id.route)),
+            _ => None,
+        }
+    }
+
+    fn route(name: &str, extra: &str) -> String {
+        format!(
+            "---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}}}\n\
+             spec:\n{extra}  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]\n"
+        )
+    }
+
+    const TWO_LISTENERS: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw}
+spec:
+  gatewayClassName: sluice
+  listeners:
+  - {name: foo, port: 8080, protocol: HTTP, hostname: foo.example.com}
+  - {name: wild, port: 8080, protocol: HTTP, hostname: '*.example.com'}
+  - {name: other, port: 9090, protocol: HTTP}
+";
+
+    #[test]
+    fn section_name_attaches_to_that_listener_only() {
+        let t = translate_yaml(&format!(
+            "{TWO_LISTENERS}{}",
+            route("r", "  parentRefs: [{name: gw, sectionName: other}]\n")
+        ));
+        assert_eq!(
+            route_for(&t, 9090, "any.host", "/x").as_deref(),
+            Some("default/r")
+        );
+        assert_eq!(route_for(&t, 8080, "bar.example.com", "/x"), None);
+    }
+
+    #[test]
+    fn listener_isolation_keeps_the_more_specific_listener() {
+        // Attached to the wildcard listener only: foo.example.com belongs to
+        // the foo listener, which has no routes, so it is not routed.
+        let t = translate_yaml(&format!(
+            "{TWO_LISTENERS}{}",
+            route("r", "  parentRefs: [{name: gw, sectionName: wild}]\n")
+        ));
+        assert_eq!(
+            route_for(&t, 8080, "bar.example.com", "/").as_deref(),
+            Some("default/r")
+        );
+        assert!(matches!(
+            t.table.lookup(bind(8080), "foo.example.com", &Method::GET, "/", None, &HeaderMap::new()),
+            Lookup::NoRoute { listener } if listener.id == "gateway/default/gw/listener/foo"
+        ));
+    }
+
+    #[test]
+    fn route_hostnames_intersect_listener_hostnames() {
+        let t = translate_yaml(&format!(
+            "{TWO_LISTENERS}{}",
+            route(
+                "r",
+                "  parentRefs: [{name: gw, sectionName: wild}]\n  hostnames: [a.example.com, other.org]\n"
+            )
+        ));
+        assert_eq!(
+            route_for(&t, 8080, "a.example.com", "/").as_deref(),
+            Some("default/r")
+        );
+        // Inside the listener's hostname but not the route's.
+        assert_eq!(route_for(&t, 8080, "b.example.com", "/"), None);
+        // The route's other hostname is outside the listener's: ignored.
+        assert_eq!(route_for(&t, 8080, "other.org", "/"), None);
+    }
+
+    #[test]
+    fn older_route_wins_a_tie_whatever_the_file_order() {
+        let newer = route(
+            "aaa-newer",
+            "  parentRefs: [{name: gw, sectionName: other}]\n",
+        )
+        .replace(
+            "{name: aaa-newer}",
+            "{name: aaa-newer, creationTimestamp: '2024-02-01T00:00:00Z'}",
+        );
+        let older = route(
+            "zzz-older",
+            "  parentRefs: [{name: gw, sectionName: other}]\n",
+        )
+        .replace(
+            "{name: zzz-older}",
+            "{name: zzz-older, creationTimestamp: '2024-01-01T00:00:00Z'}",
+        );
+        for yaml in [
+            format!("{TWO_LISTENERS}{newer}{older}"),
+            format!("{TWO_LISTENERS}{older}{newer}"),
+        ] {
+            let t = translate_yaml(&yaml);
+            assert_eq!(
+                route_for(&t, 9090, "x", "/").as_deref(),
+                Some("default/zzz-older")
+            );
+        }
+    }
+
+    #[test]
+    fn gateways_of_other_controllers_serve_nothing() {
+        let t = translate_yaml(
+            "apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: theirs}
+spec: {controllerName: example.com/x}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw}
+spec:
+  gatewayClassName: theirs
+  listeners: [{name: http, port: 8080, protocol: HTTP}]
+",
+        );
+        assert_eq!(t.table.binds().count(), 0);
+        assert!(
+            t.status
+                .objects
+                .iter()
+                .all(|o| o.kind == "GatewayClass" && o.metadata.name == "sluice")
+        );
+    }
+
+    #[test]
+    fn bind_failures_mark_listeners_and_the_gateway() {
+        let mut t = translate_yaml(TWO_LISTENERS);
+        t.status
+            .apply_bind_failures(&[(bind(9090), "Address already in use (os error 98)".into())]);
+        let gw = t
+            .status
+            .objects
+            .iter()
+            .find(|o| o.kind == "Gateway")
+            .expect("the Gateway has status");
+        let listener = |name: &str| {
+            gw.status["listeners"]
+                .as_array()
+                .expect("listeners")
+                .iter()
+                .find(|l| l["name"] == name)
+                .expect("listener")
+                .clone()
+        };
+        let cond = |v: &serde_json::Value, ty: &str| {
+            v["conditions"]
+                .as_array()
+                .expect("conditions")
+                .iter()
+                .find(|c| c["type"] == ty)
+                .map(|c| {
+                    (
+                        c["status"].as_str().unwrap_or("").to_string(),
+                        c["reason"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+        };
+        let other = listener("other");
+        assert_eq!(
+            cond(&other, "Programmed"),
+            Some(("False".into(), "Pending".into()))
+        );
+        assert_eq!(
+            cond(&other, "Accepted"),
+            Some(("False".into(), "PortUnavailable".into()))
+        );
+        assert_eq!(
+            cond(&listener("foo"), "Programmed"),
+            Some(("True".into(), "Programmed".into()))
+        );
+        // Other listeners still serve: the Gateway stays programmed.
+        assert_eq!(
+            cond(&gw.status, "Programmed"),
+            Some(("True".into(), "Programmed".into()))
+        );
+
+        t.status
+            .apply_bind_failures(&[(bind(8080), "denied".into())]);
+        let gw = t
+            .status
+            .objects
+            .iter()
+            .find(|o| o.kind == "Gateway")
+            .expect("status");
+        assert_eq!(
+            cond(&gw.status, "Programmed"),
+            Some(("False".into(), "AddressNotUsable".into()))
+        );
     }
 }

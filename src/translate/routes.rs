@@ -310,12 +310,22 @@ pub(crate) fn attach<'a>(
                 })
                 .collect();
             if allowed.is_empty() {
+                let kind_ok = selected
+                    .iter()
+                    .any(|&l| view.listeners[l].accepts_http_routes);
                 Err((
                     "NotAllowedByListeners",
-                    format!(
-                        "no listener of Gateway {gw_ns}/{} that the parentRef selects allows HTTPRoutes from namespace {ns}",
-                        parent.name
-                    ),
+                    if kind_ok {
+                        format!(
+                            "no listener of Gateway {gw_ns}/{} that the parentRef selects allows HTTPRoutes from namespace {ns}",
+                            parent.name
+                        )
+                    } else {
+                        format!(
+                            "no listener of Gateway {gw_ns}/{} that the parentRef selects allows the HTTPRoute kind",
+                            parent.name
+                        )
+                    },
                 ))
             } else {
                 let attachments: Vec<Attachment> = allowed
@@ -324,10 +334,10 @@ pub(crate) fn attach<'a>(
                         let lh = &view.listeners[l].hostname;
                         let mut hostnames: Vec<HostPattern> = Vec::new();
                         for h in &route_hosts {
-                            if let Some(i) = lh.intersect(h) {
-                                if !hostnames.contains(&i) {
-                                    hostnames.push(i);
-                                }
+                            if let Some(i) = lh.intersect(h)
+                                && !hostnames.contains(&i)
+                            {
+                                hostnames.push(i);
                             }
                         }
                         (!hostnames.is_empty()).then_some(Attachment {
