@@ -73,6 +73,7 @@ async fn serve(config: sluice::serve::ServeConfig) -> ExitCode {
     tracing::info!(admin = %gateway.admin_addr(), "sluice is serving");
     shutdown_signal().await;
     tracing::info!("shutting down");
+    gateway.shutdown().await;
     ExitCode::SUCCESS
 }
 
