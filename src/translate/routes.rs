@@ -18,7 +18,7 @@ use super::gateways::{GatewayView, namespace_allowed};
 use super::matches::{compile_match, compile_timeouts};
 use super::{BackendOutcome, BackendSummary, RefFailure, RuleSummary, backend_target};
 use crate::resources::GATEWAY_GROUP;
-use crate::route::{Backend, BackendSplit, HostPattern, RequestMatch, Rule, RuleId};
+use crate::route::{Backend, BackendSplit, Filter, HostPattern, RequestMatch, Rule, RuleId};
 
 /// One rule, compiled, ready to be attached to listeners.
 #[derive(Debug)]
@@ -48,7 +48,11 @@ pub(crate) fn compile_route(
     resolver: &BackendResolver<'_>,
 ) -> CompiledRoute {
     let mut out = CompiledRoute::default();
-    for (i, rule) in route.spec.rules.iter().flatten().enumerate() {
+    // The CRD's default for an absent `rules`: one rule matching PathPrefix
+    // `/` with no backends (which answers 500).
+    let default_rules = [HttpRouteRules::default()];
+    let rules = route.spec.rules.as_deref().unwrap_or(&default_rules);
+    for (i, rule) in rules.iter().enumerate() {
         compile_rule(rule, i, ns, name, resolver, &mut out);
     }
     out
@@ -201,6 +205,15 @@ fn compile_rule(
         if total > 0 {
             s.share_percent = 100.0 * f64::from(s.weight) / total as f64;
         }
+    }
+    let redirects = filters
+        .filters
+        .iter()
+        .any(|f| matches!(f, Filter::RequestRedirect(_)));
+    if refs.is_empty() && !redirects {
+        out.warnings.push(format!(
+            "{route_id}: {field}: no backendRefs and no redirect: the rule answers 500"
+        ));
     }
     if !refs.is_empty() && total == 0 {
         out.warnings.push(format!(
