@@ -16,7 +16,8 @@ mod weighted;
 pub use hostname::{HostPattern, normalize_host};
 pub use matching::{HeaderMatch, PathMatch, QueryMatch, RequestMatch, ValueMatch};
 pub use table::{
-    ListenerRoutes, Lookup, PortRoutes, RouteMatch, RouteOrder, RouteTable, RouteTableBuilder,
+    ListenerHandle, ListenerRoutes, Lookup, PortRoutes, RouteMatch, RouteOrder, RouteTable,
+    RouteTableBuilder,
 };
 pub use weighted::WeightedPicker;
 
