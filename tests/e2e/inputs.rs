@@ -20,18 +20,30 @@ async fn directories_are_read_recursively_in_yaml_yml_and_json() {
             "rules": [{"backendRefs": [{"name": "other", "port": 8080}]}]
         }
     });
-    let gw = Sluice::start(&[("gateway.yaml", gateway()), ("ignored.txt", "not: [yaml".into())]).await;
+    let gw = Sluice::start(&[
+        ("gateway.yaml", gateway()),
+        ("ignored.txt", "not: [yaml".into()),
+    ])
+    .await;
     std::fs::create_dir_all(gw.path("nested/deeper")).unwrap();
-    gw.write("nested/services.yml", &(app.manifests() + &other.manifests()));
+    gw.write(
+        "nested/services.yml",
+        &(app.manifests() + &other.manifests()),
+    );
     gw.write(
         "nested/deeper/route.json",
         &serde_json::to_string_pretty(&json_route).unwrap(),
     );
     gw.write(
         "nested/deeper/yaml-route.yaml",
-        &route("default", "from-yaml", "  hostnames: [yaml.example.com]\n  rules:\n  - backendRefs: [{name: app, port: 8080}]"),
+        &route(
+            "default",
+            "from-yaml",
+            "  hostnames: [yaml.example.com]\n  rules:\n  - backendRefs: [{name: app, port: 8080}]",
+        ),
     );
-    gw.eventually("json.example.com", "/", |r| r.status == 200).await;
+    gw.eventually("json.example.com", "/", |r| r.status == 200)
+        .await;
     let mut c = gw.connect().await;
     assert_eq!(c.get("json.example.com", "/").await.pod(), "other-0");
     assert_eq!(c.get("yaml.example.com", "/").await.pod(), "app-0");
@@ -46,10 +58,17 @@ async fn listeners_bind_on_the_gateway_addresses() {
         "  gatewayClassName: sluice\n",
         "  gatewayClassName: sluice\n  addresses:\n  - type: IPAddress\n    value: 127.0.0.2\n",
     );
-    let r = route("default", "app", "  rules:\n  - backendRefs: [{name: app, port: 8080}]");
+    let r = route(
+        "default",
+        "app",
+        "  rules:\n  - backendRefs: [{name: app, port: 8080}]",
+    );
     let gw = Sluice::start(&[("all.yaml", with_address + &app.manifests() + &r)]).await;
     let on_address: SocketAddr = format!("127.0.0.2:{}", gw.port).parse().unwrap();
-    assert_eq!(Conn::open(on_address).await.get("h", "/").await.pod(), "app-0");
+    assert_eq!(
+        Conn::open(on_address).await.get("h", "/").await.pod(),
+        "app-0"
+    );
     // Not on --bind (127.0.0.1): the Gateway named its address.
     assert!(tokio::net::TcpStream::connect(gw.addr()).await.is_err());
 }
@@ -63,7 +82,11 @@ async fn a_listener_whose_port_is_taken_is_reported_and_the_others_serve() {
         "{}  - name: taken\n    protocol: HTTP\n    port: {taken}\n",
         gateway()
     );
-    let r = route("default", "app", "  rules:\n  - backendRefs: [{name: app, port: 8080}]");
+    let r = route(
+        "default",
+        "app",
+        "  rules:\n  - backendRefs: [{name: app, port: 8080}]",
+    );
     let gw = Sluice::start(&[("all.yaml", two_listeners + &app.manifests() + &r)]).await;
     assert_eq!(gw.connect().await.get("h", "/").await.pod(), "app-0");
     let g = gw.object_status("Gateway", Some("default"), "gw").await;
@@ -82,7 +105,14 @@ async fn a_listener_whose_port_is_taken_is_reported_and_the_others_serve() {
         .cloned()
         .unwrap();
     assert_eq!(programmed["status"], "False", "{g:#}");
-    assert!(programmed["message"].as_str().unwrap().to_lowercase().contains("address"), "{programmed}");
+    assert!(
+        programmed["message"]
+            .as_str()
+            .unwrap()
+            .to_lowercase()
+            .contains("address"),
+        "{programmed}"
+    );
     drop(squatter);
 }
 
@@ -106,9 +136,17 @@ spec:
   listeners: [{{name: http, protocol: HTTP, port: {foreign_port}}}]
 "#
     );
-    let r = route("default", "app", "  rules:\n  - backendRefs: [{name: app, port: 8080}]");
+    let r = route(
+        "default",
+        "app",
+        "  rules:\n  - backendRefs: [{name: app, port: 8080}]",
+    );
     let gw = Sluice::start(&[("all.yaml", gateway() + &foreign + &app.manifests() + &r)]).await;
-    assert!(tokio::net::TcpStream::connect(("127.0.0.1", foreign_port)).await.is_err());
+    assert!(
+        tokio::net::TcpStream::connect(("127.0.0.1", foreign_port))
+            .await
+            .is_err()
+    );
     let all = gw.status().await.to_string();
     assert!(!all.contains("\"foreign\""), "{all}");
 }
@@ -130,7 +168,10 @@ async fn metrics_count_requests_by_route_rule_backend_and_code() {
         m.contains(r#"sluice_requests_total{route="default/shop",rule="1",backend="default/app:8080",code="200"} 3"#),
         "{m}"
     );
-    assert!(m.contains(r#"route="default/shop",rule="0""#) && m.contains(r#"code="500"} 2"#), "{m}");
+    assert!(
+        m.contains(r#"route="default/shop",rule="0""#) && m.contains(r#"code="500"} 2"#),
+        "{m}"
+    );
     assert!(m.contains("sluice_request_duration_seconds_bucket"), "{m}");
     let (code, body) = admin_get(gw.admin, "/healthz").await.unwrap();
     assert_eq!(code.as_u16(), 200);
