@@ -31,6 +31,21 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9901")]
         admin: SocketAddr,
     },
+    /// Print every object's conditions and every rule's backend shares; exit 1 if anything is not accepted or resolved.
+    Check {
+        /// Manifest file or directory (read recursively). Repeatable.
+        #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
+        paths: Vec<PathBuf>,
+    },
+    /// Run the examples with built-in echo backends and show each backend's share of real traffic.
+    Demo {
+        /// Requests sent to the 995/5 autocomplete canary.
+        #[arg(long, default_value_t = 4000)]
+        requests: usize,
+        /// Also print every pod's count.
+        #[arg(long)]
+        verbose: bool,
+    },
 }
 
 fn init_tracing() {
@@ -47,17 +62,40 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve { paths, bind, admin } => {
             init_tracing();
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("sluice: cannot start the runtime: {e}");
-                    return ExitCode::from(1);
-                }
+            let Some(runtime) = runtime() else {
+                return ExitCode::from(1);
             };
             runtime.block_on(serve(sluice::serve::ServeConfig { paths, bind, admin }))
+        }
+        Command::Check { paths } => {
+            let code = sluice::cli::check::run(&paths, &mut std::io::stdout().lock());
+            ExitCode::from(u8::try_from(code).unwrap_or(2))
+        }
+        Command::Demo { requests, verbose } => {
+            let Some(runtime) = runtime() else {
+                return ExitCode::from(1);
+            };
+            let options = sluice::cli::demo::DemoOptions { requests, verbose };
+            match runtime.block_on(sluice::cli::demo::run(options)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("sluice demo: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}
+
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            eprintln!("sluice: cannot start the runtime: {e}");
+            None
         }
     }
 }
