@@ -235,3 +235,37 @@ fn no_objects_at_all_is_not_ok() {
     let (code, out) = check(&[manifests.path()]);
     assert_eq!(code, 1, "{out}");
 }
+
+/// The built binary, as a user runs it.
+fn sluice_check(paths: &[&Path]) -> (i32, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command.arg("check");
+    for path in paths {
+        command.arg("-f").arg(path);
+    }
+    let output = command.output().expect("run the sluice binary");
+    let stdout = String::from_utf8(output.stdout).expect("UTF-8 stdout");
+    let code = output.status.code().expect("sluice exited, not killed");
+    (code, stdout)
+}
+
+#[test]
+fn the_binary_exits_0_1_2() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let (code, out) = sluice_check(&[&examples]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("99.5%") && out.contains("0.5%"), "{out}");
+
+    let manifests = Manifests::new(&[
+        ("gateway.yaml", GATEWAY),
+        ("route.yaml", &route("    - {name: gone, port: 80}\n")),
+    ]);
+    let (code, out) = sluice_check(&[manifests.path()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("BackendNotFound"), "{out}");
+
+    let missing = manifests.path().join("nope.yaml");
+    let (code, out) = sluice_check(&[&examples, &missing]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("nope.yaml"), "{out}");
+}

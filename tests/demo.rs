@@ -66,3 +66,21 @@ async fn demo_splits_exactly_and_flips_blue_green() {
     assert_eq!(received(after, "checkout-blue"), after.sent as u64);
     assert_eq!(received(after, "checkout-green"), 0);
 }
+
+#[test]
+fn the_binary_runs_the_demo() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["demo", "--requests", "1000"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run the sluice binary");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("autocomplete-canary"), "{stdout}");
+    assert!(stdout.contains("47/47"), "{stdout}");
+    assert!(
+        stdout.contains("All 1250 requests answered 200."),
+        "{stdout}"
+    );
+}
