@@ -13,10 +13,13 @@
 pub mod admin;
 pub mod cli;
 pub mod echo;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod metrics;
 pub mod proxy;
 pub mod resources;
 pub mod route;
 pub mod serve;
 pub mod source;
+pub mod status;
 pub mod translate;
