@@ -19,10 +19,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve HTTP traffic by the Gateway API manifests in PATH (watched and reloaded on change).
+    /// Serve HTTP traffic by the Gateway API manifests in PATH (watched and reloaded on change), or with --kubernetes by the objects in the cluster.
     Serve {
         /// Manifest file or directory (read recursively: *.yaml, *.yml, *.json). Repeatable.
-        #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
+        #[arg(short = 'f', long = "filename", required_unless_present = "kubernetes", num_args = 1..)]
         paths: Vec<PathBuf>,
         /// Address listeners bind on when their Gateway has no spec.addresses.
         #[arg(long, default_value = "0.0.0.0")]
@@ -30,6 +30,28 @@ enum Command {
         /// Admin listener: /status, /errors, /metrics, /healthz, /readyz.
         #[arg(long, default_value = "127.0.0.1:9901")]
         admin: SocketAddr,
+        /// Watch the Kubernetes API server instead of files, and write status back (as leader).
+        #[arg(long, conflicts_with = "paths")]
+        kubernetes: bool,
+        /// Kubeconfig file (default: in-cluster service account, else $KUBECONFIG or ~/.kube/config).
+        #[arg(long, requires = "kubernetes")]
+        kubeconfig: Option<PathBuf>,
+        /// NAMESPACE/NAME of the Service in front of the gateway: its addresses become Gateway status.addresses.
+        #[arg(long, requires = "kubernetes", value_parser = parse_namespaced_name)]
+        gateway_service: Option<(String, String)>,
+        /// Namespace of the leader lease (default: $POD_NAMESPACE, else the kubeconfig's namespace).
+        #[arg(long, requires = "kubernetes")]
+        lease_namespace: Option<String>,
+        /// Name of the leader lease (only the leader writes status).
+        #[arg(
+            long,
+            default_value = "sluice-gateway-controller",
+            requires = "kubernetes"
+        )]
+        lease_name: String,
+        /// Seconds a leader lease lasts without renewal before another replica takes over.
+        #[arg(long, default_value_t = 15, requires = "kubernetes", value_parser = clap::value_parser!(u64).range(1..))]
+        lease_duration: u64,
     },
     /// Print every object's conditions and every rule's backend shares; exit 1 if anything is not accepted or resolved.
     Check {
@@ -60,12 +82,35 @@ fn init_tracing() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve { paths, bind, admin } => {
+        Command::Serve {
+            paths,
+            bind,
+            admin,
+            kubernetes,
+            kubeconfig,
+            gateway_service,
+            lease_namespace,
+            lease_name,
+            lease_duration,
+        } => {
             init_tracing();
             let Some(runtime) = runtime() else {
                 return ExitCode::from(1);
             };
-            runtime.block_on(serve(sluice::serve::ServeConfig { paths, bind, admin }))
+            if kubernetes {
+                let config = sluice::serve::KubernetesConfig {
+                    kubeconfig,
+                    bind,
+                    admin,
+                    gateway_service,
+                    lease_namespace,
+                    lease_name,
+                    lease_duration: std::time::Duration::from_secs(lease_duration),
+                };
+                return runtime.block_on(serve(sluice::serve::start_kubernetes(config)));
+            }
+            let config = sluice::serve::ServeConfig { paths, bind, admin };
+            runtime.block_on(serve(sluice::serve::start(config)))
         }
         Command::Check { paths } => {
             let code = sluice::cli::check::run(&paths, &mut std::io::stdout().lock());
@@ -100,8 +145,20 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
     }
 }
 
-async fn serve(config: sluice::serve::ServeConfig) -> ExitCode {
-    let gateway = match sluice::serve::start(config).await {
+/// `NAMESPACE/NAME`.
+fn parse_namespaced_name(value: &str) -> Result<(String, String), String> {
+    match value.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok((ns.to_string(), name.to_string()))
+        }
+        _ => Err(format!("expected NAMESPACE/NAME, got {value:?}")),
+    }
+}
+
+async fn serve(
+    start: impl std::future::Future<Output = anyhow::Result<sluice::serve::RunningGateway>>,
+) -> ExitCode {
+    let gateway = match start.await {
         Ok(g) => g,
         Err(e) => {
             eprintln!("sluice: {e:#}");

@@ -206,3 +206,229 @@ async fn reload_loop(
         }
     }
 }
+
+/// Settings of `sluice serve --kubernetes`.
+#[derive(Debug, Clone)]
+pub struct KubernetesConfig {
+    /// Kubeconfig file; `None` infers the configuration (in-cluster service
+    /// account, else `$KUBECONFIG` / `~/.kube/config`).
+    pub kubeconfig: Option<PathBuf>,
+    /// Address listeners bind on when their Gateway has no addresses.
+    pub bind: IpAddr,
+    /// Admin listener (`/status`, `/errors`, `/metrics`, `/healthz`, `/readyz`).
+    pub admin: SocketAddr,
+    /// `(namespace, name)` of the Service in front of the gateway pods,
+    /// whose addresses become every Gateway's `status.addresses`.
+    pub gateway_service: Option<(String, String)>,
+    /// The leader lease (only the leader writes status). Its namespace
+    /// defaults to `$POD_NAMESPACE`, else the client's default namespace;
+    /// its identity to `$POD_NAME`, else `$HOSTNAME`, plus the process id.
+    pub lease_namespace: Option<String>,
+    pub lease_name: String,
+    pub lease_duration: std::time::Duration,
+}
+
+/// What the serve loop last served: the snapshot and the status translate
+/// computed for it (after the proxy swapped in its table).
+struct Served {
+    snapshot: crate::resources::Snapshot,
+    published: Arc<Published>,
+}
+
+/// Watch the API server, serve what it holds, and (as leader) write status
+/// back.
+///
+/// Fails only when the process cannot start: no usable client
+/// configuration, or the admin address cannot be bound. The API server
+/// being unreachable is not fatal: watches retry with backoff and `/readyz`
+/// stays 503 until the first complete snapshot is served.
+pub async fn start_kubernetes(config: KubernetesConfig) -> anyhow::Result<RunningGateway> {
+    use crate::source::kubernetes::{self as kube_source, SourceOptions};
+    use crate::status::StatusWriter;
+    use crate::status::lease::{self, LeaderElector, LeaseConfig};
+
+    let client = kube_client(config.kubeconfig.as_deref()).await?;
+    let metrics = Metrics::shared();
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let state = Arc::new(AdminState::new(metrics.clone()));
+    let admin = AdminServer::start(config.admin, state.clone(), shutdown_rx.clone())
+        .await
+        .with_context(|| format!("cannot bind the admin listener on {}", config.admin))?;
+    tracing::info!(addr = %admin.addr(), "admin listener started");
+    let proxy = Proxy::new(metrics.clone());
+
+    let (updates_tx, updates) = tokio::sync::mpsc::channel(1);
+    let source = tokio::spawn(kube_source::run(
+        kube_source::watch_all(&client),
+        SourceOptions::default(),
+        updates_tx,
+        shutdown_rx.clone(),
+    ));
+
+    let identity = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "sluice".into());
+    let lease_config = LeaseConfig {
+        namespace: config
+            .lease_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .unwrap_or_else(|| client.default_namespace().to_string()),
+        name: config.lease_name.clone(),
+        identity: format!("{identity}-{}", std::process::id()),
+        duration: config.lease_duration,
+    };
+    tracing::info!(lease = %lease_config.name, namespace = %lease_config.namespace,
+        identity = %lease_config.identity, "running for leader (the leader writes status)");
+    let (leader_tx, leader) = watch::channel(false);
+    let elector = tokio::spawn(lease::run(
+        LeaderElector::new(client.clone(), lease_config),
+        leader_tx,
+        shutdown_rx.clone(),
+    ));
+
+    let (served_tx, served) = watch::channel(None);
+    let status = tokio::spawn(status_loop(
+        StatusWriter::new(client),
+        leader,
+        served,
+        config.gateway_service.clone(),
+        config.lease_duration,
+        shutdown_rx.clone(),
+    ));
+
+    let reloader = Reloader {
+        options: TranslateOptions {
+            default_bind: config.bind,
+        },
+        proxy: proxy.clone(),
+        state: state.clone(),
+        metrics: metrics.clone(),
+        generation: 0,
+    };
+    let serve = tokio::spawn(kubernetes_serve_loop(
+        updates,
+        reloader,
+        served_tx,
+        shutdown_rx,
+    ));
+    let reloads = tokio::spawn(async move {
+        for (task, handle) in [
+            ("serve", serve),
+            ("source", source),
+            ("status", status),
+            ("leader election", elector),
+        ] {
+            if let Err(error) = handle.await {
+                tracing::error!(task, %error, "task failed");
+            }
+        }
+    });
+    Ok(RunningGateway {
+        admin,
+        state,
+        metrics,
+        proxy,
+        shutdown,
+        reloads,
+    })
+}
+
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .with_context(|| format!("cannot use kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no Kubernetes configuration (not in a cluster, no kubeconfig)")?,
+    };
+    kube::Client::try_from(config).context("cannot build the Kubernetes client")
+}
+
+/// Translate and serve each snapshot from the API server; the first one
+/// makes `/readyz` ready.
+async fn kubernetes_serve_loop(
+    mut updates: tokio::sync::mpsc::Receiver<SourceUpdate>,
+    mut reloader: Reloader,
+    served: watch::Sender<Option<Arc<Served>>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let update = tokio::select! {
+            update = updates.recv() => update,
+            _ = crate::admin::stopped(&mut shutdown) => return,
+        };
+        let Some(update) = update else {
+            tracing::warn!("the Kubernetes source stopped; configuration is no longer updated");
+            return;
+        };
+        let snapshot = update.snapshot.clone();
+        reloader.apply(update).await;
+        reloader.state.set_ready();
+        served.send_replace(Some(Arc::new(Served {
+            snapshot,
+            published: reloader.state.published(),
+        })));
+    }
+}
+
+/// Write the status of what is served, while leader. Failed writes are
+/// retried after a third of the lease duration.
+async fn status_loop(
+    mut writer: crate::status::StatusWriter,
+    mut leader: watch::Receiver<bool>,
+    mut served: watch::Receiver<Option<Arc<Served>>>,
+    gateway_service: Option<(String, String)>,
+    lease_duration: std::time::Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let retry_after = (lease_duration / 3).max(std::time::Duration::from_millis(100));
+    let mut retry: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::select! {
+            changed = leader.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                // A new term: what another leader wrote meanwhile is unknown.
+                writer.forget();
+            }
+            changed = served.changed() => if changed.is_err() { return },
+            _ = async {
+                match retry {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => {}
+            _ = crate::admin::stopped(&mut shutdown) => return,
+        }
+        retry = None;
+        if !*leader.borrow_and_update() {
+            continue;
+        }
+        let Some(current) = served.borrow_and_update().clone() else {
+            continue;
+        };
+        let addresses = gateway_service
+            .as_ref()
+            .and_then(|(ns, name)| crate::status::gateway_addresses(&current.snapshot, ns, name));
+        let outcome = writer
+            .sync(
+                &current.snapshot,
+                &current.published.status,
+                addresses.as_deref(),
+            )
+            .await;
+        if outcome.written > 0 {
+            tracing::info!(written = outcome.written, "status written");
+        }
+        if outcome.failed > 0 {
+            retry = Some(tokio::time::Instant::now() + retry_after);
+        }
+    }
+}

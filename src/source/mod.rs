@@ -11,6 +11,7 @@
 //! is in [`files`].
 
 pub mod files;
+pub mod kubernetes;
 pub mod merge;
 
 use std::fmt;

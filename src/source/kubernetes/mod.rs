@@ -1,0 +1,258 @@
+//! The Kubernetes source: watches on the API server instead of files.
+//!
+//! One kube-rs watcher per kind ([`WATCHED_KINDS`]) feeds a [`ClusterCache`];
+//! whenever the cache changes, a complete [`SourceUpdate`] is handed to the
+//! serve loop, the same value the file source produces, so translate and the
+//! proxy cannot tell the two modes apart.
+//!
+//! - Nothing is handed over before every kind has completed its first list.
+//! - Bursts are coalesced: an update goes out once no event arrived for
+//!   [`SourceOptions::debounce`], and at the latest [`SourceOptions::max_delay`]
+//!   after the first change it carries.
+//! - A watch that fails is retried with backoff; one that expires (410 Gone)
+//!   is relisted by the watcher, and the cache swaps the relist in only when
+//!   it is complete: the current table keeps serving meanwhile.
+
+pub mod cache;
+
+use std::time::Duration;
+
+use futures_util::stream::{self, BoxStream, StreamExt};
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+pub use cache::{ClusterCache, WATCHED_KINDS, WatchedKind};
+
+use crate::source::SourceUpdate;
+
+/// How updates are paced.
+#[derive(Debug, Clone)]
+pub struct SourceOptions {
+    /// Quiet time after the last event before an update goes out.
+    pub debounce: Duration,
+    /// Longest an update waits for a burst to end.
+    pub max_delay: Duration,
+}
+
+impl Default for SourceOptions {
+    fn default() -> Self {
+        SourceOptions {
+            debounce: Duration::from_millis(100),
+            max_delay: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The events of one watched kind, tagged with its index in the kinds list.
+type KindEvents = BoxStream<'static, (usize, Result<Event<DynamicObject>, watcher::Error>)>;
+
+/// Watch every kind in [`WATCHED_KINDS`] cluster-wide.
+pub fn watch_all(client: &Client) -> Vec<KindEvents> {
+    WATCHED_KINDS
+        .iter()
+        .enumerate()
+        .map(|(i, kind)| {
+            let resource = ApiResource {
+                group: kind.group.to_string(),
+                version: kind.version.to_string(),
+                api_version: kind.api_version(),
+                kind: kind.kind.to_string(),
+                plural: kind.plural.to_string(),
+            };
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+            let mut config = watcher::Config::default();
+            if let Some(fields) = kind.field_selector {
+                config = config.fields(fields);
+            }
+            watcher::watcher(api, config)
+                .default_backoff()
+                .map(move |event| (i, event))
+                .boxed()
+        })
+        .collect()
+}
+
+/// Run the source until `shutdown` turns true or `updates` is closed:
+/// apply the watchers' events to a cache and send each complete snapshot.
+///
+/// `watches[i]` must carry the events of `WATCHED_KINDS[i]` (tests pass
+/// synthetic streams here). Sending waits for the serve loop to take the
+/// previous update; events that arrive meanwhile are coalesced into the next.
+pub async fn run(
+    watches: Vec<KindEvents>,
+    options: SourceOptions,
+    updates: mpsc::Sender<SourceUpdate>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut cache = ClusterCache::default();
+    let mut events = stream::select_all(watches);
+    // (first unsent change, last change)
+    let mut pending: Option<(Instant, Instant)> = None;
+    loop {
+        let deadline =
+            pending.map(|(first, last)| (last + options.debounce).min(first + options.max_delay));
+        tokio::select! {
+            event = events.next() => match event {
+                Some((kind, Ok(event))) => {
+                    if cache.apply(kind, event) {
+                        let now = Instant::now();
+                        pending = Some((pending.map_or(now, |(first, _)| first), now));
+                    }
+                }
+                Some((kind, Err(error))) => {
+                    let kind = WATCHED_KINDS.get(kind).map_or("?", |k| k.kind);
+                    tracing::warn!(kind, %error, "watch failed; retrying (the current configuration keeps serving)");
+                }
+                None => {
+                    tracing::warn!("every watch ended; configuration is no longer updated");
+                    return;
+                }
+            },
+            _ = sleep_until(deadline), if deadline.is_some() => {
+                pending = None;
+                if !cache.ready() {
+                    // The last first list to complete is itself a change.
+                    continue;
+                }
+                let update = cache.update();
+                tracing::debug!(objects = update.objects, "cluster configuration changed");
+                tokio::select! {
+                    sent = updates.send(update) => if sent.is_err() { return },
+                    _ = crate::admin::stopped(&mut shutdown) => return,
+                }
+            }
+            _ = crate::admin::stopped(&mut shutdown) => return,
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn service(name: &str) -> DynamicObject {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"ports": [{"port": 80}]},
+        }))
+        .expect("a valid DynamicObject")
+    }
+
+    type Feed = mpsc::UnboundedSender<Result<Event<DynamicObject>, watcher::Error>>;
+
+    /// One channel per watched kind, as the streams `run` reads.
+    fn feeds() -> (Vec<Feed>, Vec<KindEvents>) {
+        WATCHED_KINDS
+            .iter()
+            .enumerate()
+            .map(|(i, _)| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let events =
+                    stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) })
+                        .map(move |e| (i, e))
+                        .boxed();
+                (tx, events)
+            })
+            .unzip()
+    }
+
+    fn service_index() -> usize {
+        WATCHED_KINDS
+            .iter()
+            .position(|k| k.kind == "Service")
+            .expect("Service is watched")
+    }
+
+    fn names(update: &SourceUpdate) -> Vec<String> {
+        update
+            .snapshot
+            .services
+            .iter()
+            .filter_map(|s| s.metadata.name.clone())
+            .collect()
+    }
+
+    async fn next(rx: &mut mpsc::Receiver<SourceUpdate>) -> SourceUpdate {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("an update within the deadline")
+            .expect("the source is running")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_sent_before_every_list_completed_then_bursts_coalesce() {
+        let (feeds, watches) = feeds();
+        let (tx, mut rx) = mpsc::channel(1);
+        let (_stop, stop_rx) = watch::channel(false);
+        let options = SourceOptions {
+            debounce: Duration::from_millis(50),
+            max_delay: Duration::from_millis(500),
+        };
+        let task = tokio::spawn(run(watches, options, tx, stop_rx));
+        let svc = service_index();
+
+        for (i, feed) in feeds.iter().enumerate() {
+            feed.send(Ok(Event::Init)).expect("source running");
+            if i == svc {
+                feed.send(Ok(Event::InitApply(service("a"))))
+                    .expect("source running");
+            }
+            if i + 1 < feeds.len() {
+                feed.send(Ok(Event::InitDone)).expect("source running");
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(rx.try_recv().is_err(), "one kind has not listed yet");
+
+        feeds[feeds.len() - 1]
+            .send(Ok(Event::InitDone))
+            .expect("source running");
+        assert_eq!(names(&next(&mut rx).await), ["a"]);
+
+        // A burst of changes arrives as one update with the final state.
+        for name in ["b", "c", "d"] {
+            feeds[svc]
+                .send(Ok(Event::Apply(service(name))))
+                .expect("source running");
+        }
+        feeds[svc]
+            .send(Ok(Event::Delete(service("a"))))
+            .expect("source running");
+        assert_eq!(names(&next(&mut rx).await), ["b", "c", "d"]);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(rx.try_recv().is_err(), "the burst made exactly one update");
+
+        // A failed watch is logged; a relist then swaps in atomically.
+        feeds[svc]
+            .send(Err(watcher::Error::NoResourceVersion))
+            .expect("source running");
+        feeds[svc].send(Ok(Event::Init)).expect("source running");
+        feeds[svc]
+            .send(Ok(Event::InitApply(service("e"))))
+            .expect("source running");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(rx.try_recv().is_err(), "an incomplete relist sends nothing");
+        feeds[svc]
+            .send(Ok(Event::InitDone))
+            .expect("source running");
+        assert_eq!(names(&next(&mut rx).await), ["e"]);
+
+        drop(feeds);
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the source stops when every watch ended")
+            .expect("the source task does not panic");
+    }
+}

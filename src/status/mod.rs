@@ -1,0 +1,409 @@
+//! Writing status back to the API server (Kubernetes mode).
+//!
+//! translate computes every object's status; this module turns that
+//! [`StatusReport`] into server-side apply patches of the `/status`
+//! subresource under our field manager ([`FIELD_MANAGER`]), and sends only
+//! the ones that change something. Only the elected leader writes (see
+//! [`lease`]); every replica serves traffic regardless.
+//!
+//! What is written:
+//! - our GatewayClasses, Gateways and HTTPRoutes get exactly translate's
+//!   status, computed after the proxy swapped in the table (so
+//!   `Programmed=True` means served);
+//! - Gateways get `status.addresses` from the gateway's own Service when one
+//!   is configured ([`gateway_addresses`]);
+//! - HTTPRoute `status.parents` is an atomic list in the CRD, so an apply
+//!   would replace other controllers' entries: the patch carries theirs as
+//!   they are, plus ours; a route no longer attached to us loses ours only;
+//! - a condition whose status did not change keeps its
+//!   `lastTransitionTime`, which also makes an unchanged status compare
+//!   equal, so nothing is written for it.
+
+pub mod lease;
+
+use std::collections::HashMap;
+
+use gateway_api::experimental::gateways::GatewayStatusAddresses;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+use crate::resources::{CONTROLLER_NAME, GATEWAY_GROUP, Service, Snapshot};
+use crate::translate::{ObjectStatus, StatusReport};
+
+/// Our field manager for server-side apply.
+pub const FIELD_MANAGER: &str = CONTROLLER_NAME;
+
+/// One server-side apply of an object's status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusPatch {
+    /// `GatewayClass`, `Gateway` or `HTTPRoute`.
+    pub kind: &'static str,
+    pub namespace: Option<String>,
+    pub name: String,
+    /// `metadata.resourceVersion` of the object the patch was computed from.
+    pub resource_version: Option<String>,
+    /// The apply configuration: `{apiVersion, kind, metadata, status}`.
+    pub body: Value,
+}
+
+impl StatusPatch {
+    /// `Kind namespace/name`.
+    pub fn id(&self) -> String {
+        crate::resources::object_id(self.kind, self.namespace.as_deref(), &self.name)
+    }
+
+    fn api(&self, client: Client) -> Api<DynamicObject> {
+        let plural = match self.kind {
+            "GatewayClass" => "gatewayclasses",
+            "Gateway" => "gateways",
+            _ => "httproutes",
+        };
+        let resource = ApiResource {
+            group: GATEWAY_GROUP.into(),
+            version: "v1".into(),
+            api_version: format!("{GATEWAY_GROUP}/v1"),
+            kind: self.kind.into(),
+            plural: plural.into(),
+        };
+        match &self.namespace {
+            Some(ns) => Api::namespaced_with(client, ns, &resource),
+            None => Api::all_with(client, &resource),
+        }
+    }
+}
+
+/// The current status of an object in the snapshot (`Null` when it has
+/// none), with its resourceVersion; `None` when the object is gone.
+fn current(snapshot: &Snapshot, object: &ObjectStatus) -> Option<(Value, Option<String>)> {
+    let ns = object.metadata.namespace.as_deref();
+    let name = object.metadata.name.as_str();
+    let same = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        meta.name.as_deref() == Some(name) && meta.namespace.as_deref() == ns
+    };
+    let status = |s: Result<Value, serde_json::Error>| s.unwrap_or(Value::Null);
+    match object.kind.as_str() {
+        "GatewayClass" => snapshot
+            .gateway_classes
+            .iter()
+            .find(|o| same(&o.metadata))
+            .map(|o| {
+                (
+                    status(serde_json::to_value(&o.status)),
+                    o.metadata.resource_version.clone(),
+                )
+            }),
+        "Gateway" => snapshot
+            .gateways
+            .iter()
+            .find(|o| same(&o.metadata))
+            .map(|o| {
+                (
+                    status(serde_json::to_value(&o.status)),
+                    o.metadata.resource_version.clone(),
+                )
+            }),
+        "HTTPRoute" => snapshot
+            .http_routes
+            .iter()
+            .find(|o| same(&o.metadata))
+            .map(|o| {
+                (
+                    status(serde_json::to_value(&o.status)),
+                    o.metadata.resource_version.clone(),
+                )
+            }),
+        _ => None,
+    }
+}
+
+fn static_kind(kind: &str) -> Option<&'static str> {
+    match kind {
+        "GatewayClass" => Some("GatewayClass"),
+        "Gateway" => Some("Gateway"),
+        "HTTPRoute" => Some("HTTPRoute"),
+        _ => None,
+    }
+}
+
+fn is_ours(parent: &Value) -> bool {
+    parent.get("controllerName").and_then(Value::as_str) == Some(CONTROLLER_NAME)
+}
+
+/// The `status.parents` entries other controllers wrote.
+fn foreign_parents(current: &Value) -> Vec<Value> {
+    current
+        .get("parents")
+        .and_then(Value::as_array)
+        .map(|ps| ps.iter().filter(|p| !is_ours(p)).cloned().collect())
+        .unwrap_or_default()
+}
+
+/// The patches that bring the cluster's status to what translate computed,
+/// leaving out those that would change nothing.
+///
+/// `addresses` (from [`gateway_addresses`]) become every Gateway's
+/// `status.addresses` when given.
+pub fn plan(
+    snapshot: &Snapshot,
+    report: &StatusReport,
+    addresses: Option<&[GatewayStatusAddresses]>,
+) -> Vec<StatusPatch> {
+    let mut patches = Vec::new();
+    for object in &report.objects {
+        let Some(kind) = static_kind(&object.kind) else {
+            continue;
+        };
+        let Some((current, resource_version)) = current(snapshot, object) else {
+            continue; // deleted since: nothing to write to
+        };
+        let mut desired = object.status.clone();
+        if let (Some(addresses), "Gateway", Value::Object(map)) = (addresses, kind, &mut desired) {
+            map.insert("addresses".into(), json!(addresses));
+        }
+        if kind == "HTTPRoute" {
+            let ours = desired
+                .get("parents")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let mut parents = foreign_parents(&current);
+            parents.extend(ours);
+            desired["parents"] = Value::Array(parents);
+        }
+        keep_transition_times(&mut desired, &current);
+        if desired == current {
+            continue;
+        }
+        patches.push(patch(kind, object, resource_version, desired));
+    }
+    // Routes that no longer attach to a Gateway of ours: withdraw our
+    // entries (and only ours) from their parents.
+    for route in &snapshot.http_routes {
+        let ns = route.metadata.namespace.as_deref();
+        let name = route.metadata.name.as_deref().unwrap_or("");
+        let reported = report.objects.iter().any(|o| {
+            o.kind == "HTTPRoute"
+                && o.metadata.name == name
+                && o.metadata.namespace.as_deref() == ns
+        });
+        let Ok(current) = serde_json::to_value(&route.status) else {
+            continue;
+        };
+        let has_ours = current
+            .get("parents")
+            .and_then(Value::as_array)
+            .is_some_and(|ps| ps.iter().any(is_ours));
+        if reported || !has_ours {
+            continue;
+        }
+        let object = ObjectStatus {
+            api_version: format!("{GATEWAY_GROUP}/v1"),
+            kind: "HTTPRoute".into(),
+            metadata: crate::translate::StatusMetadata {
+                name: name.to_string(),
+                namespace: ns.map(str::to_string),
+                generation: route.metadata.generation.unwrap_or(0),
+            },
+            status: Value::Null,
+        };
+        let desired = json!({ "parents": foreign_parents(&current) });
+        patches.push(patch(
+            "HTTPRoute",
+            &object,
+            route.metadata.resource_version.clone(),
+            desired,
+        ));
+    }
+    patches
+}
+
+fn patch(
+    kind: &'static str,
+    object: &ObjectStatus,
+    resource_version: Option<String>,
+    status: Value,
+) -> StatusPatch {
+    let mut metadata = json!({ "name": object.metadata.name });
+    if let Some(ns) = &object.metadata.namespace {
+        metadata["namespace"] = json!(ns);
+    }
+    StatusPatch {
+        kind,
+        namespace: object.metadata.namespace.clone(),
+        name: object.metadata.name.clone(),
+        resource_version,
+        body: json!({
+            "apiVersion": format!("{GATEWAY_GROUP}/v1"),
+            "kind": kind,
+            "metadata": metadata,
+            "status": status,
+        }),
+    }
+}
+
+/// Copy `lastTransitionTime` from `old` into every condition of `new`
+/// whose `status` is unchanged: a condition's time is when its status last
+/// changed, not when sluice last computed it.
+///
+/// Lists are matched by identity: conditions by `type`, listeners by
+/// `name`, route parents by `parentRef` and `controllerName`.
+pub fn keep_transition_times(new: &mut Value, old: &Value) {
+    match (new, old) {
+        (Value::Object(n), Value::Object(o)) => {
+            let is_condition = n.contains_key("lastTransitionTime") && n.contains_key("type");
+            if is_condition {
+                if n.get("type") == o.get("type")
+                    && n.get("status") == o.get("status")
+                    && let Some(time) = o.get("lastTransitionTime")
+                {
+                    n.insert("lastTransitionTime".into(), time.clone());
+                }
+                return;
+            }
+            for (key, value) in n.iter_mut() {
+                if let Some(old) = o.get(key) {
+                    keep_transition_times(value, old);
+                }
+            }
+        }
+        (Value::Array(n), Value::Array(o)) => {
+            for item in n {
+                if let Some(old) = o.iter().find(|old| same_entry(item, old)) {
+                    keep_transition_times(item, old);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn same_entry(a: &Value, b: &Value) -> bool {
+    let field = |v: &Value, k: &str| v.get(k).cloned();
+    if a.get("parentRef").is_some() {
+        return field(a, "parentRef") == field(b, "parentRef")
+            && field(a, "controllerName") == field(b, "controllerName");
+    }
+    for key in ["type", "name"] {
+        if a.get(key).is_some() {
+            return field(a, key) == field(b, key);
+        }
+    }
+    false
+}
+
+/// The addresses of the gateway's own Service: its LoadBalancer ingress
+/// (IPs and hostnames), else its ClusterIP. `None` when the Service is not
+/// in the snapshot or has no address yet.
+pub fn gateway_addresses(
+    snapshot: &Snapshot,
+    namespace: &str,
+    name: &str,
+) -> Option<Vec<GatewayStatusAddresses>> {
+    let service: &Service = snapshot.services.iter().find(|s| {
+        s.metadata.name.as_deref() == Some(name)
+            && s.metadata.namespace.as_deref() == Some(namespace)
+    })?;
+    let address = |ty: &str, value: &str| GatewayStatusAddresses {
+        r#type: Some(ty.to_string()),
+        value: value.to_string(),
+    };
+    let mut addresses = Vec::new();
+    let ingress = service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref());
+    for i in ingress.into_iter().flatten() {
+        if let Some(ip) = i.ip.as_deref().filter(|ip| !ip.is_empty()) {
+            addresses.push(address("IPAddress", ip));
+        } else if let Some(host) = i.hostname.as_deref().filter(|h| !h.is_empty()) {
+            addresses.push(address("Hostname", host));
+        }
+    }
+    if addresses.is_empty() {
+        let cluster_ip = service
+            .spec
+            .as_ref()
+            .and_then(|s| s.cluster_ip.as_deref())
+            .filter(|ip| !ip.is_empty() && *ip != "None");
+        addresses.extend(cluster_ip.map(|ip| address("IPAddress", ip)));
+    }
+    (!addresses.is_empty()).then_some(addresses)
+}
+
+/// Sends status patches, remembering what it sent so that a patch is not
+/// repeated before the watch has delivered the object it produced.
+pub struct StatusWriter {
+    client: Client,
+    /// `Kind ns/name` -> (resourceVersion the patch was computed from, body).
+    sent: HashMap<String, (Option<String>, Value)>,
+}
+
+/// What one [`StatusWriter::sync`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SyncOutcome {
+    pub written: usize,
+    pub failed: usize,
+}
+
+impl StatusWriter {
+    pub fn new(client: Client) -> Self {
+        StatusWriter {
+            client,
+            sent: HashMap::new(),
+        }
+    }
+
+    /// Forget what was sent (when leadership is gained again, the cluster
+    /// may have changed under another leader).
+    pub fn forget(&mut self) {
+        self.sent.clear();
+    }
+
+    /// Apply every patch of [`plan`] not already sent. Failures are logged
+    /// and counted; the caller retries later.
+    pub async fn sync(
+        &mut self,
+        snapshot: &Snapshot,
+        report: &StatusReport,
+        addresses: Option<&[GatewayStatusAddresses]>,
+    ) -> SyncOutcome {
+        let mut outcome = SyncOutcome::default();
+        for patch in plan(snapshot, report, addresses) {
+            let id = patch.id();
+            let memo = (patch.resource_version.clone(), patch.body.clone());
+            if self.sent.get(&id) == Some(&memo) {
+                continue;
+            }
+            match self.apply(&patch).await {
+                Ok(()) => {
+                    tracing::debug!(object = %id, "status written");
+                    outcome.written += 1;
+                    self.sent.insert(id, memo);
+                }
+                Err(kube::Error::Api(status)) if status.code == 404 => {
+                    tracing::debug!(object = %id, "object deleted before its status was written");
+                }
+                Err(error) => {
+                    tracing::warn!(object = %id, %error, "cannot write status");
+                    outcome.failed += 1;
+                }
+            }
+        }
+        outcome
+    }
+
+    /// One server-side apply of `patch` to its object's `/status`.
+    pub async fn apply(&self, patch: &StatusPatch) -> Result<(), kube::Error> {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        patch
+            .api(self.client.clone())
+            .patch_status(&patch.name, &params, &Patch::Apply(&patch.body))
+            .await
+            .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,353 @@
+use std::net::{IpAddr, Ipv4Addr};
+
+use http::{Method, Request, Response};
+use http_body_util::BodyExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::client::Body;
+
+use super::*;
+use crate::resources::parse_manifests;
+use crate::translate::{TranslateOptions, translate_at};
+
+const CLUSTER: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: sluice, generation: 1, resourceVersion: '10'}
+spec: {controllerName: sluice.dev/gateway-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: default, generation: 2, resourceVersion: '11'}
+spec:
+  gatewayClassName: sluice
+  listeners: [{name: http, protocol: HTTP, port: 8080}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: web, namespace: default, generation: 5, resourceVersion: '12'}
+spec:
+  parentRefs: [{name: gw}, {name: other-gw}]
+  rules: [{backendRefs: [{name: web, port: 80}]}]
+status:
+  parents:
+  - parentRef: {name: other-gw}
+    controllerName: example.com/other
+    conditions:
+    - {type: Accepted, status: 'True', reason: Accepted, message: theirs,
+       observedGeneration: 5, lastTransitionTime: '2020-01-01T00:00:00Z'}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec: {ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: sluice, namespace: sluice-system}
+spec: {type: LoadBalancer, clusterIP: 10.96.0.7, ports: [{port: 80}]}
+";
+
+fn snapshot(yaml: &str) -> Snapshot {
+    let parsed = parse_manifests(yaml, "cluster.yaml");
+    assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+    Snapshot::from_objects(parsed.objects.into_iter().map(|o| o.object))
+}
+
+fn report(snapshot: &Snapshot, seconds: i64) -> StatusReport {
+    let options = TranslateOptions {
+        default_bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+    };
+    let now = Timestamp::from_second(seconds).expect("a valid timestamp");
+    translate_at(snapshot, &options, now).status
+}
+
+/// What the API server holds after the patches were applied.
+fn applied(snapshot: &Snapshot, patches: &[StatusPatch]) -> Snapshot {
+    let mut s = snapshot.clone();
+    for p in patches {
+        let status = p.body["status"].clone();
+        let is = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+            m.name.as_deref() == Some(p.name.as_str()) && m.namespace == p.namespace
+        };
+        match p.kind {
+            "GatewayClass" => {
+                for o in s.gateway_classes.iter_mut().filter(|o| is(&o.metadata)) {
+                    o.status = serde_json::from_value(status.clone()).expect("valid status");
+                }
+            }
+            "Gateway" => {
+                for o in s.gateways.iter_mut().filter(|o| is(&o.metadata)) {
+                    o.status = serde_json::from_value(status.clone()).expect("valid status");
+                }
+            }
+            _ => {
+                for o in s.http_routes.iter_mut().filter(|o| is(&o.metadata)) {
+                    o.status = serde_json::from_value(status.clone()).expect("valid status");
+                }
+            }
+        }
+    }
+    s
+}
+
+#[test]
+fn plan_writes_our_status_and_keeps_other_controllers_parents() {
+    let s = snapshot(CLUSTER);
+    let patches = plan(&s, &report(&s, 1000), None);
+    let ids: Vec<String> = patches.iter().map(StatusPatch::id).collect();
+    assert_eq!(
+        ids,
+        [
+            "GatewayClass sluice",
+            "Gateway default/gw",
+            "HTTPRoute default/web"
+        ]
+    );
+    let route = &patches[2];
+    assert_eq!(route.resource_version.as_deref(), Some("12"));
+    assert_eq!(route.body["apiVersion"], "gateway.networking.k8s.io/v1");
+    assert_eq!(route.body["kind"], "HTTPRoute");
+    assert_eq!(
+        route.body["metadata"],
+        json!({"name": "web", "namespace": "default"})
+    );
+    let parents = route.body["status"]["parents"]
+        .as_array()
+        .expect("parents is a list");
+    assert_eq!(parents.len(), 2, "{parents:#?}");
+    assert_eq!(parents[0]["controllerName"], "example.com/other");
+    assert_eq!(parents[0]["conditions"][0]["message"], "theirs");
+    assert_eq!(parents[1]["controllerName"], CONTROLLER_NAME);
+    assert_eq!(parents[1]["parentRef"]["name"], "gw");
+    for c in parents[1]["conditions"].as_array().expect("conditions") {
+        assert_eq!(c["observedGeneration"], 5, "{c}");
+    }
+    let class = &patches[0].body["status"]["conditions"][0];
+    assert_eq!(
+        (&class["type"], &class["status"]),
+        (&json!("Accepted"), &json!("True"))
+    );
+}
+
+#[test]
+fn an_unchanged_status_is_not_written_again() {
+    let s = snapshot(CLUSTER);
+    let first = plan(&s, &report(&s, 1000), None);
+    let written = applied(&s, &first);
+    // Translated again later: the same conditions, a newer clock.
+    let again = plan(&written, &report(&written, 2000), None);
+    assert!(again.is_empty(), "{again:#?}");
+}
+
+#[test]
+fn a_status_change_keeps_transition_times_of_unchanged_conditions() {
+    let s = snapshot(CLUSTER);
+    let written = applied(&s, &plan(&s, &report(&s, 1000), None));
+    // The backend Service goes away: ResolvedRefs turns False.
+    let mut changed = written.clone();
+    changed
+        .services
+        .retain(|svc| svc.metadata.name.as_deref() != Some("web"));
+    let patches = plan(&changed, &report(&changed, 2000), None);
+    let ids: Vec<String> = patches.iter().map(StatusPatch::id).collect();
+    assert_eq!(ids, ["HTTPRoute default/web"]);
+    let ours = &patches[0].body["status"]["parents"][1]["conditions"];
+    let condition = |ty: &str| {
+        ours.as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == ty))
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(condition("ResolvedRefs")["status"], "False");
+    assert_eq!(condition("ResolvedRefs")["reason"], "BackendNotFound");
+    assert_eq!(
+        condition("ResolvedRefs")["lastTransitionTime"],
+        "1970-01-01T00:33:20Z"
+    );
+    assert_eq!(
+        condition("Accepted")["lastTransitionTime"],
+        "1970-01-01T00:16:40Z",
+        "Accepted stayed True: its time is kept"
+    );
+}
+
+#[test]
+fn a_route_detached_from_our_gateways_loses_only_our_parents() {
+    let s = snapshot(CLUSTER);
+    let mut written = applied(&s, &plan(&s, &report(&s, 1000), None));
+    for route in &mut written.http_routes {
+        route.spec.parent_refs = Some(Vec::new());
+    }
+    let patches = plan(&written, &report(&written, 2000), None);
+    let ids: Vec<String> = patches.iter().map(StatusPatch::id).collect();
+    // The Gateway's listener counts one attached route less.
+    assert_eq!(ids, ["Gateway default/gw", "HTTPRoute default/web"]);
+    let parents = &patches[1].body["status"]["parents"];
+    assert_eq!(parents.as_array().map(Vec::len), Some(1));
+    assert_eq!(parents[0]["controllerName"], "example.com/other");
+}
+
+#[test]
+fn gateway_addresses_prefer_load_balancer_ingress_over_cluster_ip() {
+    let mut s = snapshot(CLUSTER);
+    let cluster_ip = gateway_addresses(&s, "sluice-system", "sluice").expect("a ClusterIP");
+    assert_eq!(cluster_ip.len(), 1);
+    assert_eq!(
+        (
+            cluster_ip[0].r#type.as_deref(),
+            cluster_ip[0].value.as_str()
+        ),
+        (Some("IPAddress"), "10.96.0.7")
+    );
+    let svc = s
+        .services
+        .iter_mut()
+        .find(|svc| svc.metadata.name.as_deref() == Some("sluice"))
+        .expect("the gateway Service");
+    svc.status = serde_json::from_value(json!({"loadBalancer": {"ingress": [
+        {"ip": "203.0.113.9"}, {"hostname": "lb.example.com"}]}}))
+    .expect("a valid Service status");
+    let lb = gateway_addresses(&s, "sluice-system", "sluice").expect("ingress addresses");
+    let got: Vec<(Option<&str>, &str)> = lb
+        .iter()
+        .map(|a| (a.r#type.as_deref(), a.value.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (Some("IPAddress"), "203.0.113.9"),
+            (Some("Hostname"), "lb.example.com")
+        ]
+    );
+    assert!(gateway_addresses(&s, "sluice-system", "missing").is_none());
+
+    let patches = plan(&s, &report(&s, 1000), Some(&lb));
+    let gateway = patches
+        .iter()
+        .find(|p| p.kind == "Gateway")
+        .expect("a Gateway patch");
+    assert_eq!(
+        gateway.body["status"]["addresses"],
+        json!([{"type": "IPAddress", "value": "203.0.113.9"},
+               {"type": "Hostname", "value": "lb.example.com"}])
+    );
+}
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+/// A mocked API server (the kube-rs `ApiServerVerifier` pattern).
+fn mock_client() -> (Client, Handle) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    (Client::new(service, "default"), handle)
+}
+
+async fn body_json(request: Request<Body>) -> Value {
+    let bytes = request
+        .into_body()
+        .collect()
+        .await
+        .expect("the request body arrives")
+        .to_bytes();
+    serde_json::from_slice(&bytes).expect("a JSON body")
+}
+
+#[tokio::test]
+async fn status_is_server_side_applied_to_the_status_subresource() {
+    let (client, mut handle) = mock_client();
+    let s = snapshot(CLUSTER);
+    let report = report(&s, 1000);
+    let expected = plan(&s, &report, None);
+    let verifier = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let (request, respond) = handle.next_request().await.expect("a request");
+            assert_eq!(request.method(), Method::PATCH);
+            assert_eq!(
+                request
+                    .headers()
+                    .get(http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok()),
+                Some("application/apply-patch+yaml")
+            );
+            let uri = request.uri().to_string();
+            let body = body_json(request).await;
+            respond.send_response(
+                Response::builder()
+                    .body(Body::from(serde_json::to_vec(&body).expect("json")))
+                    .expect("a response"),
+            );
+            seen.push((uri, body));
+        }
+        seen
+    });
+    let mut writer = StatusWriter::new(client);
+    let outcome = writer.sync(&s, &report, None).await;
+    assert_eq!(
+        outcome,
+        SyncOutcome {
+            written: 3,
+            failed: 0
+        }
+    );
+    let seen = verifier.await.expect("the verifier does not panic");
+    let uris: Vec<&str> = seen.iter().map(|(u, _)| u.as_str()).collect();
+    assert_eq!(
+        uris,
+        [
+            "/apis/gateway.networking.k8s.io/v1/gatewayclasses/sluice/status?&force=true&fieldManager=sluice.dev%2Fgateway-controller",
+            "/apis/gateway.networking.k8s.io/v1/namespaces/default/gateways/gw/status?&force=true&fieldManager=sluice.dev%2Fgateway-controller",
+            "/apis/gateway.networking.k8s.io/v1/namespaces/default/httproutes/web/status?&force=true&fieldManager=sluice.dev%2Fgateway-controller",
+        ]
+    );
+    for ((_, body), patch) in seen.iter().zip(&expected) {
+        assert_eq!(body, &patch.body);
+    }
+
+    // The watch has not delivered the new objects yet: nothing is re-sent.
+    let again = writer.sync(&s, &report, None).await;
+    assert_eq!(again, SyncOutcome::default());
+}
+
+#[tokio::test]
+async fn failed_writes_are_counted_and_retried() {
+    let (client, mut handle) = mock_client();
+    let s = snapshot(CLUSTER);
+    let report = report(&s, 1000);
+    let server = tokio::spawn(async move {
+        for i in 0..6 {
+            let (request, respond) = handle.next_request().await.expect("a request");
+            let body = body_json(request).await;
+            // The first round fails everything (a 500 from the API server).
+            let (code, reply) = if i < 3 {
+                (
+                    500,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                             "message": "etcd is sad", "reason": "InternalError", "code": 500}),
+                )
+            } else {
+                (200, body)
+            };
+            respond.send_response(
+                Response::builder()
+                    .status(code)
+                    .body(Body::from(serde_json::to_vec(&reply).expect("json")))
+                    .expect("a response"),
+            );
+        }
+    });
+    let mut writer = StatusWriter::new(client);
+    assert_eq!(
+        writer.sync(&s, &report, None).await,
+        SyncOutcome {
+            written: 0,
+            failed: 3
+        }
+    );
+    assert_eq!(
+        writer.sync(&s, &report, None).await,
+        SyncOutcome {
+            written: 3,
+            failed: 0
+        }
+    );
+    server.await.expect("the mock does not panic");
+}
