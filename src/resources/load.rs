@@ -300,6 +300,7 @@ fn load_document(mut value: Value, file: &str, line: usize, prefix: &str, out: &
             ("ReferenceGrant", _) if gateway => typed(value).map(Object::ReferenceGrant),
             ("Service", "v1") => typed(value).map(Object::Service),
             ("Namespace", "v1") => typed(value).map(Object::Namespace),
+            ("Secret", "v1") => typed(value).map(Object::Secret),
             ("EndpointSlice", "discovery.k8s.io/v1") => typed(value).map(Object::EndpointSlice),
             _ => {
                 out.ignored.push(format!(
@@ -468,6 +469,30 @@ spec:
         let parsed = parse_manifests("apiVersion: v1\nkind: Service\nmetadata: {}\n", "s.yaml");
         assert!(parsed.objects.is_empty());
         assert_eq!(parsed.errors[0].field.as_deref(), Some("metadata.name"));
+    }
+
+    #[test]
+    fn reads_secrets_with_base64_data_and_string_data() {
+        let text = "apiVersion: v1\nkind: Secret\nmetadata: {name: s, namespace: infra}\n\
+                    type: kubernetes.io/tls\ndata: {tls.crt: SGVsbG8=}\nstringData: {tls.key: k}\n";
+        let parsed = parse_manifests(text, "s.yaml");
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        let Object::Secret(s) = &parsed.objects[0].object else {
+            panic!("not a Secret: {:?}", parsed.objects[0].object);
+        };
+        assert_eq!(s.data.as_ref().unwrap()["tls.crt"].0, b"Hello");
+        assert_eq!(s.string_data.as_ref().unwrap()["tls.key"], "k");
+        // Data that is not base64 is refused, naming the field.
+        let bad = parse_manifests(
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {tls.crt: \"not base64!\"}\n",
+            "s.yaml",
+        );
+        assert_eq!(bad.errors.len(), 1);
+        assert!(
+            bad.errors[0].to_string().contains("data"),
+            "{}",
+            bad.errors[0]
+        );
     }
 
     #[test]

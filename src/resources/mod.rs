@@ -24,7 +24,7 @@ pub use gateway_api::experimental::gatewayclasses::GatewayClass;
 pub use gateway_api::experimental::gateways::Gateway;
 pub use gateway_api::experimental::httproutes::HttpRoute;
 pub use gateway_api::experimental::referencegrants::ReferenceGrant;
-pub use k8s_openapi::api::core::v1::{Namespace, Service};
+pub use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 pub use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -51,6 +51,9 @@ pub struct Snapshot {
     /// without an object here only has the `kubernetes.io/metadata.name`
     /// label Kubernetes gives every namespace.
     pub namespaces: Vec<Namespace>,
+    /// Secrets, for listener `tls.certificateRefs` (`kubernetes.io/tls`:
+    /// `tls.crt` and `tls.key`).
+    pub secrets: Vec<Secret>,
 }
 
 impl Snapshot {
@@ -66,6 +69,7 @@ impl Snapshot {
                 Object::Service(o) => s.services.push(o),
                 Object::EndpointSlice(o) => s.endpoint_slices.push(o),
                 Object::Namespace(o) => s.namespaces.push(o),
+                Object::Secret(o) => s.secrets.push(o),
             }
         }
         s
@@ -82,6 +86,7 @@ pub enum Object {
     Service(Service),
     EndpointSlice(EndpointSlice),
     Namespace(Namespace),
+    Secret(Secret),
 }
 
 impl Object {
@@ -95,6 +100,7 @@ impl Object {
             Object::Service(_) => "Service",
             Object::EndpointSlice(_) => "EndpointSlice",
             Object::Namespace(_) => "Namespace",
+            Object::Secret(_) => "Secret",
         }
     }
 
@@ -112,6 +118,7 @@ impl Object {
             Object::Service(o) => &o.metadata,
             Object::EndpointSlice(o) => &o.metadata,
             Object::Namespace(o) => &o.metadata,
+            Object::Secret(o) => &o.metadata,
         }
     }
 
@@ -124,6 +131,7 @@ impl Object {
             Object::Service(o) => &mut o.metadata,
             Object::EndpointSlice(o) => &mut o.metadata,
             Object::Namespace(o) => &mut o.metadata,
+            Object::Secret(o) => &mut o.metadata,
         }
     }
 
@@ -152,7 +160,7 @@ impl Object {
 
     /// What counts as the object's `spec` for generation counting: the
     /// `spec`, or for an EndpointSlice (which has none) its endpoints,
-    /// ports and address type.
+    /// ports and address type, and for a Secret its type and data.
     pub fn spec_value(&self) -> serde_json::Value {
         let v = match self {
             Object::GatewayClass(o) => serde_json::to_value(&o.spec),
@@ -165,6 +173,11 @@ impl Object {
                 "addressType": o.address_type,
                 "endpoints": o.endpoints,
                 "ports": o.ports,
+            })),
+            Object::Secret(o) => Ok(serde_json::json!({
+                "type": o.type_,
+                "data": o.data,
+                "stringData": o.string_data,
             })),
         };
         // Serializing these plain data types cannot fail (no maps with

@@ -27,7 +27,10 @@ pub(crate) fn validate(object: &Object) -> Problems {
         Object::Gateway(o) => gateway(o, &mut p),
         Object::HttpRoute(o) => http_route(o, &mut p),
         Object::Service(o) => service(o, &mut p),
-        Object::ReferenceGrant(_) | Object::EndpointSlice(_) | Object::Namespace(_) => {}
+        Object::ReferenceGrant(_)
+        | Object::EndpointSlice(_)
+        | Object::Namespace(_)
+        | Object::Secret(_) => {}
     }
     p
 }

@@ -19,6 +19,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::{HeaderMap, Method};
+use rustls::sign::CertifiedKey;
 
 use super::Rule;
 use super::hostname::HostPattern;
@@ -92,6 +93,9 @@ pub struct ListenerRoutes {
     /// `gateway/<ns>/<name>/listener/<listener name>`.
     pub id: String,
     pub hostname: HostPattern,
+    /// The certificate of an HTTPS listener (TLS terminated here); `None`
+    /// for a cleartext HTTP listener.
+    pub tls: Option<Arc<CertifiedKey>>,
     exact: HashMap<String, Candidates>,
     /// Keyed by the wildcard's suffix (`.example.com`).
     wildcard: HashMap<String, Candidates>,
@@ -129,6 +133,52 @@ impl ListenerRoutes {
 #[derive(Debug, Default)]
 pub struct PortRoutes {
     pub listeners: Vec<ListenerRoutes>,
+}
+
+impl PortRoutes {
+    /// Is TLS terminated on this socket? (Listeners of different protocols
+    /// never share a socket: translate marks them conflicted.)
+    pub fn is_tls(&self) -> bool {
+        self.listeners.iter().any(|l| l.tls.is_some())
+    }
+
+    /// The listener that owns `host` (normalized): the most specific one
+    /// whose hostname matches (listener isolation).
+    pub fn listener_for(&self, host: &str) -> Option<&ListenerRoutes> {
+        self.listeners.iter().find(|l| l.hostname.matches(host))
+    }
+
+    /// The certificate to present for a TLS handshake whose SNI is
+    /// `server_name`: that of the listener owning the name. Without SNI (a
+    /// client that connects by address), the listener without a hostname,
+    /// else the first listener with a certificate. `None` aborts the
+    /// handshake.
+    pub fn certificate_for(&self, server_name: Option<&str>) -> Option<Arc<CertifiedKey>> {
+        let listener = match server_name {
+            Some(name) => self.listener_for(&super::normalize_host(name))?,
+            None => self
+                .listeners
+                .iter()
+                .find(|l| l.hostname == HostPattern::Any && l.tls.is_some())
+                .or_else(|| self.listeners.iter().find(|l| l.tls.is_some()))?,
+        };
+        listener.tls.clone()
+    }
+
+    /// Is a request for `host` misdirected on a TLS connection whose SNI was
+    /// `server_name`? It is when the listener owning the host is not the one
+    /// the handshake chose: the client reused a connection (HTTP/2
+    /// coalescing, or a mismatched Host) for a name this listener does not
+    /// serve, and must get 421 Misdirected Request.
+    pub fn misdirected(&self, server_name: &str, host: &str) -> bool {
+        let by_sni = self.listener_for(&super::normalize_host(server_name));
+        let by_host = self.listener_for(host);
+        match (by_sni, by_host) {
+            (Some(a), Some(b)) => !std::ptr::eq(a, b),
+            (None, None) => false,
+            _ => true,
+        }
+    }
 }
 
 /// What the table says about one request.
@@ -208,6 +258,7 @@ pub struct ListenerHandle {
 struct ListenerBuild {
     id: String,
     hostname: HostPattern,
+    tls: Option<Arc<CertifiedKey>>,
     candidates: Vec<Candidate>,
 }
 
@@ -236,12 +287,22 @@ impl RouteTableBuilder {
         listeners.push(ListenerBuild {
             id,
             hostname,
+            tls: None,
             candidates: Vec::new(),
         });
         ListenerHandle {
             bind,
             index: listeners.len() - 1,
         }
+    }
+
+    /// Make a listener an HTTPS one: TLS is terminated with `certificate`
+    /// for the names the listener owns.
+    pub fn set_listener_tls(&mut self, listener: ListenerHandle, certificate: Arc<CertifiedKey>) {
+        self.binds
+            .get_mut(&listener.bind)
+            .expect("handle from this builder")[listener.index]
+            .tls = Some(certificate);
     }
 
     /// Attach one rule of a route to a listener under the route's effective
@@ -340,6 +401,7 @@ fn build_listener(l: ListenerBuild) -> ListenerRoutes {
     ListenerRoutes {
         id: l.id,
         hostname: l.hostname,
+        tls: l.tls,
         exact,
         wildcard,
         any,
@@ -734,6 +796,55 @@ mod tests {
             winner(&t, "bar.example.org", Method::GET, "/y", &[]).as_deref(),
             Some("any/0")
         );
+    }
+
+    #[test]
+    fn a_host_owned_by_another_listener_than_the_sni_one_is_misdirected() {
+        // The listeners of the spec's misdirected-requests conformance test.
+        let mut b = RouteTableBuilder::new();
+        let p = |s: &str| HostPattern::parse(Some(s));
+        b.add_listener(bind(), "gw/https".into(), HostPattern::Any);
+        b.add_listener(bind(), "gw/second".into(), p("second-example.org"));
+        b.add_listener(bind(), "gw/wild".into(), p("*.wildcard.org"));
+        b.add_listener(bind(), "gw/fourth".into(), p("fourth-example.wildcard.org"));
+        let t = b.build();
+        let port = t.port(bind()).unwrap();
+        let cases = [
+            ("example.org", "example.org", false),
+            ("example.org", "second-example.org", true),
+            ("example.org", "unknown-example.org", false),
+            ("second-example.org", "second-example.org", false),
+            ("second-example.org", "example.org", true),
+            ("second-example.org", "unknown-example.org", true),
+            ("third.wildcard.org", "fifth.wildcard.org", false),
+            ("third.wildcard.org", "fourth-example.wildcard.org", true),
+            ("third.wildcard.org", "second-example.org", true),
+            ("fourth-example.wildcard.org", "fifth.wildcard.org", true),
+            (
+                "Fourth-Example.wildcard.org",
+                "fourth-example.wildcard.org",
+                false,
+            ),
+            ("unknown-example.org", "example.org", false),
+        ];
+        for (sni, host, misdirected) in cases {
+            assert_eq!(
+                port.misdirected(sni, host),
+                misdirected,
+                "sni {sni}, host {host}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_port_without_certificates_is_cleartext() {
+        let mut b = RouteTableBuilder::new();
+        b.add_listener(bind(), "gw/http".into(), HostPattern::Any);
+        let t = b.build();
+        let port = t.port(bind()).unwrap();
+        assert!(!port.is_tls());
+        assert!(port.certificate_for(Some("a.example")).is_none());
+        assert!(port.certificate_for(None).is_none());
     }
 
     #[test]

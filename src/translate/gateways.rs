@@ -7,9 +7,17 @@
 //! processing" while the distinct ones still serve. sluice treats every
 //! listener of every one of its Gateways that binds the same socket as one
 //! set, so two Gateways may share a port when their hostnames differ.
+//!
+//! HTTPS listeners terminate TLS with the certificate their
+//! `tls.certificateRefs` name (see [`tls`]). A listener whose certificate
+//! does not resolve is not served and takes no part in conflicts, so it
+//! never stops the other listeners.
+
+mod tls;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use gateway_api::experimental::gatewayclasses::GatewayClassStatus;
 use gateway_api::experimental::gateways::{
@@ -18,6 +26,7 @@ use gateway_api::experimental::gateways::{
     GatewayStatusListenersSupportedKinds,
 };
 use k8s_openapi::jiff::Timestamp;
+use rustls::sign::CertifiedKey;
 
 use super::conditions::ConditionMaker;
 use super::{ObjectStatus, StatusMetadata, TranslateOptions, api_version, sort_key};
@@ -46,7 +55,14 @@ pub(crate) struct ListenerView {
     /// `allowedRoutes.kinds` entries sluice does not support.
     pub invalid_kinds: Vec<String>,
     pub namespaces: AllowedNamespaces,
-    pub unsupported_protocol: bool,
+    /// Why the listener is not accepted for what it asks (its protocol, or
+    /// TLS settings sluice does not support).
+    pub unsupported: Option<String>,
+    /// HTTPS: the certificate TLS is terminated with, when one resolved.
+    pub certificate: Option<Arc<CertifiedKey>>,
+    /// HTTPS: `(reason, message)` of `ResolvedRefs=False` for its
+    /// certificateRefs.
+    pub tls_unresolved: Option<(&'static str, String)>,
     /// (reason, message) of the `Conflicted=True` condition.
     pub conflict: Option<(&'static str, String)>,
     /// Accepted routes attached to this listener.
@@ -54,8 +70,15 @@ pub(crate) struct ListenerView {
 }
 
 impl ListenerView {
+    /// Accepted: a supported protocol and no conflict.
     fn valid(&self) -> bool {
-        !self.unsupported_protocol && self.conflict.is_none()
+        self.unsupported.is_none() && self.conflict.is_none()
+    }
+
+    /// An HTTPS listener none of whose certificates resolved: it cannot
+    /// be served.
+    fn lacks_certificate(&self) -> bool {
+        self.protocol == "HTTPS" && self.certificate.is_none()
     }
 }
 
@@ -75,7 +98,14 @@ impl GatewayView {
     /// Is this listener served (its Gateway accepted, its protocol
     /// supported, not conflicted)?
     pub fn serves(&self, listener: usize) -> bool {
-        self.rejected.is_none() && self.listeners[listener].valid()
+        let l = &self.listeners[listener];
+        self.rejected.is_none() && l.valid() && !l.lacks_certificate()
+    }
+
+    /// The certificate an HTTPS listener terminates TLS with (`None` for
+    /// HTTP).
+    pub fn certificate(&self, listener: usize) -> Option<Arc<CertifiedKey>> {
+        self.listeners[listener].certificate.clone()
     }
 
     /// `gateway/<ns>/<name>/listener/<listener>`, the route table's id.
@@ -158,13 +188,18 @@ pub(crate) fn gateways(
     ours.sort_by_key(|g| sort_key(&g.metadata));
     let mut views: Vec<GatewayView> = ours
         .into_iter()
-        .map(|gw| gateway_view(gw, options, now))
+        .map(|gw| gateway_view(snapshot, gw, options, now))
         .collect();
     find_conflicts(&mut views);
     views
 }
 
-fn gateway_view(gw: &Gateway, options: &TranslateOptions, now: Timestamp) -> GatewayView {
+fn gateway_view(
+    snapshot: &Snapshot,
+    gw: &Gateway,
+    options: &TranslateOptions,
+    now: Timestamp,
+) -> GatewayView {
     let namespace = gw
         .metadata
         .namespace
@@ -254,9 +289,19 @@ fn gateway_view(gw: &Gateway, options: &TranslateOptions, now: Timestamp) -> Gat
                     }
                 },
             };
-            let unsupported_protocol = l.protocol != "HTTP";
+            let tls = match l.protocol.as_str() {
+                "HTTPS" => tls::resolve(snapshot, &namespace, l),
+                _ => tls::ListenerTls::default(),
+            };
+            let unsupported = match l.protocol.as_str() {
+                "HTTP" => None,
+                "HTTPS" => tls.unsupported,
+                other => Some(format!(
+                    "protocol {other} is not supported yet; sluice serves HTTP and HTTPS listeners"
+                )),
+            };
             let binds = match u16::try_from(l.port) {
-                Ok(port) if !unsupported_protocol => addresses
+                Ok(port) if unsupported.is_none() => addresses
                     .iter()
                     .map(|ip| SocketAddr::new(*ip, port))
                     .collect(),
@@ -271,7 +316,9 @@ fn gateway_view(gw: &Gateway, options: &TranslateOptions, now: Timestamp) -> Gat
                 accepts_http_routes,
                 invalid_kinds,
                 namespaces,
-                unsupported_protocol,
+                unsupported,
+                certificate: tls.certificate,
+                tls_unresolved: tls.unresolved,
                 conflict: None,
                 attached_routes: 0,
             }
@@ -302,6 +349,11 @@ fn find_conflicts(views: &mut [GatewayView]) {
             let Ok(port) = u16::try_from(listener.port) else {
                 continue;
             };
+            if listener.lacks_certificate() && listener.unsupported.is_none() {
+                // An HTTPS listener without a usable certificate is never
+                // served: it takes neither port nor hostname from the others.
+                continue;
+            }
             for ip in &view.addresses {
                 by_socket
                     .entry(SocketAddr::new(*ip, port))
@@ -363,7 +415,7 @@ fn find_conflicts(views: &mut [GatewayView]) {
             if !overlap {
                 continue;
             }
-            let served = |m: &(usize, usize)| !views[m.0].listeners[m.1].unsupported_protocol;
+            let served = |m: &(usize, usize)| views[m.0].listeners[m.1].unsupported.is_none();
             for (this, other) in [(a, b), (b, a)] {
                 for m in by_socket[this].iter().filter(|m| served(m)) {
                     conflicts.entry(*m).or_insert((
@@ -421,18 +473,10 @@ pub(crate) fn gateway_status(view: &GatewayView) -> ObjectStatus {
     let mut invalid = Vec::new();
     for (i, l) in view.listeners.iter().enumerate() {
         let mut conds = Vec::new();
-        let accepted = match (&l.conflict, l.unsupported_protocol) {
-            (_, true) => c.make(
-                "Accepted",
-                false,
-                "UnsupportedProtocol",
-                format!(
-                    "protocol {} is not supported yet; sluice serves HTTP listeners",
-                    l.protocol
-                ),
-            ),
-            (Some((reason, message)), false) => c.make("Accepted", false, reason, message.clone()),
-            (None, false) => c.make("Accepted", true, "Accepted", "listener accepted"),
+        let accepted = match (&l.conflict, &l.unsupported) {
+            (_, Some(message)) => c.make("Accepted", false, "UnsupportedProtocol", message.clone()),
+            (Some((reason, message)), None) => c.make("Accepted", false, reason, message.clone()),
+            (None, None) => c.make("Accepted", true, "Accepted", "listener accepted"),
         };
         if accepted.status == "False" {
             invalid.push(format!("{} ({})", l.name, accepted.reason));
@@ -459,6 +503,13 @@ pub(crate) fn gateway_status(view: &GatewayView) -> ObjectStatus {
                 "Invalid",
                 format!("the Gateway is not accepted: {message}"),
             )
+        } else if l.valid() && l.lacks_certificate() {
+            c.make(
+                "Programmed",
+                false,
+                "Invalid",
+                "no certificate of the listener resolved; TLS cannot be terminated",
+            )
         } else {
             c.make(
                 "Programmed",
@@ -467,7 +518,9 @@ pub(crate) fn gateway_status(view: &GatewayView) -> ObjectStatus {
                 "the listener is not accepted",
             )
         });
-        conds.push(if l.invalid_kinds.is_empty() {
+        conds.push(if let Some((reason, message)) = &l.tls_unresolved {
+            c.make("ResolvedRefs", false, reason, message.clone())
+        } else if l.invalid_kinds.is_empty() {
             c.make(
                 "ResolvedRefs",
                 true,
@@ -523,8 +576,11 @@ pub(crate) fn gateway_status(view: &GatewayView) -> ObjectStatus {
         ),
         None => c.make("Accepted", true, "Accepted", "Gateway accepted"),
     };
-    let programmed = if accepted.status == "True" {
+    let any_served = (0..view.listeners.len()).any(|i| view.serves(i));
+    let programmed = if accepted.status == "True" && any_served {
         c.make("Programmed", true, "Programmed", "Gateway programmed")
+    } else if accepted.status == "True" {
+        c.make("Programmed", false, "Invalid", "no listener can be served")
     } else {
         c.make(
             "Programmed",

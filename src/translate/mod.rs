@@ -193,11 +193,12 @@ pub fn translate_at(
             let mut hs = Vec::new();
             if view.serves(l) {
                 for bind in &listener.binds {
-                    hs.push(builder.add_listener(
-                        *bind,
-                        view.listener_id(l),
-                        listener.hostname.clone(),
-                    ));
+                    let handle =
+                        builder.add_listener(*bind, view.listener_id(l), listener.hostname.clone());
+                    if let Some(certificate) = view.certificate(l) {
+                        builder.set_listener_tls(handle, certificate);
+                    }
+                    hs.push(handle);
                     listener_binds.push(ListenerBind {
                         gateway_namespace: view.namespace.clone(),
                         gateway_name: view.name.clone(),
