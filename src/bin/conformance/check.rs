@@ -1,0 +1,840 @@
+//! What a conformance test can do and check against the running gateway:
+//! send requests and compare them as the suite's `CompareRoundTrip` does,
+//! and read status as the suite's `kubernetes` helpers do.
+//!
+//! Comparison rules carried over from the suite:
+//! - the status code must be the expected one (200 unless said otherwise);
+//! - on 200, the request the backend saw must have the expected path (with
+//!   query), method (GET by default), host (when one is expected) and
+//!   headers (values joined by `,`), none of the absent headers, and come
+//!   from the expected namespace and a pod whose name starts with the
+//!   expected backend; unless a test says otherwise the request expected at
+//!   the backend is the request sent;
+//! - on a redirect, the `Location`'s scheme, host, port and path, where an
+//!   unset expectation defaults to the request's own (the host to the one
+//!   received), and a default port (80 for http, 443 for https) is empty;
+//! - response headers (joined by `,`) and absent response headers.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use serde_json::Value as Json;
+use sluice::echo::EchoResponse;
+use sluice::serve::RunningGateway;
+use tokio::net::TcpStream;
+
+use crate::env::{self, ManifestFile, Pods, PortMap};
+
+/// How long a status expectation may take to hold (reloads are
+/// debounced); the first configuration is applied before a test starts.
+const STATUS_DEADLINE: Duration = Duration::from_secs(10);
+/// Bound on one request through the gateway.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The namespace of the suite's infrastructure (Gateways, most backends).
+pub const INFRA: &str = "gateway-conformance-infra";
+pub const APP: &str = "gateway-conformance-app-backend";
+pub const WEB: &str = "gateway-conformance-web-backend";
+
+/// A running test: its manifests, the gateway serving them, the pods.
+pub struct Ctx<'a> {
+    pub dir: PathBuf,
+    pub files: Vec<ManifestFile>,
+    pub ports: PortMap,
+    pub pods: &'a Pods,
+    pub gateway: RunningGateway,
+}
+
+/// One object's published status.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub generation: i64,
+    pub status: Json,
+}
+
+impl Ctx<'_> {
+    /// The status of `kind` `ns/name`, if sluice reports it.
+    pub fn status_of(&self, kind: &str, id: &str) -> Option<Status> {
+        let published = self.gateway.published();
+        published.status.objects.iter().find_map(|o| {
+            let ns = o.metadata.namespace.as_deref().unwrap_or("");
+            let this = if ns.is_empty() {
+                o.metadata.name.clone()
+            } else {
+                format!("{ns}/{}", o.metadata.name)
+            };
+            (o.kind == kind && this == id).then(|| Status {
+                generation: o.metadata.generation,
+                status: o.status.clone(),
+            })
+        })
+    }
+
+    /// Poll `check` until it holds or the deadline passes (its last error).
+    pub async fn eventually<F>(&self, what: &str, mut check: F) -> anyhow::Result<()>
+    where
+        F: FnMut(&Self) -> anyhow::Result<()>,
+    {
+        let deadline = Instant::now() + STATUS_DEADLINE;
+        loop {
+            match check(self) {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(e.context(format!("{what} (waited {STATUS_DEADLINE:?})")));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(25)).await,
+            }
+        }
+    }
+
+    /// Change an object of the logical manifests and render them again;
+    /// the gateway's watcher picks the change up.
+    pub fn modify(
+        &mut self,
+        kind: &str,
+        id: &str,
+        change: impl FnOnce(&mut serde_yaml::Value),
+    ) -> anyhow::Result<()> {
+        let doc = self
+            .files
+            .iter_mut()
+            .flat_map(|f| f.docs.iter_mut())
+            .find(|d| env::kind(d) == kind && env::object_id(d) == id)
+            .ok_or_else(|| anyhow!("no {kind} {id} in the manifests"))?;
+        change(doc);
+        env::render(&self.dir, &self.files, self.pods, &mut self.ports)
+    }
+
+    /// Remove an object from the logical manifests and render them again.
+    pub fn delete(&mut self, kind: &str, id: &str) -> anyhow::Result<()> {
+        for file in &mut self.files {
+            file.docs
+                .retain(|d| !(env::kind(d) == kind && env::object_id(d) == id));
+        }
+        env::render(&self.dir, &self.files, self.pods, &mut self.ports)
+    }
+
+    /// The logical (original) port of a Gateway's first listener.
+    fn first_listener_port(&self, gateway: &str) -> anyhow::Result<u16> {
+        let doc = self
+            .files
+            .iter()
+            .flat_map(|f| &f.docs)
+            .find(|d| env::kind(d) == "Gateway" && env::object_id(d) == gateway)
+            .ok_or_else(|| anyhow!("no Gateway {gateway} in the manifests"))?;
+        doc.get("spec")
+            .and_then(|s| s.get("listeners"))
+            .and_then(|l| l.get(0))
+            .and_then(|l| l.get("port"))
+            .and_then(serde_yaml::Value::as_u64)
+            .and_then(|p| u16::try_from(p).ok())
+            .ok_or_else(|| anyhow!("Gateway {gateway} has no listener port"))
+    }
+
+    /// Send the case's request and compare the exchange as the suite does.
+    pub async fn expect(&self, case: &Case) -> anyhow::Result<()> {
+        let exchange = self.send(case).await?;
+        compare(case, &exchange).with_context(|| case.describe())
+    }
+
+    /// Send the case's request through the gateway.
+    pub async fn send(&self, case: &Case) -> anyhow::Result<Exchange> {
+        let port = match case.port {
+            Some(p) => p,
+            None => self.first_listener_port(&case.gateway)?,
+        };
+        let actual = self
+            .ports
+            .actual(&case.gateway, port)
+            .ok_or_else(|| anyhow!("Gateway {} has no listener on port {port}", case.gateway))?;
+        let default_host = if port == 80 {
+            "127.0.0.1".to_owned()
+        } else {
+            format!("127.0.0.1:{port}")
+        };
+        let host = case.host.clone().unwrap_or(default_host);
+        let exchange = tokio::time::timeout(
+            REQUEST_DEADLINE,
+            round_trip(actual, &host, case, &self.ports),
+        )
+        .await
+        .map_err(|_| anyhow!("no response within {REQUEST_DEADLINE:?}"))??;
+        Ok(Exchange {
+            request_port: port,
+            ..exchange
+        })
+    }
+}
+
+/// A request to make and what to expect of it.
+#[derive(Debug, Clone)]
+pub struct Case {
+    /// `ns/name` of the Gateway to send to.
+    pub gateway: String,
+    /// The listener port (as the manifests say); default: first listener's.
+    pub port: Option<u16>,
+    pub host: Option<String>,
+    pub method: Method,
+    /// Path with query.
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+
+    pub status: u16,
+    pub backend: Option<String>,
+    pub namespace: Option<String>,
+    pub exp_path: Option<String>,
+    pub exp_host: Option<String>,
+    pub exp_method: Option<String>,
+    /// Headers expected at the backend, replacing the request's own.
+    pub exp_headers: Option<Vec<(String, String)>>,
+    pub absent: Vec<String>,
+    pub redirect: Option<RedirectExpect>,
+    pub resp_headers: Vec<(String, String)>,
+    pub absent_resp_headers: Vec<String>,
+}
+
+/// Expected parts of a `Location`; `None` takes the request's own.
+#[derive(Debug, Clone, Default)]
+pub struct RedirectExpect {
+    pub scheme: Option<String>,
+    pub host: Option<String>,
+    pub port: Option<String>,
+    pub path: Option<String>,
+}
+
+/// A request to `gateway` (`ns/name`) for `path`.
+pub fn req(gateway: &str, path: &str) -> Case {
+    Case {
+        gateway: gateway.to_owned(),
+        port: None,
+        host: None,
+        method: Method::GET,
+        path: path.to_owned(),
+        headers: Vec::new(),
+        status: 200,
+        backend: None,
+        namespace: None,
+        exp_path: None,
+        exp_host: None,
+        exp_method: None,
+        exp_headers: None,
+        absent: Vec::new(),
+        redirect: None,
+        resp_headers: Vec::new(),
+        absent_resp_headers: Vec::new(),
+    }
+}
+
+/// The suite's usual Gateway.
+pub fn same_ns(path: &str) -> Case {
+    req(&format!("{INFRA}/same-namespace"), path)
+}
+
+impl Case {
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = Some(port);
+        self
+    }
+    pub fn host(mut self, host: &str) -> Self {
+        self.host = Some(host.to_owned());
+        self
+    }
+    pub fn method(mut self, method: &str) -> Self {
+        self.method = Method::from_bytes(method.as_bytes()).expect("test methods are valid");
+        self
+    }
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.to_owned(), value.to_owned()));
+        self
+    }
+    pub fn status(mut self, status: u16) -> Self {
+        self.status = status;
+        self
+    }
+    /// Expect a 200 from a pod of `backend` in `namespace`.
+    pub fn to(mut self, backend: &str, namespace: &str) -> Self {
+        self.backend = Some(backend.to_owned());
+        self.namespace = Some(namespace.to_owned());
+        self
+    }
+    /// Expect a 200 from `backend` in the infra namespace.
+    pub fn infra(self, backend: &str) -> Self {
+        self.to(backend, INFRA)
+    }
+    pub fn exp_path(mut self, path: &str) -> Self {
+        self.exp_path = Some(path.to_owned());
+        self
+    }
+    pub fn exp_host(mut self, host: &str) -> Self {
+        self.exp_host = Some(host.to_owned());
+        self
+    }
+    pub fn exp_header(mut self, name: &str, value: &str) -> Self {
+        self.exp_headers
+            .get_or_insert_with(Vec::new)
+            .push((name.to_owned(), value.to_owned()));
+        self
+    }
+    /// The backend must see no headers beyond the absent checks (used when
+    /// a test expects a request that names no headers).
+    pub fn exp_no_headers(mut self) -> Self {
+        self.exp_headers.get_or_insert_with(Vec::new);
+        self
+    }
+    pub fn absent(mut self, name: &str) -> Self {
+        self.absent.push(name.to_owned());
+        self
+    }
+    pub fn resp_header(mut self, name: &str, value: &str) -> Self {
+        self.resp_headers.push((name.to_owned(), value.to_owned()));
+        self
+    }
+    pub fn absent_resp(mut self, name: &str) -> Self {
+        self.absent_resp_headers.push(name.to_owned());
+        self
+    }
+    fn redirect_mut(&mut self) -> &mut RedirectExpect {
+        self.redirect.get_or_insert_with(RedirectExpect::default)
+    }
+    pub fn redirect(mut self, status: u16) -> Self {
+        self.status = status;
+        self.redirect_mut();
+        self
+    }
+    pub fn r_scheme(mut self, v: &str) -> Self {
+        self.redirect_mut().scheme = Some(v.to_owned());
+        self
+    }
+    pub fn r_host(mut self, v: &str) -> Self {
+        self.redirect_mut().host = Some(v.to_owned());
+        self
+    }
+    pub fn r_port(mut self, v: &str) -> Self {
+        self.redirect_mut().port = Some(v.to_owned());
+        self
+    }
+    pub fn r_path(mut self, v: &str) -> Self {
+        self.redirect_mut().path = Some(v.to_owned());
+        self
+    }
+
+    pub fn describe(&self) -> String {
+        let mut s = format!("{} {}", self.method, self.path);
+        if let Some(h) = &self.host {
+            s.push_str(&format!(" host={h}"));
+        }
+        for (k, v) in &self.headers {
+            s.push_str(&format!(" {k}={v}"));
+        }
+        s
+    }
+}
+
+/// What came back for one request.
+#[derive(Debug, Clone)]
+pub struct Exchange {
+    /// The listener port the request was meant for (as the manifests say).
+    pub request_port: u16,
+    pub status: u16,
+    /// Response headers: lower-case name, values.
+    pub headers: Vec<(String, String)>,
+    /// What the backend saw, when it answered with an echo body.
+    pub echo: Option<EchoResponse>,
+    /// `Location` split into scheme, host, port ("" when absent), path.
+    pub location: Option<(String, String, String, String)>,
+}
+
+async fn round_trip(
+    actual_port: u16,
+    host: &str,
+    case: &Case,
+    ports: &PortMap,
+) -> anyhow::Result<Exchange> {
+    let stream = TcpStream::connect(("127.0.0.1", actual_port))
+        .await
+        .with_context(|| format!("cannot connect to the gateway on 127.0.0.1:{actual_port}"))?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .context("HTTP/1.1 handshake")?;
+    tokio::spawn(connection);
+    let mut request = Request::builder()
+        .method(case.method.clone())
+        .uri(&case.path)
+        .header(http::header::HOST, host);
+    for (k, v) in &case.headers {
+        request = request.header(k.as_str(), v.as_str());
+    }
+    let request = request
+        .body(Empty::<Bytes>::new())
+        .context("building the request")?;
+    let response = sender.send_request(request).await.context("request")?;
+    let status = response.status();
+    let headers: Vec<(String, String)> = response
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .context("reading the response body")?
+        .to_bytes();
+    let echo = if status == StatusCode::OK {
+        serde_json::from_slice::<EchoResponse>(&body).ok()
+    } else {
+        None
+    };
+    let location = headers
+        .iter()
+        .find(|(k, _)| k == "location")
+        .map(|(_, v)| split_location(v, ports));
+    Ok(Exchange {
+        request_port: 0,
+        status: status.as_u16(),
+        headers,
+        echo,
+        location,
+    })
+}
+
+/// Split a `Location` into (scheme, host, port, path); a port that is one
+/// of our loopback ports is translated back to the listener port it
+/// stands for, and a scheme's default port is reported empty.
+fn split_location(location: &str, ports: &PortMap) -> (String, String, String, String) {
+    let (scheme, rest) = location.split_once("://").unwrap_or(("", location));
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let path = path.split('?').next().unwrap_or("");
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => (h, p.to_owned()),
+        _ => (authority, String::new()),
+    };
+    let mut port = match port.parse::<u16>().ok().and_then(|p| ports.original(p)) {
+        Some(original) => original.to_string(),
+        None => port,
+    };
+    if (scheme == "http" && port == "80") || (scheme == "https" && port == "443") {
+        port.clear();
+    }
+    (scheme.to_owned(), host.to_owned(), port, path.to_owned())
+}
+
+fn joined<'a>(
+    headers: impl Iterator<Item = (&'a String, &'a String)>,
+    name: &str,
+) -> Option<String> {
+    let values: Vec<&str> = headers
+        .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    (!values.is_empty()).then(|| values.join(","))
+}
+
+/// The suite's comparison of one exchange with the expectation.
+pub fn compare(case: &Case, ex: &Exchange) -> anyhow::Result<()> {
+    if ex.status != case.status {
+        bail!("expected status {}, got {}", case.status, ex.status);
+    }
+    for (name, want) in &case.resp_headers {
+        let got = joined(ex.headers.iter().map(|(k, v)| (k, v)), name);
+        if got.as_deref() != Some(want.as_str()) {
+            bail!("response header {name}: expected {want:?}, got {got:?}");
+        }
+    }
+    for name in &case.absent_resp_headers {
+        if ex.headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name)) {
+            bail!("response header {name} should be absent");
+        }
+    }
+    if ex.status == 200 {
+        let Some(echo) = &ex.echo else {
+            bail!("the 200 response is not an echo body");
+        };
+        let want_path = case.exp_path.as_deref().unwrap_or(&case.path);
+        if echo.path != want_path {
+            bail!("backend saw path {:?}, expected {want_path:?}", echo.path);
+        }
+        let want_host = case.exp_host.as_ref().or(case.host.as_ref());
+        if let Some(h) = want_host
+            && !h.is_empty()
+            && &echo.host != h
+        {
+            bail!("backend saw host {:?}, expected {h:?}", echo.host);
+        }
+        let want_method = case
+            .exp_method
+            .clone()
+            .unwrap_or_else(|| case.method.to_string());
+        if echo.method != want_method {
+            bail!("backend saw method {}, expected {want_method}", echo.method);
+        }
+        if let Some(ns) = &case.namespace
+            && &echo.namespace != ns
+        {
+            bail!("backend namespace {:?}, expected {ns:?}", echo.namespace);
+        }
+        let want_headers = case.exp_headers.as_ref().unwrap_or(&case.headers);
+        for (name, want) in want_headers {
+            let got = echo.header(name).map(|v| v.join(","));
+            if got.as_deref() != Some(want.as_str()) {
+                bail!("backend saw header {name}: {got:?}, expected {want:?}");
+            }
+        }
+        for name in &case.absent {
+            if echo.header(name).is_some() {
+                bail!("backend saw header {name}, which should be absent");
+            }
+        }
+        if let Some(backend) = &case.backend
+            && !echo.pod.starts_with(backend.as_str())
+        {
+            bail!("served by pod {:?}, expected backend {backend:?}", echo.pod);
+        }
+    } else if matches!(ex.status, 301 | 302 | 303 | 307 | 308)
+        && let Some(r) = &case.redirect
+    {
+        let Some((scheme, host, port, path)) = &ex.location else {
+            bail!("redirect without a Location header");
+        };
+        let want_scheme = r.scheme.clone().unwrap_or_else(|| "http".to_owned());
+        let want_host = r.host.clone().unwrap_or_else(|| host.clone());
+        let want_port = r.port.clone().unwrap_or_else(|| {
+            if ex.request_port == 80 {
+                String::new()
+            } else {
+                ex.request_port.to_string()
+            }
+        });
+        let want_path = r
+            .path
+            .clone()
+            .unwrap_or_else(|| case.path.split('?').next().unwrap_or("").to_owned());
+        let got = (scheme, host, port, path);
+        let want = (&want_scheme, &want_host, &want_port, &want_path);
+        if got != want {
+            bail!("redirect to (scheme, host, port, path) {got:?}, expected {want:?}");
+        }
+    }
+    Ok(())
+}
+
+// ---- status checks, as the suite's kubernetes helpers make them ----
+
+/// `type` condition with `status` and (unless empty) `reason` in a list.
+pub fn has_condition(conditions: &Json, ty: &str, status: &str, reason: &str) -> bool {
+    conditions.as_array().is_some_and(|list| {
+        list.iter().any(|c| {
+            c["type"] == ty && c["status"] == status && (reason.is_empty() || c["reason"] == reason)
+        })
+    })
+}
+
+/// Every condition's observedGeneration is the object's generation.
+pub fn fresh(s: &Status, conditions: &Json) -> anyhow::Result<()> {
+    for c in conditions.as_array().into_iter().flatten() {
+        if c["observedGeneration"].as_i64() != Some(s.generation) {
+            bail!(
+                "condition {} has observedGeneration {}, generation is {}",
+                c["type"],
+                c["observedGeneration"],
+                s.generation
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The route's parent status for `gateway` (`ns/name`), section optional.
+pub fn route_parent<'a>(
+    route_ns: &str,
+    status: &'a Json,
+    gateway: &str,
+    section: Option<&str>,
+) -> Option<&'a Json> {
+    status["parents"].as_array()?.iter().find(|p| {
+        let r = &p["parentRef"];
+        let ns = r["namespace"].as_str().unwrap_or(route_ns);
+        let id = format!("{ns}/{}", r["name"].as_str().unwrap_or(""));
+        id == gateway
+            && r["kind"].as_str().unwrap_or("Gateway") == "Gateway"
+            && p["controllerName"] == sluice::resources::CONTROLLER_NAME
+            && section.is_none_or(|s| r["sectionName"] == s)
+    })
+}
+
+/// An expected `parents[]` entry of a route status.
+#[derive(Debug, Clone)]
+pub struct ParentExpect {
+    pub gateway: String,
+    pub section: Option<String>,
+    pub port: Option<u16>,
+    pub conditions: Vec<(String, String, String)>,
+}
+
+pub fn parent(gateway: &str) -> ParentExpect {
+    ParentExpect {
+        gateway: gateway.to_owned(),
+        section: None,
+        port: None,
+        conditions: Vec::new(),
+    }
+}
+
+impl ParentExpect {
+    pub fn section(mut self, s: &str) -> Self {
+        self.section = Some(s.to_owned());
+        self
+    }
+    pub fn port(mut self, p: u16) -> Self {
+        self.port = Some(p);
+        self
+    }
+    pub fn cond(mut self, ty: &str, status: bool, reason: &str) -> Self {
+        let status = if status { "True" } else { "False" };
+        self.conditions
+            .push((ty.to_owned(), status.to_owned(), reason.to_owned()));
+        self
+    }
+}
+
+impl Ctx<'_> {
+    fn require(&self, kind: &str, id: &str) -> anyhow::Result<Status> {
+        self.status_of(kind, id)
+            .ok_or_else(|| anyhow!("no status for {kind} {id}"))
+    }
+
+    /// `GatewayAndHTTPRoutesMustBeAccepted`: the Gateway's conditions are
+    /// fresh and it has an address; each route has a parent status for it
+    /// from our controller with `Accepted=True`.
+    pub async fn accepted(&self, gateway: &str, routes: &[&str]) -> anyhow::Result<()> {
+        self.eventually("Gateway and HTTPRoutes accepted", |cx| {
+            let gw = cx.require("Gateway", gateway)?;
+            fresh(&gw, &gw.status["conditions"])?;
+            let has_address = gw.status["addresses"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|a| a["type"].is_string()));
+            if !has_address {
+                bail!("Gateway {gateway} has no address in status");
+            }
+            for route in routes {
+                let r = cx.require("HTTPRoute", route)?;
+                let ns = route.split('/').next().unwrap_or("");
+                let p = route_parent(ns, &r.status, gateway, None).ok_or_else(|| {
+                    anyhow!("HTTPRoute {route} has no parent status for {gateway}")
+                })?;
+                if !has_condition(&p["conditions"], "Accepted", "True", "") {
+                    bail!(
+                        "HTTPRoute {route} not Accepted by {gateway}: {}",
+                        p["conditions"]
+                    );
+                }
+                fresh(&r, &p["conditions"])?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// `HTTPRouteMustHaveCondition` for the route's parent `gateway`.
+    pub async fn route_condition(
+        &self,
+        route: &str,
+        gateway: &str,
+        ty: &str,
+        status: bool,
+        reason: &str,
+    ) -> anyhow::Result<()> {
+        let want = if status { "True" } else { "False" };
+        self.eventually(&format!("HTTPRoute {route} {ty}={want} {reason}"), |cx| {
+            let r = cx.require("HTTPRoute", route)?;
+            let ns = route.split('/').next().unwrap_or("");
+            let p = route_parent(ns, &r.status, gateway, None)
+                .ok_or_else(|| anyhow!("HTTPRoute {route} has no parent status for {gateway}"))?;
+            fresh(&r, &p["conditions"])?;
+            if !has_condition(&p["conditions"], ty, want, reason) {
+                bail!("conditions are {}", p["conditions"]);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// `HTTPRouteMustHaveResolvedRefsConditionsTrue`.
+    pub async fn resolved(&self, route: &str, gateway: &str) -> anyhow::Result<()> {
+        self.route_condition(route, gateway, "ResolvedRefs", true, "ResolvedRefs")
+            .await
+    }
+
+    /// `HTTPRouteMustHaveParents`: exactly these parents, each with at
+    /// least the given conditions.
+    pub async fn route_parents(&self, route: &str, want: &[ParentExpect]) -> anyhow::Result<()> {
+        self.eventually(&format!("HTTPRoute {route} parents"), |cx| {
+            let r = cx.require("HTTPRoute", route)?;
+            let ns = route.split('/').next().unwrap_or("");
+            let got = r.status["parents"].as_array().cloned().unwrap_or_default();
+            if got.len() != want.len() {
+                bail!(
+                    "{} parents, expected {}: {}",
+                    got.len(),
+                    want.len(),
+                    r.status
+                );
+            }
+            for w in want {
+                let found = got.iter().any(|p| {
+                    let rf = &p["parentRef"];
+                    let pns = rf["namespace"].as_str().unwrap_or(ns);
+                    let id = format!("{pns}/{}", rf["name"].as_str().unwrap_or(""));
+                    let port_ok = match w.port {
+                        None => rf["port"].is_null(),
+                        Some(port) => {
+                            rf["port"].as_u64().and_then(|p| {
+                                u16::try_from(p)
+                                    .ok()
+                                    .and_then(|p| cx.ports.original(p).or(Some(p)))
+                            }) == Some(port)
+                        }
+                    };
+                    id == w.gateway
+                        && p["controllerName"] == sluice::resources::CONTROLLER_NAME
+                        && rf["sectionName"].as_str() == w.section.as_deref()
+                        && port_ok
+                        && fresh(&r, &p["conditions"]).is_ok()
+                        && w.conditions
+                            .iter()
+                            .all(|(t, s, re)| has_condition(&p["conditions"], t, s, re))
+                });
+                if !found {
+                    bail!("no parent matching {w:?} in {}", r.status);
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// `GatewayMustHaveCondition`.
+    pub async fn gateway_condition(
+        &self,
+        gateway: &str,
+        ty: &str,
+        status: bool,
+        reason: &str,
+    ) -> anyhow::Result<()> {
+        let want = if status { "True" } else { "False" };
+        self.eventually(&format!("Gateway {gateway} {ty}={want} {reason}"), |cx| {
+            let gw = cx.require("Gateway", gateway)?;
+            fresh(&gw, &gw.status["conditions"])?;
+            if !has_condition(&gw.status["conditions"], ty, want, reason) {
+                bail!("conditions are {}", gw.status["conditions"]);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// `GatewayListenersMustHaveConditions` for one listener (all when None).
+    pub async fn listener_condition(
+        &self,
+        gateway: &str,
+        listener: Option<&str>,
+        ty: &str,
+        status: bool,
+        reason: &str,
+    ) -> anyhow::Result<()> {
+        let want = if status { "True" } else { "False" };
+        self.eventually(
+            &format!("Gateway {gateway} listener {listener:?} {ty}={want} {reason}"),
+            |cx| {
+                let gw = cx.require("Gateway", gateway)?;
+                let listeners = gw.status["listeners"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                let mut seen = false;
+                for l in &listeners {
+                    if listener.is_some_and(|n| l["name"] != n) {
+                        continue;
+                    }
+                    seen = true;
+                    fresh(&gw, &l["conditions"])?;
+                    if !has_condition(&l["conditions"], ty, want, reason) {
+                        bail!("listener {} conditions are {}", l["name"], l["conditions"]);
+                    }
+                }
+                if !seen {
+                    bail!("no listener status for {listener:?}");
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+
+    /// A listener's `attachedRoutes`.
+    pub async fn attached_routes(
+        &self,
+        gateway: &str,
+        listener: &str,
+        want: i64,
+    ) -> anyhow::Result<()> {
+        self.eventually(
+            &format!("Gateway {gateway} listener {listener} attachedRoutes"),
+            |cx| {
+                let gw = cx.require("Gateway", gateway)?;
+                let l = gw.status["listeners"]
+                    .as_array()
+                    .and_then(|ls| ls.iter().find(|l| l["name"] == listener))
+                    .ok_or_else(|| anyhow!("no listener status {listener}"))?;
+                if l["attachedRoutes"].as_i64() != Some(want) {
+                    bail!("attachedRoutes is {}, expected {want}", l["attachedRoutes"]);
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+
+    /// A listener's `supportedKinds` (kinds only, group is Gateway API's).
+    pub async fn supported_kinds(
+        &self,
+        gateway: &str,
+        listener: &str,
+        want: &[&str],
+    ) -> anyhow::Result<()> {
+        self.eventually(
+            &format!("Gateway {gateway} listener {listener} supportedKinds"),
+            |cx| {
+                let gw = cx.require("Gateway", gateway)?;
+                let l = gw.status["listeners"]
+                    .as_array()
+                    .and_then(|ls| ls.iter().find(|l| l["name"] == listener))
+                    .ok_or_else(|| anyhow!("no listener status {listener}"))?;
+                let got: Vec<&str> = l["supportedKinds"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|k| k["kind"].as_str())
+                    .collect();
+                if got != want {
+                    bail!("supportedKinds {got:?}, expected {want:?}");
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+}

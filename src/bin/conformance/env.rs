@@ -1,0 +1,388 @@
+//! The cluster the conformance suite expects, made of loopback pieces.
+//!
+//! Upstream, the suite applies `base/manifests.yaml` and each test's YAML to
+//! a cluster: Deployments of the `echo-basic` backend, Services selecting
+//! them, Gateways that each get their own address. Here:
+//! - every Deployment replica is an in-process [`sluice::echo`] server whose
+//!   pod name starts with the Deployment's name (the suite identifies the
+//!   backend by that prefix);
+//! - every Service gets one EndpointSlice per selected pod, listing that
+//!   pod's own loopback port under each Service port (name and appProtocol
+//!   kept), as the EndpointSlice controller would;
+//! - every Gateway listener port is moved to a free loopback port, one per
+//!   (Gateway, port): in a cluster each Gateway has its own address, so two
+//!   Gateways on port 80 never share a socket. [`PortMap`] translates the
+//!   ports a test names (requests, parentRef ports, redirect locations).
+//!
+//! The manifests are kept as YAML values with their original ports (the
+//! "logical" view a test reasons about) and rendered to a temporary
+//! directory that `sluice serve` watches; tests that modify objects edit the
+//! logical view and render again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use serde_yaml::{Mapping, Value};
+use sluice::echo::{EchoIdentity, EchoServer};
+
+/// Our GatewayClass, replacing the suite's `{GATEWAY_CLASS_NAME}`.
+pub const GATEWAY_CLASS: &str = "sluice-conformance";
+
+/// One manifest file: its YAML documents in order.
+#[derive(Debug, Clone)]
+pub struct ManifestFile {
+    /// File name inside the rendered directory.
+    pub name: String,
+    pub docs: Vec<Value>,
+}
+
+/// Parse a multi-document YAML file after the suite's class placeholder is
+/// replaced by ours.
+pub fn parse_file(path: &Path, name: &str) -> anyhow::Result<ManifestFile> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = text.replace("{GATEWAY_CLASS_NAME}", GATEWAY_CLASS);
+    let mut docs = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value = serde::Deserialize::deserialize(doc)
+            .with_context(|| format!("{}: invalid YAML", path.display()))?;
+        if !matches!(value, Value::Null) {
+            docs.push(value);
+        }
+    }
+    Ok(ManifestFile {
+        name: name.to_owned(),
+        docs,
+    })
+}
+
+pub fn kind(doc: &Value) -> &str {
+    doc.get("kind").and_then(Value::as_str).unwrap_or("")
+}
+
+pub fn name(doc: &Value) -> &str {
+    doc.get("metadata")
+        .and_then(|m| m.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+pub fn namespace(doc: &Value) -> &str {
+    doc.get("metadata")
+        .and_then(|m| m.get("namespace"))
+        .and_then(Value::as_str)
+        .unwrap_or("default")
+}
+
+/// `namespace/name` of an object.
+pub fn object_id(doc: &Value) -> String {
+    format!("{}/{}", namespace(doc), name(doc))
+}
+
+/// Listener ports of Gateways, moved to free loopback ports.
+#[derive(Debug, Default, Clone)]
+pub struct PortMap {
+    /// (`ns/gateway`, original port) -> actual port.
+    ports: BTreeMap<(String, u16), u16>,
+}
+
+impl PortMap {
+    /// The loopback port serving `gateway`'s listeners on `port`.
+    pub fn actual(&self, gateway: &str, port: u16) -> Option<u16> {
+        self.ports.get(&(gateway.to_owned(), port)).copied()
+    }
+
+    /// The port a test named for an actual port we chose, if it is ours.
+    pub fn original(&self, actual: u16) -> Option<u16> {
+        self.ports
+            .iter()
+            .find(|(_, a)| **a == actual)
+            .map(|((_, port), _)| *port)
+    }
+
+    fn assign(&mut self, gateway: &str, port: u16) -> anyhow::Result<u16> {
+        if let Some(actual) = self.actual(gateway, port) {
+            return Ok(actual);
+        }
+        let actual = free_port()?;
+        self.ports.insert((gateway.to_owned(), port), actual);
+        Ok(actual)
+    }
+}
+
+/// A free loopback port (bound and released; the gateway binds it next).
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .context("cannot bind a loopback port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// An echo pod of a Deployment.
+pub struct Pod {
+    pub namespace: String,
+    pub deployment: String,
+    /// The Deployment's pod template labels (what Services select).
+    pub labels: BTreeMap<String, String>,
+    pub server: EchoServer,
+}
+
+/// All echo pods started so far, kept across tests (like the suite's base
+/// Deployments, which stay up for the whole run).
+#[derive(Default)]
+pub struct Pods {
+    pods: Vec<Arc<Pod>>,
+    /// (namespace, deployment) already started.
+    started: HashMap<(String, String), ()>,
+}
+
+impl Pods {
+    /// Start the replicas of every Deployment in `files` not yet running.
+    pub async fn start_deployments(&mut self, files: &[ManifestFile]) -> anyhow::Result<()> {
+        for doc in files.iter().flat_map(|f| &f.docs) {
+            if kind(doc) != "Deployment" {
+                continue;
+            }
+            let key = (namespace(doc).to_owned(), name(doc).to_owned());
+            if self.started.contains_key(&key) {
+                continue;
+            }
+            let replicas = doc
+                .get("spec")
+                .and_then(|s| s.get("replicas"))
+                .and_then(Value::as_u64)
+                .unwrap_or(1);
+            let labels = string_map(
+                doc.get("spec")
+                    .and_then(|s| s.get("template"))
+                    .and_then(|t| t.get("metadata"))
+                    .and_then(|m| m.get("labels")),
+            );
+            for replica in 0..replicas {
+                let identity = EchoIdentity {
+                    pod: format!("{}-5f7c9-{replica}", key.1),
+                    namespace: key.0.clone(),
+                    service: key.1.clone(),
+                };
+                let server =
+                    sluice::echo::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), identity)
+                        .await
+                        .with_context(|| {
+                            format!("cannot start echo pod for {}/{}", key.0, key.1)
+                        })?;
+                self.pods.push(Arc::new(Pod {
+                    namespace: key.0.clone(),
+                    deployment: key.1.clone(),
+                    labels: labels.clone(),
+                    server,
+                }));
+            }
+            self.started.insert(key, ());
+        }
+        Ok(())
+    }
+
+    /// Pods of a Deployment.
+    pub fn of(&self, namespace: &str, deployment: &str) -> Vec<Arc<Pod>> {
+        self.pods
+            .iter()
+            .filter(|p| p.namespace == namespace && p.deployment == deployment)
+            .cloned()
+            .collect()
+    }
+
+    fn selected(&self, namespace: &str, selector: &BTreeMap<String, String>) -> Vec<Arc<Pod>> {
+        if selector.is_empty() {
+            return Vec::new();
+        }
+        self.pods
+            .iter()
+            .filter(|p| {
+                p.namespace == namespace && selector.iter().all(|(k, v)| p.labels.get(k) == Some(v))
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+fn string_map(value: Option<&Value>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    if let Some(Value::Mapping(m)) = value {
+        for (k, v) in m {
+            if let (Some(k), Some(v)) = (k.as_str(), v.as_str()) {
+                out.insert(k.to_owned(), v.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// Render the logical manifests into `dir`: ports moved, Deployments left
+/// out (the pods run in-process), EndpointSlices and our GatewayClass added.
+pub fn render(
+    dir: &Path,
+    files: &[ManifestFile],
+    pods: &Pods,
+    ports: &mut PortMap,
+) -> anyhow::Result<()> {
+    let mut generated = vec![gateway_class()];
+    for file in files {
+        let mut out = Vec::new();
+        for doc in &file.docs {
+            match kind(doc) {
+                "Deployment" => continue,
+                "Gateway" => out.push(render_gateway(doc, ports)?),
+                "HTTPRoute" => out.push(render_route(doc, ports)),
+                "Service" => {
+                    generated.extend(endpoint_slices(doc, pods));
+                    out.push(doc.clone());
+                }
+                _ => out.push(doc.clone()),
+            }
+        }
+        write_docs(&dir.join(&file.name), &out)?;
+    }
+    write_docs(&dir.join("zz-generated.yaml"), &generated)
+}
+
+fn write_docs(path: &PathBuf, docs: &[Value]) -> anyhow::Result<()> {
+    let mut text = String::new();
+    for doc in docs {
+        text.push_str("---\n");
+        text.push_str(&serde_yaml::to_string(doc)?);
+    }
+    // Write then rename, so the watcher never reads half a file.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+fn gateway_class() -> Value {
+    serde_yaml::from_str(&format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata:\n  name: {GATEWAY_CLASS}\nspec:\n  controllerName: {}\n",
+        sluice::resources::CONTROLLER_NAME
+    ))
+    .expect("the GatewayClass template is valid YAML")
+}
+
+fn render_gateway(doc: &Value, ports: &mut PortMap) -> anyhow::Result<Value> {
+    let mut doc = doc.clone();
+    let id = object_id(&doc);
+    let Some(listeners) = doc
+        .get_mut("spec")
+        .and_then(|s| s.get_mut("listeners"))
+        .and_then(Value::as_sequence_mut)
+    else {
+        return Ok(doc);
+    };
+    for listener in listeners {
+        let Some(port) = listener.get("port").and_then(Value::as_u64) else {
+            continue;
+        };
+        let Ok(port) = u16::try_from(port) else {
+            bail!("Gateway {id}: listener port {port} out of range");
+        };
+        let actual = ports.assign(&id, port)?;
+        if let Some(m) = listener.as_mapping_mut() {
+            m.insert("port".into(), Value::from(actual));
+        }
+    }
+    Ok(doc)
+}
+
+fn render_route(doc: &Value, ports: &PortMap) -> Value {
+    let mut doc = doc.clone();
+    let route_ns = namespace(&doc).to_owned();
+    let Some(parents) = doc
+        .get_mut("spec")
+        .and_then(|s| s.get_mut("parentRefs"))
+        .and_then(Value::as_sequence_mut)
+    else {
+        return doc;
+    };
+    for parent in parents {
+        let kind = parent
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or("Gateway");
+        if kind != "Gateway" {
+            continue;
+        }
+        let ns = parent
+            .get("namespace")
+            .and_then(Value::as_str)
+            .unwrap_or(&route_ns);
+        let name = parent.get("name").and_then(Value::as_str).unwrap_or("");
+        let gateway = format!("{ns}/{name}");
+        let Some(port) = parent.get("port").and_then(Value::as_u64) else {
+            continue;
+        };
+        let actual = u16::try_from(port)
+            .ok()
+            .and_then(|p| ports.actual(&gateway, p));
+        if let (Some(actual), Some(m)) = (actual, parent.as_mapping_mut()) {
+            m.insert("port".into(), Value::from(actual));
+        }
+    }
+    doc
+}
+
+/// One EndpointSlice per pod the Service selects, each listing the pod's
+/// echo port under every Service port.
+fn endpoint_slices(service: &Value, pods: &Pods) -> Vec<Value> {
+    let ns = namespace(service);
+    let svc = name(service);
+    let spec = service.get("spec");
+    let selector = string_map(spec.and_then(|s| s.get("selector")));
+    let service_ports: Vec<&Value> = spec
+        .and_then(|s| s.get("ports"))
+        .and_then(Value::as_sequence)
+        .map(|s| s.iter().collect())
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for (index, pod) in pods.selected(ns, &selector).iter().enumerate() {
+        let port = pod.server.local_addr().port();
+        let mut slice_ports = Vec::new();
+        for service_port in &service_ports {
+            let mut p = Mapping::new();
+            p.insert(
+                "name".into(),
+                service_port
+                    .get("name")
+                    .cloned()
+                    .unwrap_or_else(|| Value::from("")),
+            );
+            p.insert("port".into(), Value::from(port));
+            p.insert("protocol".into(), Value::from("TCP"));
+            if let Some(app) = service_port.get("appProtocol") {
+                p.insert("appProtocol".into(), app.clone());
+            }
+            slice_ports.push(Value::Mapping(p));
+        }
+        let slice = serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": format!("{svc}-{index}"),
+                "namespace": ns,
+                "labels": {"kubernetes.io/service-name": svc},
+            },
+            "addressType": "IPv4",
+            "endpoints": [{
+                "addresses": ["127.0.0.1"],
+                "conditions": {"ready": true},
+                "targetRef": {"kind": "Pod", "name": pod.server.identity().pod, "namespace": ns},
+            }],
+        });
+        let mut slice: Value =
+            serde_yaml::to_value(slice).expect("a JSON value converts to a YAML value");
+        if let Some(m) = slice.as_mapping_mut() {
+            m.insert("ports".into(), Value::Sequence(slice_ports));
+        }
+        out.push(slice);
+    }
+    out
+}

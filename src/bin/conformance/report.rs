@@ -1,0 +1,247 @@
+//! Results: totals, the upstream `ConformanceReport` YAML (the shape of
+//! `conformance/apis/v1/conformancereport.go` and `profilereport.go`), and
+//! the markdown table of `docs/conformance.md`.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+use serde_json::json;
+
+use crate::suite::TestInfo;
+
+/// Gateway API release whose suite this runner reproduces.
+pub const GATEWAY_API_VERSION: &str = "v1.6.1";
+
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Pass,
+    Fail(String),
+    /// Cannot apply outside a cluster; why.
+    NotApplicable(String),
+}
+
+pub struct TestResult {
+    pub info: &'static TestInfo,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Default)]
+pub struct Totals {
+    pub passed: usize,
+    pub failed: usize,
+    pub not_applicable: usize,
+    pub core_passed: usize,
+    pub core_total: usize,
+    pub extended_passed: usize,
+    pub extended_total: usize,
+}
+
+impl Totals {
+    pub fn of(results: &[TestResult]) -> Totals {
+        let mut t = Totals::default();
+        for r in results {
+            let pass = matches!(r.outcome, Outcome::Pass);
+            match r.outcome {
+                Outcome::Pass => t.passed += 1,
+                Outcome::Fail(_) => t.failed += 1,
+                Outcome::NotApplicable(_) => t.not_applicable += 1,
+            }
+            if r.info.is_core() {
+                t.core_total += 1;
+                t.core_passed += usize::from(pass);
+            } else {
+                t.extended_total += 1;
+                t.extended_passed += usize::from(pass);
+            }
+        }
+        t
+    }
+}
+
+/// The extended features a test exercises beyond Gateway/HTTPRoute/ReferenceGrant.
+fn extended_features(info: &TestInfo) -> impl Iterator<Item = &'static str> {
+    info.features
+        .iter()
+        .copied()
+        .filter(|f| !crate::suite::CORE_FEATURES.contains(f))
+}
+
+fn section(results: &[&TestResult], extended: bool) -> serde_json::Value {
+    let passed = results
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Pass))
+        .count();
+    let failed: Vec<&str> = results
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Fail(_)))
+        .map(|r| r.info.name)
+        .collect();
+    let skipped: Vec<&str> = results
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::NotApplicable(_)))
+        .map(|r| r.info.name)
+        .collect();
+    let result = if !failed.is_empty() {
+        "failure"
+    } else if !skipped.is_empty() {
+        "partial"
+    } else {
+        "success"
+    };
+    let mut out = json!({
+        "result": result,
+        "statistics": {"Passed": passed, "Skipped": skipped.len(), "Failed": failed.len()},
+    });
+    if !failed.is_empty() {
+        out["failedTests"] = json!(failed);
+    }
+    if !skipped.is_empty() {
+        out["skippedTests"] = json!(skipped);
+    }
+    if extended {
+        // A feature is supported when every test that exercises it passes.
+        let mut all = BTreeSet::new();
+        let mut broken = BTreeSet::new();
+        for r in results {
+            for f in extended_features(r.info) {
+                all.insert(f);
+                if !matches!(r.outcome, Outcome::Pass) {
+                    broken.insert(f);
+                }
+            }
+        }
+        let supported: Vec<&str> = all.difference(&broken).copied().collect();
+        let unsupported: Vec<&str> = broken.into_iter().collect();
+        out["supportedFeatures"] = json!(supported);
+        out["unsupportedFeatures"] = json!(unsupported);
+    }
+    out
+}
+
+/// The ConformanceReport YAML.
+pub fn conformance_report(results: &[TestResult]) -> anyhow::Result<String> {
+    let core: Vec<&TestResult> = results.iter().filter(|r| r.info.is_core()).collect();
+    let extended: Vec<&TestResult> = results.iter().filter(|r| !r.info.is_core()).collect();
+    let totals = Totals::of(results);
+    let report = json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "ConformanceReport",
+        "implementation": {
+            "organization": "sluice",
+            "project": "sluice",
+            // From Cargo.toml's `repository` (empty until the project has one).
+            "url": env!("CARGO_PKG_REPOSITORY"),
+            "version": env!("CARGO_PKG_VERSION"),
+            "contact": [],
+        },
+        "date": today(),
+        "gatewayAPIVersion": GATEWAY_API_VERSION,
+        "gatewayAPIChannel": "experimental",
+        "mode": "standalone",
+        "profiles": [{
+            "name": "GATEWAY-HTTP",
+            "summary": format!(
+                "Core tests {}; extended tests {}. Run by sluice's in-repo runner, not the upstream Go suite.",
+                if totals.core_passed == totals.core_total { "succeeded" } else { "failed" },
+                if extended.iter().all(|r| !matches!(r.outcome, Outcome::Fail(_))) { "succeeded (some not applicable)" } else { "partially succeeded" },
+            ),
+            "core": section(&core, false),
+            "extended": section(&extended, true),
+        }],
+    });
+    Ok(serde_yaml::to_string(&report)?)
+}
+
+/// Today's date (UTC) as YYYY-MM-DD, from the system clock.
+fn today() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// The table of docs/conformance.md.
+pub fn markdown(results: &[TestResult]) -> String {
+    let totals = Totals::of(results);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Totals: {} tests, {} PASS, {} FAIL, {} not applicable. Core: {}/{} pass. Extended: {}/{} pass.\n",
+        results.len(),
+        totals.passed,
+        totals.failed,
+        totals.not_applicable,
+        totals.core_passed,
+        totals.core_total,
+        totals.extended_passed,
+        totals.extended_total
+    );
+    for (title, core) in [("Core", true), ("Extended", false)] {
+        let _ = writeln!(s, "### {title}\n");
+        let _ = writeln!(s, "| Test | Features | Result |");
+        let _ = writeln!(s, "|---|---|---|");
+        for r in results.iter().filter(|r| r.info.is_core() == core) {
+            let features: Vec<&str> = r.info.features.to_vec();
+            let result = match &r.outcome {
+                Outcome::Pass => "PASS".to_owned(),
+                Outcome::Fail(why) => format!("FAIL: {}", cell(why)),
+                Outcome::NotApplicable(why) => format!("not applicable: {}", cell(why)),
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {result} |",
+                r.info.name,
+                features.join(", ")
+            );
+        }
+        let _ = writeln!(s);
+    }
+    let extended: Vec<&TestResult> = results.iter().filter(|r| !r.info.is_core()).collect();
+    let sec = section(&extended, true);
+    let list = |v: &serde_json::Value| {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default()
+    };
+    let _ = writeln!(
+        s,
+        "Supported extended features: {}\n",
+        list(&sec["supportedFeatures"])
+    );
+    let _ = writeln!(
+        s,
+        "Unsupported extended features: {}",
+        list(&sec["unsupportedFeatures"])
+    );
+    s
+}
+
+fn cell(s: &str) -> String {
+    let s = s.replace('\n', " ").replace('|', "\\|");
+    if s.len() > 160 {
+        let mut end = 160;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &s[..end])
+    } else {
+        s
+    }
+}
