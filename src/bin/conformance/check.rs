@@ -838,3 +838,109 @@ impl Ctx<'_> {
         .await
     }
 }
+
+/// An expected `status.listeners[]` entry (`GatewayStatusMustHaveListeners`).
+#[derive(Debug, Clone)]
+pub struct ListenerExpect {
+    pub name: String,
+    pub kinds: Vec<String>,
+    pub attached: i64,
+    pub conditions: Vec<(String, String, String)>,
+}
+
+/// A listener with kinds `[HTTPRoute]`, `attached` routes, Accepted and
+/// ResolvedRefs True (any reason): the suite's usual expectation.
+pub fn listener(name: &str, attached: i64) -> ListenerExpect {
+    ListenerExpect {
+        name: name.to_owned(),
+        kinds: vec!["HTTPRoute".to_owned()],
+        attached,
+        conditions: vec![
+            ("Accepted".into(), "True".into(), String::new()),
+            ("ResolvedRefs".into(), "True".into(), String::new()),
+        ],
+    }
+}
+
+impl Ctx<'_> {
+    /// `GatewayStatusMustHaveListeners`: exactly these listeners.
+    pub async fn listeners(&self, gateway: &str, want: &[ListenerExpect]) -> anyhow::Result<()> {
+        self.eventually(&format!("Gateway {gateway} listeners"), |cx| {
+            let gw = cx.require("Gateway", gateway)?;
+            let got = gw.status["listeners"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if got.len() != want.len() {
+                bail!("{} listeners in status, expected {}", got.len(), want.len());
+            }
+            for w in want {
+                let l = got
+                    .iter()
+                    .find(|l| l["name"] == w.name.as_str())
+                    .ok_or_else(|| anyhow!("no listener status {}", w.name))?;
+                let kinds: Vec<&str> = l["supportedKinds"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|k| k["kind"].as_str())
+                    .collect();
+                if kinds != w.kinds {
+                    bail!(
+                        "listener {}: supportedKinds {kinds:?}, expected {:?}",
+                        w.name,
+                        w.kinds
+                    );
+                }
+                if l["attachedRoutes"].as_i64() != Some(w.attached) {
+                    bail!(
+                        "listener {}: attachedRoutes {}, expected {}",
+                        w.name,
+                        l["attachedRoutes"],
+                        w.attached
+                    );
+                }
+                for (t, s, r) in &w.conditions {
+                    if !has_condition(&l["conditions"], t, s, r) {
+                        bail!("listener {}: no {t}={s} {r} in {}", w.name, l["conditions"]);
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Generation of an object's published status.
+    pub fn generation(&self, kind: &str, id: &str) -> anyhow::Result<i64> {
+        Ok(self.require(kind, id)?.generation)
+    }
+
+    /// `*MustHaveLatestConditions`: all the object's conditions (top level,
+    /// listeners, route parents) carry its generation, which is not `old`.
+    pub async fn latest_conditions(
+        &self,
+        kind: &str,
+        id: &str,
+        old: Option<i64>,
+    ) -> anyhow::Result<()> {
+        self.eventually(
+            &format!("{kind} {id} conditions at the latest generation"),
+            |cx| {
+                let s = cx.require(kind, id)?;
+                if old == Some(s.generation) {
+                    bail!("generation is still {}", s.generation);
+                }
+                fresh(&s, &s.status["conditions"])?;
+                for l in s.status["listeners"].as_array().into_iter().flatten() {
+                    fresh(&s, &l["conditions"])?;
+                }
+                for p in s.status["parents"].as_array().into_iter().flatten() {
+                    fresh(&s, &p["conditions"])?;
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+}

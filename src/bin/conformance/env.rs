@@ -44,7 +44,10 @@ pub struct ManifestFile {
 pub fn parse_file(path: &Path, name: &str) -> anyhow::Result<ManifestFile> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let text = text.replace("{GATEWAY_CLASS_NAME}", GATEWAY_CLASS);
+    let text = text.replace("{GATEWAY_CLASS_NAME}", GATEWAY_CLASS).replace(
+        "{GATEWAY_CONTROLLER_NAME}",
+        sluice::resources::CONTROLLER_NAME,
+    );
     let mut docs = Vec::new();
     for doc in serde_yaml::Deserializer::from_str(&text) {
         let value = serde::Deserialize::deserialize(doc)
@@ -228,6 +231,7 @@ pub fn render(
     ports: &mut PortMap,
 ) -> anyhow::Result<()> {
     let mut generated = vec![gateway_class()];
+    generated.extend(suite_secrets()?.iter().cloned());
     for file in files {
         let mut out = Vec::new();
         for doc in &file.docs {
@@ -258,6 +262,88 @@ fn write_docs(path: &PathBuf, docs: &[Value]) -> anyhow::Result<()> {
     std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
+}
+
+/// The TLS Secrets the upstream suite creates at set-up (self-signed,
+/// generated once per run): `(namespace, name, DNS names)`.
+const SUITE_SECRETS: &[(&str, &str, &[&str])] = &[
+    (
+        "gateway-conformance-infra",
+        "tls-validity-checks-certificate",
+        &[
+            "*.org",
+            "*.wildcard.org",
+            "example.org",
+            "second-example.org",
+            "third-example.org",
+            "fourth-example.wildcard.org",
+            "*.example.com",
+            "example.com",
+        ],
+    ),
+    (
+        "gateway-conformance-web-backend",
+        "certificate",
+        &["*.org", "example.org", "*.example.com", "example.com"],
+    ),
+    (
+        "gateway-conformance-infra",
+        "tls-passthrough-checks-certificate",
+        &["abc.example.com"],
+    ),
+    (
+        "gateway-conformance-app-backend",
+        "tls-passthrough-checks-certificate",
+        &["abc.example.com"],
+    ),
+];
+
+/// The suite's TLS Secrets as manifests (generated on first use).
+fn suite_secrets() -> anyhow::Result<&'static [Value]> {
+    static SECRETS: std::sync::OnceLock<Vec<Value>> = std::sync::OnceLock::new();
+    if let Some(s) = SECRETS.get() {
+        return Ok(s);
+    }
+    let mut out = Vec::new();
+    for (ns, name, hosts) in SUITE_SECRETS {
+        let names: Vec<String> = hosts.iter().map(|h| (*h).to_owned()).collect();
+        let key = rcgen::generate_simple_self_signed(names)
+            .with_context(|| format!("cannot generate the certificate of Secret {ns}/{name}"))?;
+        let secret = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": ns},
+            "type": "kubernetes.io/tls",
+            "data": {
+                "tls.crt": base64(key.cert.pem().as_bytes()),
+                "tls.key": base64(key.signing_key.serialize_pem().as_bytes()),
+            },
+        });
+        out.push(serde_yaml::to_value(secret)?);
+    }
+    Ok(SECRETS.get_or_init(|| out))
+}
+
+/// Standard base64 with padding (Secret `data` values).
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 fn gateway_class() -> Value {
@@ -385,4 +471,33 @@ fn endpoint_slices(service: &Value, pods: &Pods) -> Vec<Value> {
         out.push(slice);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_pads_like_rfc_4648() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+    }
+
+    #[test]
+    fn ports_are_moved_per_gateway_and_translated_back() {
+        let mut ports = PortMap::default();
+        let a = ports.assign("ns/a", 80).unwrap();
+        let b = ports.assign("ns/b", 80).unwrap();
+        assert_ne!(a, b, "two Gateways on port 80 get their own sockets");
+        assert_eq!(
+            ports.assign("ns/a", 80).unwrap(),
+            a,
+            "stable per (Gateway, port)"
+        );
+        assert_eq!(ports.original(a), Some(80));
+        assert_eq!(ports.original(1), None);
+    }
 }
