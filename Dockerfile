@@ -1,0 +1,23 @@
+# syntax=docker/dockerfile:1
+# A small image for `sluice serve --kubernetes` (see deploy/ and the README).
+#
+#   docker build -t ghcr.io/sluice-dev/sluice:dev .
+#
+# Stage 1 builds a release binary (symbols stripped); stage 2 is distroless
+# with glibc only, running as the non-root user 65532.
+FROM rust:1.95-slim-bookworm AS build
+WORKDIR /src
+COPY . .
+ENV CARGO_PROFILE_RELEASE_DEBUG=0 \
+    CARGO_PROFILE_RELEASE_STRIP=symbols
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bin sluice \
+    && cp target/release/sluice /usr/local/bin/sluice
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /usr/local/bin/sluice /usr/local/bin/sluice
+USER 65532:65532
+EXPOSE 80 9901
+ENTRYPOINT ["/usr/local/bin/sluice"]
+CMD ["serve", "--kubernetes", "--admin=0.0.0.0:9901"]
