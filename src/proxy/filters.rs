@@ -46,9 +46,9 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// Append the client's address to `X-Forwarded-For` (keeping what earlier
-/// proxies wrote, as one comma-separated list) and set
-/// `X-Forwarded-Proto: http` (sluice serves cleartext HTTP).
-pub fn add_forwarded(headers: &mut HeaderMap, client: IpAddr) {
+/// proxies wrote, as one comma-separated list) and set `X-Forwarded-Proto`
+/// to the scheme the client used (`http`, or `https` on a TLS listener).
+pub fn add_forwarded(headers: &mut HeaderMap, client: IpAddr, proto: &'static str) {
     let mut list = String::new();
     for v in headers.get_all(&X_FORWARDED_FOR) {
         if let Ok(v) = v.to_str() {
@@ -60,7 +60,7 @@ pub fn add_forwarded(headers: &mut HeaderMap, client: IpAddr) {
     if let Ok(v) = HeaderValue::from_str(&list) {
         headers.insert(X_FORWARDED_FOR.clone(), v);
     }
-    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
 }
 
 /// HTTPHeaderFilter: "set" overwrites, "add" appends another value,
@@ -116,13 +116,14 @@ pub fn modify_path(path: &str, modifier: &PathModifier, matched_prefix: Option<&
 /// left out when it is the scheme's default (http 80, https 443).
 pub fn redirect_location(
     redirect: &Redirect,
+    request_scheme: &str,
     request_host: &str,
     listener_port: u16,
     path: &str,
     query: Option<&str>,
     matched_prefix: Option<&str>,
 ) -> String {
-    let scheme = redirect.scheme.as_deref().unwrap_or("http");
+    let scheme = redirect.scheme.as_deref().unwrap_or(request_scheme);
     let host = redirect.hostname.as_deref().unwrap_or(request_host);
     let port = match (redirect.port, redirect.scheme.as_deref()) {
         (Some(p), _) => p,
@@ -209,7 +210,15 @@ mod tests {
     #[test]
     fn redirect_port_follows_the_scheme_and_listener() {
         let loc = |r: &Redirect, listener_port| {
-            redirect_location(r, "example.org", listener_port, "/p", Some("a=1"), None)
+            redirect_location(
+                r,
+                "http",
+                "example.org",
+                listener_port,
+                "/p",
+                Some("a=1"),
+                None,
+            )
         };
         // nothing set: listener port, omitted when it is 80
         assert_eq!(
@@ -238,6 +247,23 @@ mod tests {
             loc(&redirect(None, Some("other.example"), Some(443)), 80),
             "http://other.example:443/p?a=1"
         );
+        // On an HTTPS listener the request's scheme is https: kept when the
+        // redirect sets none, with the listener port (omitted when 443).
+        let tls = |r: &Redirect, listener_port| {
+            redirect_location(r, "https", "example.org", listener_port, "/p", None, None)
+        };
+        assert_eq!(
+            tls(&redirect(None, None, None), 443),
+            "https://example.org/p"
+        );
+        assert_eq!(
+            tls(&redirect(None, None, None), 8443),
+            "https://example.org:8443/p"
+        );
+        assert_eq!(
+            tls(&redirect(Some("http"), None, None), 8443),
+            "http://example.org/p"
+        );
     }
 
     #[test]
@@ -263,11 +289,13 @@ mod tests {
     #[test]
     fn forwarded_for_is_appended() {
         let mut h = HeaderMap::new();
-        add_forwarded(&mut h, "10.0.0.1".parse().unwrap());
+        add_forwarded(&mut h, "10.0.0.1".parse().unwrap(), "http");
         assert_eq!(h["x-forwarded-for"], "10.0.0.1");
-        add_forwarded(&mut h, "10.0.0.2".parse().unwrap());
+        add_forwarded(&mut h, "10.0.0.2".parse().unwrap(), "http");
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 10.0.0.2");
         assert_eq!(h["x-forwarded-proto"], "http");
+        add_forwarded(&mut h, "10.0.0.3".parse().unwrap(), "https");
+        assert_eq!(h["x-forwarded-proto"], "https");
     }
 
     #[test]

@@ -18,6 +18,8 @@ use super::error::ProxyError;
 use super::filters::{
     add_forwarded, modify_headers, modify_path, redirect_location, strip_hop_by_hop,
 };
+use super::tls;
+use super::upgrade::UpgradeRequest;
 use crate::metrics::RequestLabels;
 use crate::route::{
     AppProtocol, Backend, BackendChoice, BackendTarget, Filter, Lookup, Mirror, PathMatch,
@@ -81,6 +83,9 @@ async fn route<'t>(
     outcome: &mut Outcome<'t>,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     let host = request_host(&req);
+    if let Some(resp) = tls::misdirected(table, bind, &req, &host) {
+        return Ok(resp);
+    }
     let uri = req.uri();
     let found = table.lookup(
         bind,
@@ -146,6 +151,8 @@ impl<'t> Forwarding<'_, 't> {
         outcome: &mut Outcome<'t>,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         let (mut parts, body) = req.into_parts();
+        let scheme = tls::scheme(&parts.extensions);
+        let upgrade = UpgradeRequest::take(&mut parts);
         if !parts.headers.contains_key(HOST)
             && let Some(authority) = parts.uri.authority()
             && let Ok(v) = HeaderValue::from_str(authority.as_str())
@@ -153,7 +160,10 @@ impl<'t> Forwarding<'_, 't> {
             parts.headers.insert(HOST, v);
         }
         strip_hop_by_hop(&mut parts.headers);
-        add_forwarded(&mut parts.headers, self.client.ip());
+        add_forwarded(&mut parts.headers, self.client.ip(), scheme);
+        if let Some(u) = &upgrade {
+            u.restore_request_headers(&mut parts.headers);
+        }
 
         // Rule filters, in the order the route lists them.
         let mut path: Option<String> = None;
@@ -166,6 +176,7 @@ impl<'t> Forwarding<'_, 't> {
                     let current = path.as_deref().unwrap_or(parts.uri.path());
                     let location = redirect_location(
                         r,
+                        scheme,
                         &self.host,
                         self.bind.port(),
                         current,
@@ -245,7 +256,8 @@ impl<'t> Forwarding<'_, 't> {
 
         let endpoint = endpoints.pick();
         parts.uri = upstream_uri(endpoint, path.as_deref(), &parts.uri)?;
-        let h2 = endpoints.protocol == AppProtocol::H2c;
+        // Upgrades (WebSocket) are HTTP/1.1 whatever the appProtocol.
+        let h2 = endpoints.protocol == AppProtocol::H2c && upgrade.is_none();
         parts.version = if h2 {
             Version::HTTP_2
         } else {
@@ -268,6 +280,9 @@ impl<'t> Forwarding<'_, 't> {
         let (mut parts, body) = resp.into_parts();
         parts.version = Version::HTTP_11;
         strip_hop_by_hop(&mut parts.headers);
+        if let Some(u) = upgrade {
+            u.finish(&mut parts);
+        }
         let mut resp = Response::from_parts(parts, ResponseBody::Upstream(body));
         apply_response_filters(&self.rule.filters, &mut resp);
         apply_response_filters(&backend.filters, &mut resp);

@@ -6,17 +6,24 @@
 //! filters, record metrics. The table is swapped atomically on reload;
 //! connection pools are keyed by endpoint and outlive tables.
 //!
-//! Not supported yet: protocol upgrades (WebSocket) are not passed through
-//! (`Upgrade` is a hop-by-hop header and is removed), and timeouts cover the
-//! time to the response headers, not the streaming of the body after them.
+//! Sockets of HTTPS listeners terminate TLS first ([`tls`]: certificate by
+//! SNI, ALPN `h2`/`http/1.1`); cleartext sockets serve HTTP/1.1 and h2c
+//! with prior knowledge. HTTP/1.1 upgrades (WebSocket) are passed through
+//! ([`upgrade`]).
+//!
+//! Not supported yet: timeouts cover the time to the response headers, not
+//! the streaming of the body after them.
 
 mod body;
 mod error;
 mod filters;
 mod handler;
+mod tls;
+mod upgrade;
 
 pub use body::ResponseBody;
 pub use error::{ErrorSource, ProxyError};
+pub use tls::TlsConnection;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -30,8 +37,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::AbortHandle;
+use tokio_rustls::TlsAcceptor;
 
 use crate::metrics::Metrics;
 use crate::route::RouteTable;
@@ -187,6 +196,9 @@ fn listen(bind: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAddr) {
+    // Built once per socket; the certificate is picked per handshake from
+    // the current table, so reloads change certificates without rebinding.
+    let acceptor = TlsAcceptor::from(tls::server_config(shared.clone(), bind));
     loop {
         let (stream, client) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -200,18 +212,63 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAdd
         };
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
+        // Whether the socket terminates TLS is read per connection: a
+        // reload may turn a port's listeners from HTTP to HTTPS.
+        let is_tls = shared.table.load().port(bind).is_some_and(|p| p.is_tls());
+        if !is_tls {
+            tokio::spawn(serve(shared, stream, None, client, bind));
+            continue;
+        }
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
-            let for_requests = shared.clone();
-            let service = service_fn(move |req| {
-                let shared = for_requests.clone();
-                async move { Ok::<_, Infallible>(handler::handle(&shared, req, client, bind).await) }
-            });
-            let conn = shared
-                .server
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!(%client, error = %e, "connection ended with an error");
-            }
+            let stream =
+                match tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%client, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%client, "TLS handshake timed out");
+                        return;
+                    }
+                };
+            let server_name = stream.get_ref().1.server_name().map(Arc::from);
+            serve(
+                shared,
+                stream,
+                Some(TlsConnection { server_name }),
+                client,
+                bind,
+            )
+            .await;
         });
+    }
+}
+
+/// Serve the requests of one client connection (cleartext, or TLS after the
+/// handshake), with upgrades allowed.
+async fn serve<S>(
+    shared: Arc<Shared>,
+    stream: S,
+    tls: Option<TlsConnection>,
+    client: SocketAddr,
+    bind: SocketAddr,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let for_requests = shared.clone();
+    let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        let shared = for_requests.clone();
+        if let Some(tls) = &tls {
+            req.extensions_mut().insert(tls.clone());
+        }
+        async move { Ok::<_, Infallible>(handler::handle(&shared, req, client, bind).await) }
+    });
+    let conn = shared
+        .server
+        .serve_connection_with_upgrades(TokioIo::new(stream), service);
+    if let Err(e) = conn.await {
+        tracing::debug!(%client, error = %e, "connection ended with an error");
     }
 }
