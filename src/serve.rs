@@ -335,6 +335,10 @@ pub async fn start_kubernetes(config: KubernetesConfig) -> anyhow::Result<Runnin
 }
 
 async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    // The API server connection uses rustls with ring (the only provider
+    // built in); installing it explicitly keeps that true even when another
+    // dependency enables a second provider. Already installed is fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let config = match kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)

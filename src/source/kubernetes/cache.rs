@@ -460,6 +460,28 @@ mod tests {
             keys.into_iter().collect::<Vec<_>>(),
             ["certs/other", "edge/cert"]
         );
+        for (ns, name) in [("edge", "cert"), ("edge", "unrelated"), ("certs", "other")] {
+            let secret = object(json!({
+                "metadata": {"name": name, "namespace": ns},
+                "type": "kubernetes.io/tls",
+                "data": {"tls.crt": "Y2VydA==", "tls.key": "a2V5"},
+            }));
+            cache.apply(kind_index("Secret"), Event::Apply(secret));
+        }
+        let secrets: Vec<String> = cache
+            .update()
+            .snapshot
+            .secrets
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}/{}",
+                    s.metadata.namespace.as_deref().unwrap_or(""),
+                    s.metadata.name.as_deref().unwrap_or("")
+                )
+            })
+            .collect();
+        assert_eq!(secrets, ["certs/other", "edge/cert"]);
     }
 
     #[test]
