@@ -110,15 +110,6 @@ impl Ctx<'_> {
         env::render(&self.dir, &self.files, self.pods, &mut self.ports)
     }
 
-    /// Remove an object from the logical manifests and render them again.
-    pub fn delete(&mut self, kind: &str, id: &str) -> anyhow::Result<()> {
-        for file in &mut self.files {
-            file.docs
-                .retain(|d| !(env::kind(d) == kind && env::object_id(d) == id));
-        }
-        env::render(&self.dir, &self.files, self.pods, &mut self.ports)
-    }
-
     /// The logical (original) port of a Gateway's first listener.
     fn first_listener_port(&self, gateway: &str) -> anyhow::Result<u16> {
         let doc = self
@@ -594,14 +585,6 @@ pub fn parent(gateway: &str) -> ParentExpect {
 }
 
 impl ParentExpect {
-    pub fn section(mut self, s: &str) -> Self {
-        self.section = Some(s.to_owned());
-        self
-    }
-    pub fn port(mut self, p: u16) -> Self {
-        self.port = Some(p);
-        self
-    }
     pub fn cond(mut self, ty: &str, status: bool, reason: &str) -> Self {
         let status = if status { "True" } else { "False" };
         self.conditions
@@ -942,5 +925,139 @@ impl Ctx<'_> {
             },
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn echo(pod: &str, path: &str, headers: &[(&str, &str)]) -> EchoResponse {
+        EchoResponse {
+            path: path.to_owned(),
+            host: "example.com".to_owned(),
+            method: "GET".to_owned(),
+            proto: "HTTP/1.1".to_owned(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), vec![(*v).to_owned()]))
+                .collect(),
+            namespace: INFRA.to_owned(),
+            ingress: String::new(),
+            service: String::new(),
+            pod: pod.to_owned(),
+            body_bytes: 0,
+        }
+    }
+
+    fn exchange(status: u16, echo: Option<EchoResponse>) -> Exchange {
+        Exchange {
+            request_port: 80,
+            status,
+            headers: Vec::new(),
+            echo,
+            location: None,
+        }
+    }
+
+    #[test]
+    fn compare_checks_backend_prefix_path_and_headers() {
+        let case = same_ns("/a")
+            .header("Version", "one")
+            .infra("infra-backend-v1");
+        let ok = exchange(
+            200,
+            Some(echo(
+                "infra-backend-v1-5f7c9-0",
+                "/a",
+                &[("Version", "one")],
+            )),
+        );
+        assert!(compare(&case, &ok).is_ok());
+        let wrong_pod = exchange(
+            200,
+            Some(echo(
+                "infra-backend-v2-5f7c9-0",
+                "/a",
+                &[("Version", "one")],
+            )),
+        );
+        assert!(compare(&case, &wrong_pod).is_err());
+        let wrong_path = exchange(
+            200,
+            Some(echo(
+                "infra-backend-v1-5f7c9-0",
+                "/b",
+                &[("Version", "one")],
+            )),
+        );
+        assert!(compare(&case, &wrong_path).is_err());
+        let no_header = exchange(200, Some(echo("infra-backend-v1-5f7c9-0", "/a", &[])));
+        assert!(compare(&case, &no_header).is_err());
+        assert!(compare(&case, &exchange(404, None)).is_err());
+        let absent = same_ns("/a")
+            .absent("Version")
+            .infra("infra-backend-v1")
+            .exp_no_headers();
+        assert!(compare(&absent, &ok).is_err());
+    }
+
+    #[test]
+    fn redirect_ports_are_translated_back_and_defaults_dropped() {
+        let mut ports = PortMap::default();
+        let on80 = ports.assign("x/gw", 80).unwrap();
+        let on8080 = ports.assign("x/gw", 8080).unwrap();
+        let loc = split_location(&format!("http://example.org:{on80}/p"), &ports);
+        assert_eq!(
+            loc.2, "",
+            "our port for listener 80 reads as the default port"
+        );
+        let loc = split_location(&format!("http://example.org:{on8080}/p"), &ports);
+        assert_eq!(loc.2, "8080");
+        let loc = split_location("https://example.org:443/p?q=1", &ports);
+        assert_eq!(
+            loc,
+            (
+                "https".into(),
+                "example.org".into(),
+                String::new(),
+                "/p".into()
+            )
+        );
+        let loc = split_location("http://example.org:8083/p", &ports);
+        assert_eq!(loc.2, "8083");
+    }
+
+    #[test]
+    fn redirect_expectations_default_to_the_request() {
+        let case = same_ns("/p").redirect(302).r_host("example.org");
+        let mut ex = exchange(302, None);
+        ex.location = Some((
+            "http".into(),
+            "example.org".into(),
+            String::new(),
+            "/p".into(),
+        ));
+        assert!(compare(&case, &ex).is_ok());
+        ex.location = Some((
+            "https".into(),
+            "example.org".into(),
+            String::new(),
+            "/p".into(),
+        ));
+        assert!(
+            compare(&case, &ex).is_err(),
+            "scheme defaults to the request's"
+        );
+        ex.location = Some((
+            "http".into(),
+            "example.org".into(),
+            "8080".into(),
+            "/p".into(),
+        ));
+        assert!(
+            compare(&case, &ex).is_err(),
+            "port defaults to the request's (80: none)"
+        );
     }
 }

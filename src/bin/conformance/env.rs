@@ -106,7 +106,8 @@ impl PortMap {
             .map(|((_, port), _)| *port)
     }
 
-    fn assign(&mut self, gateway: &str, port: u16) -> anyhow::Result<u16> {
+    /// The loopback port for `gateway`'s listeners on `port` (chosen on first use).
+    pub fn assign(&mut self, gateway: &str, port: u16) -> anyhow::Result<u16> {
         if let Some(actual) = self.actual(gateway, port) {
             return Ok(actual);
         }

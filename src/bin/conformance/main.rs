@@ -13,9 +13,6 @@
 //! the table of `docs/conformance.md` (`--markdown`). Exit status 1 when a
 //! test listed in `conformance/expected-pass.txt` fails.
 
-// Helpers not yet used by every test are kept for the tests still to come.
-#![allow(dead_code)]
-
 mod check;
 mod env;
 mod report;

@@ -37,8 +37,6 @@ impl TestInfo {
 
 use Applicability::{NotApplicable, Runs};
 
-const GW_HTTP: &[&str] = &["Gateway", "HTTPRoute"];
-
 macro_rules! t {
     ($name:literal, [$($f:literal),*], [$($m:literal),*]) => {
         TestInfo { name: $name, features: &[$($f),*], manifests: &[$($m),*], applies: Runs }
@@ -205,6 +203,52 @@ pub async fn run(name: &str, cx: &mut Ctx<'_>) -> anyhow::Result<()> {
         "GatewayWithAttachedRoutesWithPort8080" => with_attached_routes_8080(cx).await,
         "GatewayInvalidRouteKind" => invalid_route_kind(cx).await,
         "GatewayModifyListeners" => modify_listeners(cx).await,
+        "HTTPRouteListenerPortMatching" => listener_port_matching(cx).await,
+        "HTTPRouteInvalidParentRefNotMatchingListenerPort" => {
+            parent_port_not_matching(cx, SAME_NS, "httproute-listener-not-matching-route-port")
+                .await
+        }
+        "HTTPRouteInvalidParentRefSectionNameNotMatchingPort" => {
+            parent_port_not_matching(
+                cx,
+                &infra("gateway-with-one-not-matching-port-and-section-name-route"),
+                "httproute-listener-section-name-not-matching-port",
+            )
+            .await
+        }
+        "HTTPRouteRequestMirror" => {
+            request_mirror(cx, "request-mirror", &["/mirror"], &["infra-backend-v2"]).await
+        }
+        "HTTPRouteRequestMultipleMirrors" => {
+            request_mirror(
+                cx,
+                "request-multiple-mirrors",
+                &["/multi-mirror"],
+                &["infra-backend-v2", "infra-backend-v3"],
+            )
+            .await
+        }
+        "HTTPRouteTimeoutRequest" => {
+            timeouts(
+                cx,
+                "request-timeout",
+                "/request-timeout",
+                "/disable-request-timeout",
+            )
+            .await
+        }
+        "HTTPRouteTimeoutBackendRequest" => {
+            timeouts(
+                cx,
+                "backend-request-timeout",
+                "/backend-timeout",
+                "/disable-backend-timeout",
+            )
+            .await
+        }
+        "HTTPRouteBackendRequestHeaderModifier" => request_header_modifier(cx).await,
+        "HTTPRouteNamedRule" => named_rule(cx).await,
+        "HTTPRouteMultipleGateways" => multiple_gateways(cx).await,
         other => Err(anyhow!(
             "the runner has no checks for {other} yet (not run, counted as failing)"
         )),
@@ -566,6 +610,9 @@ const HEADER_MODIFIER_CASES: &[HeaderCase] = &[
     ),
 ];
 
+/// The request header modifier cases, with the filters on the rule
+/// (HTTPRouteRequestHeaderModifier) or on the backendRef
+/// (HTTPRouteBackendRequestHeaderModifier, same route name and cases).
 async fn request_header_modifier(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("request-header-modifier")]).await?;
     let cases = HEADER_MODIFIER_CASES
@@ -1111,4 +1158,157 @@ async fn modify_listeners(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     })?;
     cx.listeners(&remove, &[listener("http", 1)]).await?;
     cx.latest_conditions("Gateway", &remove, Some(before)).await
+}
+
+async fn listener_port_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+    let gw = infra("httproute-listener-port-matching");
+    for route in ["backend-v1", "backend-v2", "backend-v3"] {
+        ready(cx, &gw, &[&infra(route)]).await?;
+    }
+    // The suite sends each request to the listener port its Host names.
+    let c = |host: &str, port: u16| req(&gw, "/").port(port).host(host);
+    all(
+        cx,
+        vec![
+            c("foo.com", 80).infra("infra-backend-v1"),
+            c("foo.com:8080", 8080).infra("infra-backend-v2"),
+            c("bar.com:8080", 8080).infra("infra-backend-v2"),
+            c("foo.com:8090", 8090).infra("infra-backend-v3"),
+            c("bar.com:8090", 8090).status(404),
+        ],
+    )
+    .await
+}
+
+/// A parentRef whose port no listener has: ResolvedRefs True, Accepted
+/// False NoMatchingParent, no accepted parent, nothing attached.
+async fn parent_port_not_matching(cx: &mut Ctx<'_>, gw: &str, route: &str) -> anyhow::Result<()> {
+    let route = infra(route);
+    cx.resolved(&route, gw).await?;
+    cx.route_condition(&route, gw, "Accepted", false, "NoMatchingParent")
+        .await?;
+    cx.eventually("no accepted parents", |cx| {
+        let r = cx
+            .status_of("HTTPRoute", &route)
+            .ok_or_else(|| anyhow!("no status for {route}"))?;
+        let accepted = r.status["parents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| crate::check::has_condition(&p["conditions"], "Accepted", "True", ""));
+        if accepted {
+            bail!("a parent accepted the route: {}", r.status);
+        }
+        Ok(())
+    })
+    .await?;
+    cx.eventually("the Gateway has zero routes", |cx| {
+        let g = cx
+            .status_of("Gateway", gw)
+            .ok_or_else(|| anyhow!("no status for {gw}"))?;
+        for l in g.status["listeners"].as_array().into_iter().flatten() {
+            if l["attachedRoutes"].as_i64() != Some(0) {
+                bail!(
+                    "listener {} has attachedRoutes {}",
+                    l["name"],
+                    l["attachedRoutes"]
+                );
+            }
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// Requests reach `infra-backend-v1`, and a copy of each reaches a pod of
+/// every mirror backend (the suite reads the mirror pods' logs; we read
+/// what the echo pods received).
+async fn request_mirror(
+    cx: &mut Ctx<'_>,
+    route: &str,
+    paths: &[&str],
+    mirrors: &[&str],
+) -> anyhow::Result<()> {
+    cx.accepted(SAME_NS, &[&infra(route)]).await?;
+    let seen = |cx: &Ctx<'_>, backend: &str, path: &str| -> usize {
+        cx.pods
+            .of(INFRA, backend)
+            .iter()
+            .map(|p| p.server.recent().iter().filter(|r| r.path == path).count())
+            .sum()
+    };
+    for path in paths {
+        let before: Vec<usize> = mirrors.iter().map(|m| seen(cx, m, path)).collect();
+        cx.expect(&same_ns(path).infra("infra-backend-v1")).await?;
+        for (mirror, before) in mirrors.iter().zip(before) {
+            cx.eventually(&format!("{path} mirrored to {mirror}"), |cx| {
+                if seen(cx, mirror, path) > before {
+                    Ok(())
+                } else {
+                    bail!("{mirror} did not receive a copy of {path}")
+                }
+            })
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// A rule with a 500ms timeout answers 504 for a backend that takes 1s; a
+/// rule with the timeout disabled (`0s`) waits for it.
+async fn timeouts(
+    cx: &mut Ctx<'_>,
+    route: &str,
+    limited: &str,
+    unlimited: &str,
+) -> anyhow::Result<()> {
+    ready(cx, SAME_NS, &[&infra(route)]).await?;
+    all(
+        cx,
+        vec![
+            same_ns(limited).to("", INFRA),
+            same_ns(&format!("{limited}?delay=1s")).status(504),
+            same_ns(&format!("{unlimited}?delay=1s")).to("", INFRA),
+        ],
+    )
+    .await
+}
+
+async fn named_rule(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+    ready(cx, SAME_NS, &[&infra("http-named-rules")]).await?;
+    all(
+        cx,
+        vec![
+            same_ns("/named").infra("infra-backend-v1"),
+            same_ns("/unnamed").infra("infra-backend-v2"),
+        ],
+    )
+    .await
+}
+
+async fn multiple_gateways(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+    let all_ns = infra("all-namespaces");
+    let shared = infra("multiple-gateways-shared-route");
+    ready(
+        cx,
+        SAME_NS,
+        &[&shared, &infra("same-namespace-dedicated-route")],
+    )
+    .await?;
+    ready(
+        cx,
+        &all_ns,
+        &[&shared, &infra("all-namespaces-dedicated-route")],
+    )
+    .await?;
+    all(
+        cx,
+        vec![
+            same_ns("/shared").infra("infra-backend-v1"),
+            same_ns("/").infra("infra-backend-v2"),
+            req(&all_ns, "/shared").infra("infra-backend-v1"),
+            req(&all_ns, "/").infra("infra-backend-v3"),
+        ],
+    )
+    .await
 }
