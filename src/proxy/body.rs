@@ -19,6 +19,77 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Frames a mirror may lag behind the backend before it is dropped.
 pub const MIRROR_BUFFER_FRAMES: usize = 64;
 
+/// The client's request body, with its first frame possibly read ahead so
+/// that a malformed body is refused before anything reaches a backend.
+/// Its errors are [`ClientBodyError`]s, so a failed exchange can tell a
+/// broken client body (400) from a broken backend (502).
+#[derive(Debug)]
+pub struct ClientBody {
+    first: Option<Frame<Bytes>>,
+    inner: Incoming,
+}
+
+/// The client's request body failed (malformed chunked encoding, a reset).
+#[derive(Debug, thiserror::Error)]
+#[error("client request body: {0}")]
+pub struct ClientBodyError(#[source] pub hyper::Error);
+
+impl ClientBody {
+    pub fn new(inner: Incoming) -> Self {
+        ClientBody { first: None, inner }
+    }
+
+    /// Read the first frame now (it is sent first when the body is polled).
+    pub async fn read_ahead(&mut self) -> Result<(), hyper::Error> {
+        use http_body_util::BodyExt;
+        if let Some(frame) = self.inner.frame().await.transpose()? {
+            self.first = Some(frame);
+        }
+        Ok(())
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = ClientBodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if let Some(frame) = this.first.take() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        Pin::new(&mut this.inner)
+            .poll_frame(cx)
+            .map_err(ClientBodyError)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.first {
+            None => self.inner.size_hint(),
+            Some(_) => SizeHint::default(),
+        }
+    }
+}
+
+/// Is `err`, or anything it was caused by, a failure of the client's body?
+pub fn caused_by_client_body(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if e.is::<ClientBodyError>() {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}
+
 /// A response body sent to the client: the backend's, streamed, or a short
 /// one made by the proxy (errors, redirects).
 #[derive(Debug)]
@@ -72,7 +143,7 @@ impl Body for ResponseBody {
 pub enum UpstreamBody {
     Empty,
     /// The client's body, passed through.
-    Incoming(Incoming),
+    Incoming(ClientBody),
     /// The client's body, copied to mirrors as it passes through.
     Tee(Tee),
     /// A mirror's copy of the client's body.
@@ -133,13 +204,13 @@ impl std::fmt::Debug for MirrorFrame {
 /// mirrors that keep up.
 #[derive(Debug)]
 pub struct Tee {
-    inner: Incoming,
+    inner: ClientBody,
     mirrors: Vec<mpsc::Sender<MirrorFrame>>,
 }
 
 impl Tee {
     /// Wrap `inner`; call [`Tee::add_mirror`] for each mirror.
-    pub fn new(inner: Incoming) -> Self {
+    pub fn new(inner: ClientBody) -> Self {
         Tee {
             inner,
             mirrors: Vec::new(),

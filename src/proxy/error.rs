@@ -4,7 +4,7 @@
 //! the failure came from ([`ErrorSource`]) and maps to exactly one HTTP
 //! status, here and nowhere else. Error responses carry a short text body.
 
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderValue, Response, StatusCode};
 
 use super::body::ResponseBody;
@@ -29,6 +29,11 @@ pub enum ProxyError {
     /// No listener on the socket accepts the host, or no rule matches.
     #[error("no route")]
     NoRoute,
+    /// The request is malformed or ambiguous (framing that could smuggle a
+    /// second request, a missing or repeated Host): answered 400 and the
+    /// connection closed, never forwarded.
+    #[error("bad request: {0}")]
+    BadRequest(&'static str),
     /// The rule has no backendRefs (and no redirect).
     #[error("rule has no backends")]
     NoBackends,
@@ -56,7 +61,7 @@ pub enum ProxyError {
 impl ProxyError {
     pub fn source_of_failure(&self) -> ErrorSource {
         match self {
-            ProxyError::NoRoute => ErrorSource::Downstream,
+            ProxyError::NoRoute | ProxyError::BadRequest(_) => ErrorSource::Downstream,
             ProxyError::NoBackends
             | ProxyError::AllWeightsZero
             | ProxyError::Unresolved { .. }
@@ -70,6 +75,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             // Per the spec: "If all entries in BackendRefs are invalid, and
             // there are also no filters specified in this route rule, all
             // traffic which matches this rule MUST receive a 500 status code."
@@ -87,6 +93,7 @@ impl ProxyError {
     fn body_text(&self) -> &'static str {
         match self {
             ProxyError::NoRoute => "no route\n",
+            ProxyError::BadRequest(_) => "bad request\n",
             ProxyError::NoBackends => "no backends\n",
             ProxyError::AllWeightsZero => "all backend weights are zero\n",
             ProxyError::Unresolved { .. } => "backend not resolved\n",
@@ -99,6 +106,7 @@ impl ProxyError {
 
     pub fn into_response(self) -> Response<ResponseBody> {
         let text = self.body_text();
+        let close = matches!(self, ProxyError::BadRequest(_));
         let mut resp = Response::new(ResponseBody::full(text));
         *resp.status_mut() = self.status();
         let headers = resp.headers_mut();
@@ -107,6 +115,11 @@ impl ProxyError {
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
         headers.insert(CONTENT_LENGTH, HeaderValue::from(text.len()));
+        if close {
+            // Nothing after a malformed request on this connection can be
+            // trusted to be framed as the client meant: close it.
+            headers.insert(CONNECTION, HeaderValue::from_static("close"));
+        }
         resp
     }
 }
@@ -119,6 +132,11 @@ mod tests {
     fn each_failure_maps_to_the_spec_status() {
         let cases = [
             (ProxyError::NoRoute, 404, ErrorSource::Downstream),
+            (
+                ProxyError::BadRequest("missing Host"),
+                400,
+                ErrorSource::Downstream,
+            ),
             (ProxyError::NoBackends, 500, ErrorSource::Config),
             (ProxyError::AllWeightsZero, 500, ErrorSource::Config),
             (

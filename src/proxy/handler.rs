@@ -13,7 +13,7 @@ use http_body::Body;
 use hyper::body::Incoming;
 
 use super::Shared;
-use super::body::{ResponseBody, Tee, UpstreamBody};
+use super::body::{ClientBody, ResponseBody, Tee, UpstreamBody, caused_by_client_body};
 use super::error::ProxyError;
 use super::filters::{
     add_forwarded, modify_headers, modify_path, redirect_location, strip_hop_by_hop,
@@ -82,6 +82,7 @@ async fn route<'t>(
     bind: SocketAddr,
     outcome: &mut Outcome<'t>,
 ) -> Result<Response<ResponseBody>, ProxyError> {
+    check_request_head(&req)?;
     let host = request_host(&req);
     if let Some(resp) = tls::misdirected(table, bind, &req, &host) {
         return Ok(resp);
@@ -120,6 +121,36 @@ async fn route<'t>(
     }
 }
 
+/// Refuse request heads that a backend could read differently from us
+/// (request smuggling) or that name no single host. hyper already refuses
+/// malformed Content-Length values, differing duplicates, obs-fold, bare CR
+/// and NUL; these are the cases it accepts.
+fn check_request_head<B>(req: &Request<B>) -> Result<(), ProxyError> {
+    use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+    let headers = req.headers();
+    let http1 = matches!(req.version(), Version::HTTP_10 | Version::HTTP_11);
+    if http1 {
+        if headers.contains_key(TRANSFER_ENCODING) {
+            if headers.contains_key(CONTENT_LENGTH) {
+                return Err(ProxyError::BadRequest(
+                    "both Content-Length and Transfer-Encoding",
+                ));
+            }
+            if req.version() == Version::HTTP_10 {
+                return Err(ProxyError::BadRequest("Transfer-Encoding on HTTP/1.0"));
+            }
+        }
+        match headers.get_all(HOST).iter().count() {
+            0 if req.version() == Version::HTTP_11 && req.uri().authority().is_none() => {
+                return Err(ProxyError::BadRequest("missing Host"));
+            }
+            0 | 1 => {}
+            _ => return Err(ProxyError::BadRequest("more than one Host")),
+        }
+    }
+    Ok(())
+}
+
 /// The request's host as hostnames are matched: the Host header, or the
 /// URI authority (HTTP/2, absolute-form).
 fn request_host<B>(req: &Request<B>) -> String {
@@ -153,6 +184,7 @@ impl<'t> Forwarding<'_, 't> {
         let (mut parts, body) = req.into_parts();
         let scheme = tls::scheme(&parts.extensions);
         let upgrade = UpgradeRequest::take(&mut parts);
+        let chunked = parts.headers.contains_key(http::header::TRANSFER_ENCODING);
         if !parts.headers.contains_key(HOST)
             && let Some(authority) = parts.uri.authority()
             && let Ok(v) = HeaderValue::from_str(authority.as_str())
@@ -210,6 +242,14 @@ impl<'t> Forwarding<'_, 't> {
         let mut body = if body.is_end_stream() {
             UpstreamBody::Empty
         } else {
+            let mut body = ClientBody::new(body);
+            if chunked {
+                // A chunked body is refused before any backend sees the
+                // request when its first chunk is malformed.
+                body.read_ahead()
+                    .await
+                    .map_err(|_| ProxyError::BadRequest("malformed chunked body"))?;
+            }
             UpstreamBody::Incoming(body)
         };
         if !mirrors.is_empty() {
@@ -275,7 +315,13 @@ impl<'t> Forwarding<'_, 't> {
                 .map_err(|_| ProxyError::Timeout)?,
             None => pending.await,
         };
-        let resp = result.map_err(ProxyError::Unreachable)?;
+        let resp = result.map_err(|e| {
+            if caused_by_client_body(&e) {
+                ProxyError::BadRequest("malformed request body")
+            } else {
+                ProxyError::Unreachable(e)
+            }
+        })?;
 
         let (mut parts, body) = resp.into_parts();
         parts.version = Version::HTTP_11;

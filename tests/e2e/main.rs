@@ -7,6 +7,7 @@ mod support;
 mod backend_errors;
 mod filters;
 mod forwarding;
+mod hardening;
 mod hostnames;
 mod https;
 mod inputs;
