@@ -329,6 +329,7 @@ fn tables(binds: &[SocketAddr], rules: Vec<RuleSpec>) -> RouteTable {
             filters: spec.filters,
             backends: BackendSplit::new(spec.backends),
             timeouts: spec.timeouts,
+            retry: None,
         });
         for l in &listeners {
             b.add_rule(

@@ -22,7 +22,8 @@ use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use sluice::resources::{Generations, Object, Snapshot, parse_manifests};
 use sluice::route::{
-    Backend, BackendTarget, Filter, HeaderModifier, Lookup, PathMatch, PathModifier, RouteTable,
+    Backend, BackendTarget, CorsList, Filter, HeaderModifier, Lookup, PathMatch, PathModifier,
+    RouteTable,
 };
 use sluice::translate::{ObjectStatus, RuleSummary, TranslateOptions, translate_at};
 
@@ -57,6 +58,8 @@ struct ProbeResult {
     filters: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     backends: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -164,12 +167,14 @@ fn probe(table: &RouteTable, p: &ProbeRequest) -> ProbeResult {
             result: "404: no listener for this host".into(),
             filters: vec![],
             backends: vec![],
+            retry: None,
         },
         Lookup::NoRoute { listener } => ProbeResult {
             request,
             result: format!("404: no route on {}", listener.id),
             filters: vec![],
             backends: vec![],
+            retry: None,
         },
         Lookup::Matched(m) => ProbeResult {
             request,
@@ -187,6 +192,15 @@ fn probe(table: &RouteTable, p: &ProbeRequest) -> ProbeResult {
                 .iter()
                 .map(describe_backend)
                 .collect(),
+            retry: m.rule.retry.as_ref().map(|r| {
+                let codes: Vec<String> = r.codes.iter().map(|c| c.as_str().to_string()).collect();
+                format!(
+                    "codes [{}] attempts {} backoff {:?}",
+                    codes.join(", "),
+                    r.attempts,
+                    r.backoff
+                )
+            }),
         },
     }
 }
@@ -250,6 +264,23 @@ fn describe_filter(f: &Filter) -> String {
             m.denominator,
             describe_backend(&m.backend)
         ),
+        Filter::Cors(c) => {
+            let list = |l: &CorsList| match l {
+                CorsList::Unset => "-".to_string(),
+                CorsList::Wildcard => "*".to_string(),
+                CorsList::Names(v) => format!("[{}]", v.to_str().unwrap_or("<binary>")),
+            };
+            let origins: Vec<String> = c.allow_origins.iter().map(|o| format!("{o:?}")).collect();
+            format!(
+                "CORS origins [{}] credentials={} methods={} headers={} expose={} maxAge={}",
+                origins.join(", "),
+                c.allow_credentials,
+                list(&c.allow_methods),
+                list(&c.allow_headers),
+                list(&c.expose_headers),
+                c.max_age.to_str().unwrap_or("<binary>")
+            )
+        }
     }
 }
 

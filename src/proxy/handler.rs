@@ -18,8 +18,8 @@ use super::error::ProxyError;
 use super::filters::{
     add_forwarded, modify_headers, modify_path, redirect_location, strip_hop_by_hop,
 };
-use super::tls;
 use super::upgrade::UpgradeRequest;
+use super::{cors, retry, tls};
 use crate::metrics::RequestLabels;
 use crate::route::{
     AppProtocol, Backend, BackendChoice, BackendTarget, Filter, Lookup, Mirror, PathMatch,
@@ -200,6 +200,7 @@ impl<'t> Forwarding<'_, 't> {
         // Rule filters, in the order the route lists them.
         let mut path: Option<String> = None;
         let mut mirrors: Vec<&Mirror> = Vec::new();
+        let mut cors_origin = None;
         for filter in &self.rule.filters {
             match filter {
                 Filter::RequestHeaderModifier(m) => modify_headers(&mut parts.headers, m),
@@ -236,6 +237,14 @@ impl<'t> Forwarding<'_, 't> {
                     }
                 }
                 Filter::RequestMirror(m) => mirrors.push(m),
+                Filter::Cors(c) if cors::is_preflight(&parts.method, &parts.headers) => {
+                    let mut resp = cors::preflight_response(c, &parts.headers);
+                    apply_response_filters(&self.rule.filters, &mut resp);
+                    return Ok(resp);
+                }
+                Filter::Cors(c) => {
+                    cors_origin = cors::allowed_origin(c, &parts.headers).map(|o| (c, o));
+                }
             }
         }
 
@@ -303,25 +312,34 @@ impl<'t> Forwarding<'_, 't> {
         } else {
             Version::HTTP_11
         };
-        let upstream = Request::from_parts(parts, body);
-        let pending = if h2 {
-            self.shared.h2_client.request(upstream)
+        let client = if h2 {
+            &self.shared.h2_client
         } else {
-            self.shared.client.request(upstream)
+            &self.shared.client
         };
-        let result = match self.rule.timeouts.backend_request {
-            Some(limit) => tokio::time::timeout(limit, pending)
-                .await
-                .map_err(|_| ProxyError::Timeout)?,
-            None => pending.await,
+        // Only a request without a body can be sent again (bodies stream).
+        let retry = (upgrade.is_none() && matches!(body, UpstreamBody::Empty))
+            .then_some(self.rule.retry.as_ref())
+            .flatten();
+        let per_try = self.rule.timeouts.backend_request;
+        let resp = if let Some(policy) = retry {
+            retry::send_with_retries(client, policy, endpoints, &parts, per_try).await?
+        } else {
+            let pending = client.request(Request::from_parts(parts, body));
+            let result = match per_try {
+                Some(limit) => tokio::time::timeout(limit, pending)
+                    .await
+                    .map_err(|_| ProxyError::Timeout)?,
+                None => pending.await,
+            };
+            result.map_err(|e| {
+                if caused_by_client_body(&e) {
+                    ProxyError::BadRequest("malformed request body")
+                } else {
+                    ProxyError::Unreachable(e)
+                }
+            })?
         };
-        let resp = result.map_err(|e| {
-            if caused_by_client_body(&e) {
-                ProxyError::BadRequest("malformed request body")
-            } else {
-                ProxyError::Unreachable(e)
-            }
-        })?;
 
         let (mut parts, body) = resp.into_parts();
         parts.version = Version::HTTP_11;
@@ -332,6 +350,9 @@ impl<'t> Forwarding<'_, 't> {
         let mut resp = Response::from_parts(parts, ResponseBody::Upstream(body));
         apply_response_filters(&self.rule.filters, &mut resp);
         apply_response_filters(&backend.filters, &mut resp);
+        if let Some((policy, origin)) = cors_origin {
+            cors::add_response_headers(policy, origin, resp.headers_mut());
+        }
         Ok(resp)
     }
 

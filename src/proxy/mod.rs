@@ -15,9 +15,11 @@
 //! the streaming of the body after them.
 
 mod body;
+mod cors;
 mod error;
 mod filters;
 mod handler;
+mod retry;
 mod tls;
 mod upgrade;
 

@@ -8,13 +8,17 @@
 //! A table is immutable once built and is swapped in whole (`arc_swap`), so a
 //! request always finishes on the table it started with.
 
+mod cors;
 mod hostname;
 mod matching;
+mod retry;
 mod table;
 mod weighted;
 
+pub use cors::{CorsList, CorsPolicy, OriginHost, OriginPattern};
 pub use hostname::{HostPattern, normalize_host};
 pub use matching::{HeaderMatch, PathMatch, QueryMatch, RequestMatch, ValueMatch};
+pub use retry::{DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, RetryPolicy, TryOutcome};
 pub use table::{
     ListenerHandle, ListenerRoutes, Lookup, PortRoutes, RouteMatch, RouteOrder, RouteTable,
     RouteTableBuilder,
@@ -56,6 +60,8 @@ pub struct Rule {
     pub filters: Vec<Filter>,
     pub backends: BackendSplit,
     pub timeouts: Timeouts,
+    /// `retry`: send the request again when a try fails retriably.
+    pub retry: Option<RetryPolicy>,
 }
 
 /// HTTPRoute rule `timeouts`; `None` means no limit.
@@ -189,6 +195,9 @@ pub enum Filter {
     RequestRedirect(Redirect),
     UrlRewrite(UrlRewrite),
     RequestMirror(Mirror),
+    /// `CORS`: preflights are answered by the gateway; other requests with
+    /// an allowed `Origin` get the CORS response headers.
+    Cors(CorsPolicy),
 }
 
 /// Header edits in the spec's order: set, then add, then remove.

@@ -435,6 +435,7 @@ mod tests {
             filters: vec![],
             backends: BackendSplit::new(vec![]),
             timeouts: Timeouts::default(),
+            retry: None,
         })
     }
 

@@ -1,5 +1,5 @@
-//! HTTPRoute filters, compiled: header modifiers, redirects, rewrites and
-//! mirrors (rule-level and backendRef-level share one schema).
+//! HTTPRoute filters, compiled: header modifiers, redirects, rewrites,
+//! mirrors and CORS (rule-level and backendRef-level share one schema).
 //!
 //! Per the spec, an unknown or unsupported filter type must not be skipped:
 //! "Unknown values here must result in the implementation setting the
@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use gateway_api::experimental::httproutes::{
-    HttpRouteRulesBackendRefsFilters, HttpRouteRulesFilters,
+    HttpRouteRulesBackendRefsFilters, HttpRouteRulesFilters, HttpRouteRulesFiltersCors,
     HttpRouteRulesFiltersRequestRedirectPathType, HttpRouteRulesFiltersRequestRedirectScheme,
     HttpRouteRulesFiltersType, HttpRouteRulesFiltersUrlRewritePathType,
 };
@@ -19,7 +19,10 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use super::backends::{BackendRefFields, BackendResolver, Resolution};
 use super::{RefFailure, backend_target};
 use crate::resources::filter_type_name;
-use crate::route::{Backend, Filter, HeaderModifier, Mirror, PathModifier, Redirect, UrlRewrite};
+use crate::route::{
+    Backend, CorsList, CorsPolicy, Filter, HeaderModifier, Mirror, OriginPattern, PathModifier,
+    Redirect, UrlRewrite,
+};
 
 /// What compiling a list of filters produced.
 #[derive(Debug, Default)]
@@ -231,7 +234,14 @@ pub(crate) fn compile_filters(
                 }
                 None => missing(&mut out, "requestMirror"),
             },
-            T::ExtensionRef | T::Cors | T::ExternalAuth => {
+            T::Cors => match &f.cors {
+                Some(c) => match compile_cors(c) {
+                    Ok(c) => out.filters.push(Filter::Cors(c)),
+                    Err(e) => out.unsupported.push(format!("{ff}.cors.{e}")),
+                },
+                None => missing(&mut out, "cors"),
+            },
+            T::ExtensionRef | T::ExternalAuth => {
                 out.unsupported.push(format!(
                     "{ff}: filter type {} is not supported by sluice",
                     filter_type_name(&f.r#type)
@@ -240,6 +250,70 @@ pub(crate) fn compile_filters(
         }
     }
     out
+}
+
+/// Methods `allowMethods` may name (RFC 9110), besides `*`.
+const CORS_METHODS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+];
+
+/// The spec's default `maxAge`: "the gateway sets the response header
+/// `Access-Control-Max-Age: 5` by default".
+const CORS_DEFAULT_MAX_AGE: i32 = 5;
+
+/// Compile a CORS filter. The error starts with the field name (relative to
+/// `cors`). As the CRD says, `*` may not appear next to other entries.
+pub(crate) fn compile_cors(c: &HttpRouteRulesFiltersCors) -> Result<CorsPolicy, String> {
+    fn lone_wildcard(field: &str, items: &[String]) -> Result<(), String> {
+        if items.len() > 1 && items.iter().any(|i| i == "*") {
+            return Err(format!(
+                "{field}: \"*\" cannot appear alongside other entries"
+            ));
+        }
+        Ok(())
+    }
+    fn list(
+        field: &str,
+        items: Option<&[String]>,
+        valid: impl Fn(&str) -> bool,
+    ) -> Result<CorsList, String> {
+        let Some(items) = items.filter(|i| !i.is_empty()) else {
+            return Ok(CorsList::Unset);
+        };
+        lone_wildcard(field, items)?;
+        if items.len() == 1 && items[0] == "*" {
+            return Ok(CorsList::Wildcard);
+        }
+        for (n, item) in items.iter().enumerate() {
+            if !valid(item) {
+                return Err(format!("{field}[{n}]: {item:?} is not valid here"));
+            }
+        }
+        HeaderValue::from_str(&items.join(", "))
+            .map(CorsList::Names)
+            .map_err(|_| format!("{field}: not a valid header value"))
+    }
+    let header_name = |h: &str| HeaderName::from_bytes(h.as_bytes()).is_ok();
+
+    let origins = c.allow_origins.as_deref().unwrap_or_default();
+    lone_wildcard("allowOrigins", origins)?;
+    let allow_origins = origins
+        .iter()
+        .enumerate()
+        .map(|(n, o)| OriginPattern::parse(o).map_err(|e| format!("allowOrigins[{n}]: {e}")))
+        .collect::<Result<_, _>>()?;
+    let max_age = c.max_age.unwrap_or(CORS_DEFAULT_MAX_AGE);
+    let max_age = u32::try_from(max_age).map_err(|_| format!("maxAge: {max_age} is negative"))?;
+    Ok(CorsPolicy {
+        allow_origins,
+        allow_credentials: c.allow_credentials.unwrap_or(false),
+        allow_methods: list("allowMethods", c.allow_methods.as_deref(), |m| {
+            CORS_METHODS.contains(&m)
+        })?,
+        allow_headers: list("allowHeaders", c.allow_headers.as_deref(), header_name)?,
+        expose_headers: list("exposeHeaders", c.expose_headers.as_deref(), header_name)?,
+        max_age: HeaderValue::from(max_age),
+    })
 }
 
 fn path_modifier(
@@ -336,6 +410,53 @@ mod tests {
             "{:?}",
             c.unsupported
         );
+    }
+
+    #[test]
+    fn cors_compiles_lists_and_defaults() {
+        let c = compile(
+            "[{type: CORS, cors: {allowOrigins: ['https://www.foo.com', 'https://*.bar.com'], allowMethods: [GET, OPTIONS], allowHeaders: [x-header-1, x-header-2], exposeHeaders: ['*'], allowCredentials: true}}]",
+        );
+        assert!(c.unsupported.is_empty(), "{:?}", c.unsupported);
+        let Filter::Cors(p) = &c.filters[0] else {
+            panic!("{:?}", c.filters)
+        };
+        assert_eq!(p.allow_origins.len(), 2);
+        assert!(p.allows_origin("https://a.bar.com"));
+        assert!(p.allow_credentials);
+        assert_eq!(
+            p.allow_methods,
+            CorsList::Names(HeaderValue::from_static("GET, OPTIONS"))
+        );
+        assert_eq!(
+            p.allow_headers,
+            CorsList::Names(HeaderValue::from_static("x-header-1, x-header-2"))
+        );
+        assert_eq!(p.expose_headers, CorsList::Wildcard);
+        assert_eq!(p.max_age, "5", "the spec's default maxAge");
+    }
+
+    #[test]
+    fn invalid_cors_is_unsupported_and_names_the_field() {
+        for (yaml, field) in [
+            (
+                "{allowOrigins: ['*', 'https://a.com']}",
+                "cors.allowOrigins",
+            ),
+            ("{allowOrigins: ['ftp://a.com']}", "cors.allowOrigins[0]"),
+            ("{allowMethods: [GET, FETCH]}", "cors.allowMethods[1]"),
+            ("{allowHeaders: ['bad header']}", "cors.allowHeaders[0]"),
+            ("{maxAge: -1}", "cors.maxAge"),
+        ] {
+            let c = compile(&format!("[{{type: CORS, cors: {yaml}}}]"));
+            assert!(c.filters.is_empty(), "{yaml}");
+            assert_eq!(c.unsupported.len(), 1, "{yaml}");
+            assert!(
+                c.unsupported[0].starts_with(&format!("spec.rules[0].filters[0].{field}")),
+                "{yaml}: {:?}",
+                c.unsupported
+            );
+        }
     }
 
     #[test]

@@ -10,15 +10,21 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteParentRefs, HttpRouteRules};
+use gateway_api::experimental::httproutes::{
+    HttpRoute, HttpRouteParentRefs, HttpRouteRules, HttpRouteRulesRetry,
+};
+use http::StatusCode;
 
 use super::backends::{BackendRefFields, BackendResolver, Resolution};
 use super::filters::{backend_filters_as_rule_filters, compile_filters};
 use super::gateways::{GatewayView, namespace_allowed};
 use super::matches::{compile_match, compile_timeouts};
 use super::{BackendOutcome, BackendSummary, RefFailure, RuleSummary, backend_target};
-use crate::resources::GATEWAY_GROUP;
-use crate::route::{Backend, BackendSplit, Filter, HostPattern, RequestMatch, Rule, RuleId};
+use crate::resources::{GATEWAY_GROUP, parse_gateway_duration};
+use crate::route::{
+    Backend, BackendSplit, DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, Filter, HostPattern,
+    RequestMatch, RetryPolicy, Rule, RuleId,
+};
 
 /// One rule, compiled, ready to be attached to listeners.
 #[derive(Debug)]
@@ -81,11 +87,11 @@ fn compile_rule(
         out.unsupported.push(format!("{field}.{e}"));
         Default::default()
     });
-    if rule.retry.is_some() {
-        out.warnings.push(format!(
-            "{route_id}: {field}.retry is not supported yet and is ignored"
-        ));
-    }
+    let retry = rule.retry.as_ref().and_then(|r| {
+        compile_retry(r)
+            .map_err(|e| out.unsupported.push(format!("{field}.retry.{e}")))
+            .ok()
+    });
     if rule.session_persistence.is_some() {
         out.warnings.push(format!(
             "{route_id}: {field}.sessionPersistence is not supported yet and is ignored"
@@ -181,6 +187,16 @@ fn compile_rule(
                         .into_iter()
                         .map(|w| format!("{route_id}: {w}")),
                 );
+                if compiled
+                    .filters
+                    .iter()
+                    .any(|f| matches!(f, Filter::Cors(_)))
+                {
+                    // A preflight is answered before any backend is chosen.
+                    out.unsupported.push(format!(
+                        "{bfield}.filters: CORS is only supported in rule filters"
+                    ));
+                }
                 backend_filters = compiled.filters;
             }
             Err(e) => out.unsupported.push(format!("{bfield}.filters: {e}")),
@@ -236,9 +252,40 @@ fn compile_rule(
             filters: filters.filters,
             backends: BackendSplit::new(backends),
             timeouts,
+            retry,
         }),
         matches,
     });
+}
+
+/// Compile a rule's `retry`. The error starts with the field name
+/// (relative to `retry`).
+fn compile_retry(r: &HttpRouteRulesRetry) -> Result<RetryPolicy, String> {
+    let mut codes = Vec::new();
+    for (n, c) in r.codes.iter().flatten().enumerate() {
+        // The CRD's range: "Minimum=400, Maximum=599".
+        let code = u16::try_from(*c)
+            .ok()
+            .filter(|c| (400..=599).contains(c))
+            .and_then(|c| StatusCode::from_u16(c).ok())
+            .ok_or_else(|| format!("codes[{n}]: {c} is outside 400..=599"))?;
+        if !codes.contains(&code) {
+            codes.push(code);
+        }
+    }
+    let attempts = match r.attempts {
+        None => DEFAULT_RETRY_ATTEMPTS,
+        Some(a) => u32::try_from(a).map_err(|_| format!("attempts: {a} is negative"))?,
+    };
+    let backoff = match &r.backoff {
+        None => DEFAULT_RETRY_BACKOFF,
+        Some(b) => parse_gateway_duration(b).map_err(|e| format!("backoff: {e}"))?,
+    };
+    Ok(RetryPolicy {
+        codes,
+        attempts,
+        backoff,
+    })
 }
 
 /// A route attached to one listener, under these effective hostnames.
@@ -383,4 +430,43 @@ pub(crate) fn attach<'a>(
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn retry(yaml: &str) -> Result<RetryPolicy, String> {
+        compile_retry(&serde_yaml::from_str(yaml).expect("test retry parses"))
+    }
+
+    #[test]
+    fn retry_fields_and_defaults() {
+        let r = retry("{codes: [500, 502, 500], attempts: 3, backoff: 1s100ms}").expect("valid");
+        assert_eq!(
+            r.codes,
+            [StatusCode::INTERNAL_SERVER_ERROR, StatusCode::BAD_GATEWAY]
+        );
+        assert_eq!(r.attempts, 3);
+        assert_eq!(r.backoff, Duration::from_millis(1100));
+        let r = retry("{}").expect("valid");
+        assert!(r.codes.is_empty());
+        assert_eq!(r.attempts, DEFAULT_RETRY_ATTEMPTS);
+        assert_eq!(r.backoff, DEFAULT_RETRY_BACKOFF);
+        assert_eq!(retry("{attempts: 0}").expect("valid").attempts, 0);
+    }
+
+    #[test]
+    fn invalid_retry_names_the_field() {
+        for (yaml, field) in [
+            ("{codes: [500, 200]}", "codes[1]"),
+            ("{codes: [600]}", "codes[0]"),
+            ("{attempts: -1}", "attempts"),
+            ("{backoff: 10}", "backoff"),
+        ] {
+            let e = retry(yaml).expect_err(yaml);
+            assert!(e.starts_with(field), "{yaml}: {e}");
+        }
+    }
 }
