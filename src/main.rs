@@ -3,6 +3,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
@@ -52,6 +53,8 @@ enum Command {
         /// Seconds a leader lease lasts without renewal before another replica takes over.
         #[arg(long, default_value_t = 15, requires = "kubernetes", value_parser = clap::value_parser!(u64).range(1..))]
         lease_duration: u64,
+        #[command(flatten)]
+        limits: Box<LimitArgs>,
     },
     /// Print every object's conditions and every rule's backend shares; exit 1 if anything is not accepted or resolved.
     Check {
@@ -68,6 +71,109 @@ enum Command {
         #[arg(long)]
         verbose: bool,
     },
+}
+
+/// Limits and timeouts of the proxy (docs/hardening.md). Durations are
+/// seconds, or take a unit: `500ms`, `10s`, `5m`, `1h`.
+#[derive(clap::Args)]
+struct LimitArgs {
+    /// Time a client may take to send a request head; also how long an HTTP/1 connection may idle between requests [default: 60s].
+    #[arg(long, value_parser = parse_duration, help_heading = "Limits")]
+    request_header_timeout: Option<Duration>,
+    /// Time a connection may have no request in flight before it is closed [default: 1h].
+    #[arg(long, value_parser = parse_duration, help_heading = "Limits")]
+    idle_timeout: Option<Duration>,
+    /// Largest request head in bytes (request line and headers); larger gets 431 [default: 61440].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Limits")]
+    max_request_header_bytes: Option<u64>,
+    /// Longest request target (path and query) in bytes; longer gets 414 [default: 8192].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Limits")]
+    max_uri_bytes: Option<u64>,
+    /// Open client connections in total; more are closed on accept [default: 50000].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Limits")]
+    max_connections: Option<u64>,
+    /// Open client connections per listening socket; more are closed on accept [default: 10000].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Limits")]
+    max_connections_per_listener: Option<u64>,
+    /// HTTP/2 streams a client may have open at once [default: 100].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), help_heading = "Limits")]
+    http2_max_concurrent_streams: Option<u32>,
+    /// Time a backend may take to answer a request without a body when its route sets no timeouts; 0 waits forever [default: 15s].
+    #[arg(long, value_parser = parse_duration, help_heading = "Limits")]
+    backend_timeout: Option<Duration>,
+    /// On SIGTERM, time in-flight requests get to finish after the gateway stops accepting [default: 10s].
+    #[arg(long, value_parser = parse_duration, help_heading = "Limits")]
+    drain_timeout: Option<Duration>,
+    /// Forward requests whose header names contain '_' (refused with 400 by default).
+    #[arg(long, help_heading = "Limits")]
+    allow_underscore_headers: bool,
+    /// Proxies in front of the gateway that append to X-Forwarded-For: the client address (X-Real-IP) is this many entries left of the peer [default: 0].
+    #[arg(long, conflicts_with = "trusted_proxy", help_heading = "Limits")]
+    xff_trusted_hops: Option<u32>,
+    /// A proxy in front of the gateway (address or CIDR) whose X-Forwarded-For entries are believed. Repeatable.
+    #[arg(long, help_heading = "Limits")]
+    trusted_proxy: Vec<sluice::proxy::Cidr>,
+}
+
+impl LimitArgs {
+    fn limits(self) -> sluice::proxy::ProxyLimits {
+        let mut l = sluice::proxy::ProxyLimits::default();
+        let size = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        if let Some(v) = self.request_header_timeout {
+            l.request_header_timeout = v;
+        }
+        if let Some(v) = self.idle_timeout {
+            l.idle_timeout = v;
+        }
+        if let Some(v) = self.max_request_header_bytes {
+            l.max_request_header_bytes = size(v);
+        }
+        if let Some(v) = self.max_uri_bytes {
+            l.max_uri_bytes = size(v);
+        }
+        if let Some(v) = self.max_connections {
+            l.max_connections = size(v);
+        }
+        if let Some(v) = self.max_connections_per_listener {
+            l.max_connections_per_listener = size(v);
+        }
+        if let Some(v) = self.http2_max_concurrent_streams {
+            l.http2_max_concurrent_streams = v;
+        }
+        if let Some(v) = self.backend_timeout {
+            l.backend_timeout = (!v.is_zero()).then_some(v);
+        }
+        if let Some(v) = self.drain_timeout {
+            l.drain_timeout = v;
+        }
+        l.reject_underscore_headers = !self.allow_underscore_headers;
+        if let Some(v) = self.xff_trusted_hops {
+            l.forwarded.trusted_hops = v;
+        }
+        l.forwarded.trusted_cidrs = self.trusted_proxy;
+        l
+    }
+}
+
+/// `90`, `90s`, `500ms`, `5m`, `1h`.
+fn parse_duration(value: &str) -> Result<Duration, String> {
+    let value = value.trim();
+    let split = value
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(value.len());
+    let (number, unit) = value.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("expected a duration such as 10s or 500ms, got {value:?}"))?;
+    match unit {
+        "" | "s" => Ok(Duration::from_secs(n)),
+        "ms" => Ok(Duration::from_millis(n)),
+        "m" => Ok(Duration::from_secs(n.saturating_mul(60))),
+        "h" => Ok(Duration::from_secs(n.saturating_mul(3600))),
+        _ => Err(format!(
+            "unknown unit {unit:?} in {value:?} (use ms, s, m or h)"
+        )),
+    }
 }
 
 fn init_tracing() {
@@ -92,7 +198,9 @@ fn main() -> ExitCode {
             lease_namespace,
             lease_name,
             lease_duration,
+            limits,
         } => {
+            let limits = limits.limits();
             init_tracing();
             let Some(runtime) = runtime() else {
                 return ExitCode::from(1);
@@ -107,10 +215,12 @@ fn main() -> ExitCode {
                     lease_name,
                     lease_duration: std::time::Duration::from_secs(lease_duration),
                 };
-                return runtime.block_on(serve(sluice::serve::start_kubernetes(config)));
+                return runtime.block_on(serve(sluice::serve::start_kubernetes_with_limits(
+                    config, limits,
+                )));
             }
             let config = sluice::serve::ServeConfig { paths, bind, admin };
-            runtime.block_on(serve(sluice::serve::start(config)))
+            runtime.block_on(serve(sluice::serve::start_with_limits(config, limits)))
         }
         Command::Check { paths } => {
             let code = sluice::cli::check::run(&paths, &mut std::io::stdout().lock());

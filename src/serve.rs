@@ -18,8 +18,7 @@ use tokio::task::JoinHandle;
 
 use crate::admin::{AdminServer, AdminState, Published};
 use crate::metrics::Metrics;
-use crate::proxy::Proxy;
-use crate::route::RouteTable;
+use crate::proxy::{Proxy, ProxyLimits};
 use crate::source::{FileSource, FileWatch, SourceUpdate};
 use crate::translate::{TranslateOptions, translate};
 
@@ -61,8 +60,9 @@ impl RunningGateway {
         self.state.published()
     }
 
-    /// Stop watching, close the admin listener and every proxy listener.
-    /// Connections already accepted by the proxy finish what they are doing.
+    /// Stop watching, close the admin listener and every proxy listener,
+    /// then drain: connections already accepted finish their requests in
+    /// flight within the drain period ([`ProxyLimits::drain_timeout`]).
     pub async fn shutdown(self) {
         // Receivers only go away when their tasks ended: nothing to signal then.
         let _ = self.shutdown.send(true);
@@ -70,8 +70,15 @@ impl RunningGateway {
             tracing::error!(%error, "reload task failed");
         }
         self.admin.join().await;
-        let failures = self.proxy.apply(RouteTable::default()).await;
-        debug_assert!(failures.is_empty(), "an empty table binds nothing");
+        // The table stays: requests still arriving on open connections
+        // while they drain are served as before.
+        let cut = self.proxy.drain().await;
+        if cut > 0 {
+            tracing::warn!(
+                connections = cut,
+                "connections closed before their requests finished"
+            );
+        }
         tracing::info!("gateway stopped");
     }
 }
@@ -82,6 +89,14 @@ impl RunningGateway {
 /// cannot be bound or a configured path cannot be watched. Problems in the
 /// manifests are reported on `/errors` and in the logs, never fatal.
 pub async fn start(config: ServeConfig) -> anyhow::Result<RunningGateway> {
+    start_with_limits(config, ProxyLimits::default()).await
+}
+
+/// [`start`], with the proxy held to `limits`.
+pub async fn start_with_limits(
+    config: ServeConfig,
+    limits: ProxyLimits,
+) -> anyhow::Result<RunningGateway> {
     let metrics = Metrics::shared();
     let source = FileSource::new(config.paths.clone(), metrics.clone());
     // Watch before the first read so that no change in between is missed.
@@ -96,7 +111,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningGateway> {
         .with_context(|| format!("cannot bind the admin listener on {}", config.admin))?;
     tracing::info!(addr = %admin.addr(), "admin listener started");
 
-    let proxy = Proxy::new(metrics.clone());
+    let proxy = Proxy::with_limits(metrics.clone(), limits);
     let mut reloader = Reloader {
         options: TranslateOptions {
             default_bind: config.bind,
@@ -243,6 +258,14 @@ struct Served {
 /// being unreachable is not fatal: watches retry with backoff and `/readyz`
 /// stays 503 until the first complete snapshot is served.
 pub async fn start_kubernetes(config: KubernetesConfig) -> anyhow::Result<RunningGateway> {
+    start_kubernetes_with_limits(config, ProxyLimits::default()).await
+}
+
+/// [`start_kubernetes`], with the proxy held to `limits`.
+pub async fn start_kubernetes_with_limits(
+    config: KubernetesConfig,
+    limits: ProxyLimits,
+) -> anyhow::Result<RunningGateway> {
     use crate::source::kubernetes::{self as kube_source, SourceOptions};
     use crate::status::StatusWriter;
     use crate::status::lease::{self, LeaderElector, LeaseConfig};
@@ -255,7 +278,7 @@ pub async fn start_kubernetes(config: KubernetesConfig) -> anyhow::Result<Runnin
         .await
         .with_context(|| format!("cannot bind the admin listener on {}", config.admin))?;
     tracing::info!(addr = %admin.addr(), "admin listener started");
-    let proxy = Proxy::new(metrics.clone());
+    let proxy = Proxy::with_limits(metrics.clone(), limits);
 
     let (updates_tx, updates) = tokio::sync::mpsc::channel(1);
     let source = tokio::spawn(kube_source::run(

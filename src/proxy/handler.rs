@@ -113,7 +113,13 @@ async fn route<'t>(
         client,
         bind,
     };
-    match rule.timeouts.request {
+    // Without route timeouts, a request without a body waits at most the
+    // proxy's default (Envoy's route timeout) for the backend's answer.
+    let limit = match (rule.timeouts.request, rule.timeouts.backend_request) {
+        (None, None) if req.body().is_end_stream() => shared.limits.backend_timeout,
+        (limit, _) => limit,
+    };
+    match limit {
         Some(limit) => tokio::time::timeout(limit, request.run(req, outcome))
             .await
             .unwrap_or(Err(ProxyError::Timeout)),
@@ -193,6 +199,7 @@ impl<'t> Forwarding<'_, 't> {
         }
         strip_hop_by_hop(&mut parts.headers);
         add_forwarded(&mut parts.headers, self.client.ip(), scheme);
+        self.shared.limits.forwarded.set_real_ip(&mut parts.headers, self.client.ip());
         if let Some(u) = &upgrade {
             u.restore_request_headers(&mut parts.headers);
         }

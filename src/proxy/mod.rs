@@ -11,20 +11,29 @@
 //! with prior knowledge. HTTP/1.1 upgrades (WebSocket) are passed through
 //! ([`upgrade`]).
 //!
+//! Every connection is held to [`ProxyLimits`]: a connection limit per
+//! socket and in total, a deadline for request heads, an idle timeout,
+//! head and URI sizes, HTTP/2 stream and flood limits ([`conn`]). On
+//! shutdown the proxy stops accepting and drains: open connections finish
+//! their requests within the drain period.
+//!
 //! Not supported yet: timeouts cover the time to the response headers, not
 //! the streaming of the body after them.
 
 mod body;
-mod cors;
+mod conn;
 mod error;
 mod filters;
+mod forwarded;
 mod handler;
-mod retry;
+mod limits;
 mod tls;
 mod upgrade;
 
 pub use body::ResponseBody;
 pub use error::{ErrorSource, ProxyError};
+pub use forwarded::{Cidr, ForwardedTrust};
+pub use limits::ProxyLimits;
 pub use tls::TlsConnection;
 
 use std::collections::BTreeMap;
@@ -41,12 +50,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::AbortHandle;
 use tokio_rustls::TlsAcceptor;
 
 use crate::metrics::Metrics;
 use crate::route::RouteTable;
 use body::UpstreamBody;
+use conn::{FloodLimits, InFlight, TrackedBody, Watched};
 
 /// A socket the proxy could not listen on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +82,12 @@ pub(crate) struct Shared {
     server: auto::Builder<TokioExecutor>,
     /// The accept loop of each bound socket, by its configured address.
     listeners: Mutex<BTreeMap<SocketAddr, AbortHandle>>,
+    limits: ProxyLimits,
+    /// One permit per open client connection, across all sockets.
+    connections: Arc<Semaphore>,
+    /// Set once on shutdown: every connection finishes what it is doing
+    /// and closes.
+    draining: watch::Sender<bool>,
 }
 
 /// The running proxy. Cheap to clone.
@@ -80,7 +97,16 @@ pub struct Proxy {
 }
 
 impl Proxy {
+    /// A proxy with the default [`ProxyLimits`].
     pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self::with_limits(metrics, ProxyLimits::default())
+    }
+
+    pub fn with_limits(metrics: Arc<Metrics>, mut limits: ProxyLimits) -> Self {
+        limits.max_connections = limits.max_connections.min(Semaphore::MAX_PERMITS);
+        limits.max_connections_per_listener = limits
+            .max_connections_per_listener
+            .min(Semaphore::MAX_PERMITS);
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
@@ -94,10 +120,27 @@ impl Proxy {
             .http2_only(true)
             .build(connector);
         let mut server = auto::Builder::new(TokioExecutor::new());
-        // A timer makes hyper enforce its limit on how long a client may
-        // take to send request headers.
-        server.http1().timer(TokioTimer::new());
-        server.http2().timer(TokioTimer::new());
+        // hyper's read buffer bounds the request head: a head that does not
+        // fit gets 431. (It also caps how much of a body is read ahead.)
+        server
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.request_header_timeout)
+            .max_buf_size(
+                limits
+                    .max_request_header_bytes
+                    .max(limits::MIN_HTTP1_BUFFER),
+            )
+            .max_headers(limits.max_request_headers);
+        server
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(limits.http2_max_concurrent_streams)
+            .initial_stream_window_size(limits.http2_stream_window)
+            .initial_connection_window_size(limits.http2_connection_window)
+            .max_header_list_size(
+                u32::try_from(limits.max_request_header_bytes).unwrap_or(u32::MAX),
+            );
         Proxy {
             shared: Arc::new(Shared {
                 server,
@@ -106,7 +149,41 @@ impl Proxy {
                 client,
                 h2_client,
                 listeners: Mutex::new(BTreeMap::new()),
+                connections: Arc::new(Semaphore::new(limits.max_connections)),
+                limits,
+                draining: watch::Sender::new(false),
             }),
+        }
+    }
+
+    /// The limits every connection is held to.
+    pub fn limits(&self) -> &ProxyLimits {
+        &self.shared.limits
+    }
+
+    /// Client connections open now.
+    pub fn open_connections(&self) -> usize {
+        self.shared.limits.max_connections - self.shared.connections.available_permits()
+    }
+
+    /// Graceful shutdown: stop accepting, let every open connection finish
+    /// its requests in flight (idle ones close at once, HTTP/2 ones get
+    /// GOAWAY), and wait for them for up to the drain period. Returns the
+    /// number of connections still open when the period ended.
+    pub async fn drain(&self) -> usize {
+        self.shutdown();
+        self.shared.draining.send_replace(true);
+        let deadline = tokio::time::Instant::now() + self.shared.limits.drain_timeout;
+        loop {
+            let open = self.open_connections();
+            if open == 0 {
+                return 0;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(open, "drain period over; closing the remaining connections");
+                return open;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -201,6 +278,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAdd
     // Built once per socket; the certificate is picked per handshake from
     // the current table, so reloads change certificates without rebinding.
     let acceptor = TlsAcceptor::from(tls::server_config(shared.clone(), bind));
+    let per_listener = Arc::new(Semaphore::new(shared.limits.max_connections_per_listener));
     loop {
         let (stream, client) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -212,13 +290,24 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAdd
                 continue;
             }
         };
+        // Over a limit: close at once (the client sees the connection
+        // closed before any response); open connections are untouched.
+        let Ok(listener_permit) = per_listener.clone().try_acquire_owned() else {
+            tracing::debug!(%bind, %client, "listener connection limit reached; closing");
+            continue;
+        };
+        let Ok(total_permit) = shared.connections.clone().try_acquire_owned() else {
+            tracing::debug!(%bind, %client, "connection limit reached; closing");
+            continue;
+        };
+        let permits = (listener_permit, total_permit);
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         // Whether the socket terminates TLS is read per connection: a
         // reload may turn a port's listeners from HTTP to HTTPS.
         let is_tls = shared.table.load().port(bind).is_some_and(|p| p.is_tls());
         if !is_tls {
-            tokio::spawn(serve(shared, stream, None, client, bind));
+            tokio::spawn(serve(shared, stream, None, client, bind, permits));
             continue;
         }
         let acceptor = acceptor.clone();
@@ -242,6 +331,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAdd
                 Some(TlsConnection { server_name }),
                 client,
                 bind,
+                permits,
             )
             .await;
         });
@@ -249,28 +339,63 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAdd
 }
 
 /// Serve the requests of one client connection (cleartext, or TLS after the
-/// handshake), with upgrades allowed.
+/// handshake), with upgrades allowed, until the client closes it, it has
+/// been idle too long, or the proxy drains. `_permits` hold its places
+/// under the connection limits.
 async fn serve<S>(
     shared: Arc<Shared>,
     stream: S,
     tls: Option<TlsConnection>,
     client: SocketAddr,
     bind: SocketAddr,
+    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let in_flight = InFlight::new();
     let for_requests = shared.clone();
+    let requests = in_flight.clone();
     let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        let guard = requests.begin();
         let shared = for_requests.clone();
         if let Some(tls) = &tls {
             req.extensions_mut().insert(tls.clone());
         }
-        async move { Ok::<_, Infallible>(handler::handle(&shared, req, client, bind).await) }
+        async move {
+            let resp = match limits::refuse(&shared.limits, &req) {
+                Some(refused) => refused,
+                None => handler::handle(&shared, req, client, bind).await,
+            };
+            Ok::<_, Infallible>(resp.map(|body| TrackedBody::new(body, guard)))
+        }
     });
+    let flood = FloodLimits {
+        max_control_frames: shared.limits.http2_max_control_frames,
+        reset_streams_threshold: shared.limits.http2_reset_streams_threshold,
+    };
     let conn = shared
         .server
-        .serve_connection_with_upgrades(TokioIo::new(stream), service);
-    if let Err(e) = conn.await {
-        tracing::debug!(%client, error = %e, "connection ended with an error");
+        .serve_connection_with_upgrades(TokioIo::new(Watched::new(stream, flood)), service);
+    tokio::pin!(conn);
+    let mut draining = shared.draining.subscribe();
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            ended = conn.as_mut() => {
+                if let Err(e) = ended {
+                    tracing::debug!(%client, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = in_flight.idle_for(shared.limits.idle_timeout), if !closing => {
+                tracing::debug!(%client, "idle timeout; closing the connection");
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = draining.wait_for(|d| *d), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
     }
 }

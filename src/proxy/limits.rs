@@ -1,0 +1,178 @@
+//! The limits and timeouts that protect the proxy from its clients and its
+//! backends, with defaults taken from Envoy's edge-proxy guidance (and from
+//! nginx where Envoy has no equivalent). `docs/hardening.md` lists each one
+//! with the test that covers it.
+
+use std::time::Duration;
+
+use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{HeaderValue, Request, Response, StatusCode};
+
+use super::body::ResponseBody;
+use super::forwarded::ForwardedTrust;
+
+/// What a client may ask of the proxy, and how long anything may take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyLimits {
+    /// From when the proxy starts waiting for a request head (a new
+    /// connection, or the next request on a keep-alive one) until the head
+    /// is complete; a slower client is disconnected (slowloris). hyper
+    /// measures it from the end of the previous response, so it also bounds
+    /// how long an HTTP/1 connection may sit idle between requests.
+    /// Envoy edge (Istio EDGE profile): `request_headers_timeout: 60s`.
+    pub request_header_timeout: Duration,
+    /// How long a connection may have no request in flight before it is
+    /// closed (HTTP/2: GOAWAY). Envoy edge: `common_http_protocol_options.idle_timeout: 3600s`.
+    pub idle_timeout: Duration,
+    /// Largest request head (request line plus headers; HTTP/2: the decoded
+    /// header list) in bytes; larger gets 431. Envoy: `max_request_headers_kb: 60`.
+    pub max_request_header_bytes: usize,
+    /// Most request header fields; more gets 431. Envoy: `max_headers_count: 100`.
+    pub max_request_headers: usize,
+    /// Longest request target (path and query) in bytes; longer gets 414.
+    /// nginx: `large_client_header_buffers 4 8k` (Envoy only bounds it by
+    /// the header size).
+    pub max_uri_bytes: usize,
+    /// Open client connections of the whole process; a connection beyond
+    /// it is accepted and closed at once. Envoy edge: overload manager
+    /// `global_downstream_max_connections: 50000`.
+    pub max_connections: usize,
+    /// Open client connections per bound socket (the listeners of a Gateway
+    /// that share a port share a socket). Envoy edge: listener
+    /// `connection_limit: 10000`.
+    pub max_connections_per_listener: usize,
+    /// HTTP/2 streams a client may have open at once (more are refused
+    /// with `REFUSED_STREAM`). Envoy edge: `max_concurrent_streams: 100`.
+    pub http2_max_concurrent_streams: u32,
+    /// HTTP/2 flow-control window per stream: what a client may send on a
+    /// stream before the proxy has passed it on. Envoy edge: 64 KiB.
+    pub http2_stream_window: u32,
+    /// HTTP/2 flow-control window per connection. Envoy edge: 1 MiB.
+    pub http2_connection_window: u32,
+    /// HTTP/2 frames that do no work (PING, SETTINGS, PRIORITY, empty
+    /// DATA) a client may send in a row, without a HEADERS or DATA frame
+    /// between them, before the connection is closed (PING and SETTINGS
+    /// floods). Envoy: `max_outbound_control_frames: 1000`.
+    pub http2_max_control_frames: u32,
+    /// HTTP/2 rapid reset (CVE-2023-44487): once a client has opened this
+    /// many streams, the connection is closed as soon as it has reset at
+    /// least half of them. Envoy: `overload.premature_reset_total_stream_count: 500`.
+    pub http2_reset_streams_threshold: u32,
+    /// How long a backend may take to send its response headers when the
+    /// route sets no `timeouts` and the request has no body; `None` waits
+    /// forever. Envoy's default route timeout: 15 s. Requests with a body
+    /// get no default (Envoy starts this timer when the request body is
+    /// complete, which the proxy does not observe yet).
+    pub backend_timeout: Option<Duration>,
+    /// On shutdown (SIGTERM): how long in-flight requests may take to
+    /// finish after the proxy stops accepting. Kubernetes' default grace
+    /// period is 30 s; Envoy's `--drain-time-s` defaults to 600 s.
+    pub drain_timeout: Duration,
+    /// Refuse (400) requests with `_` in a header name, so that no backend
+    /// that treats `_` and `-` alike can be handed a header the gateway
+    /// removed or set. Envoy edge: `headers_with_underscores_action: REJECT_REQUEST`.
+    pub reject_underscore_headers: bool,
+    /// Which proxies in front of the gateway are trusted to report the
+    /// client's address in `X-Forwarded-For`. Envoy: `xff_num_trusted_hops: 0`.
+    pub forwarded: ForwardedTrust,
+}
+
+impl Default for ProxyLimits {
+    fn default() -> Self {
+        ProxyLimits {
+            request_header_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(3600),
+            max_request_header_bytes: 60 * 1024,
+            max_request_headers: 100,
+            max_uri_bytes: 8 * 1024,
+            max_connections: 50_000,
+            max_connections_per_listener: 10_000,
+            http2_max_concurrent_streams: 100,
+            http2_stream_window: 64 * 1024,
+            http2_connection_window: 1024 * 1024,
+            http2_max_control_frames: 1000,
+            http2_reset_streams_threshold: 500,
+            backend_timeout: Some(Duration::from_secs(15)),
+            drain_timeout: Duration::from_secs(10),
+            reject_underscore_headers: true,
+            forwarded: ForwardedTrust::default(),
+        }
+    }
+}
+
+/// hyper refuses `max_buf_size` below this; the HTTP/1 head limit is
+/// raised to it when configured lower.
+pub(super) const MIN_HTTP1_BUFFER: usize = 8192;
+
+/// The answer to a request the limits refuse before it is routed: 414 for a
+/// request target longer than `max_uri_bytes`, 400 for `_` in a header name
+/// when those are rejected. Both close the connection.
+pub(super) fn refuse<B>(limits: &ProxyLimits, req: &Request<B>) -> Option<Response<ResponseBody>> {
+    let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if target > limits.max_uri_bytes {
+        return Some(refusal(
+            StatusCode::URI_TOO_LONG,
+            "request target too long\n",
+        ));
+    }
+    if limits.reject_underscore_headers
+        && req
+            .headers()
+            .keys()
+            .any(|name| name.as_str().as_bytes().contains(&b'_'))
+    {
+        return Some(refusal(
+            StatusCode::BAD_REQUEST,
+            "header names with underscores are not accepted\n",
+        ));
+    }
+    None
+}
+
+fn refusal(status: StatusCode, text: &'static str) -> Response<ResponseBody> {
+    let mut resp = Response::new(ResponseBody::full(text));
+    *resp.status_mut() = status;
+    let headers = resp.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(text.len()));
+    // The rest of the request (a body) is not read: the connection cannot
+    // carry another request.
+    headers.insert(CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(uri: &str, headers: &[(&str, &str)]) -> Request<()> {
+        let mut b = Request::get(uri);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).unwrap()
+    }
+
+    #[test]
+    fn long_targets_get_414_and_underscores_400() {
+        let limits = ProxyLimits {
+            max_uri_bytes: 16,
+            ..ProxyLimits::default()
+        };
+        assert!(refuse(&limits, &req("/0123456789abcde", &[])).is_none());
+        let r = refuse(&limits, &req("/0123456789?abcdef", &[])).expect("refused");
+        assert_eq!(r.status(), 414);
+        assert_eq!(r.headers()[CONNECTION], "close");
+        let r = refuse(&limits, &req("/", &[("x_user", "1")])).expect("refused");
+        assert_eq!(r.status(), 400);
+        assert!(refuse(&limits, &req("/", &[("x-user", "1")])).is_none());
+        let lenient = ProxyLimits {
+            reject_underscore_headers: false,
+            ..limits
+        };
+        assert!(refuse(&lenient, &req("/", &[("x_user", "1")])).is_none());
+    }
+}
