@@ -15,5 +15,6 @@ mod matching;
 mod precedence;
 mod protocols;
 mod reload;
+mod retry_cors;
 mod status;
 mod weights;
