@@ -237,6 +237,23 @@ fn gateway_view(
             },
         }
     }
+    // sluice takes no parameters: whatever a parametersRef names is not a
+    // kind it supports (the spec's `InvalidParameters`).
+    if rejected.is_none()
+        && let Some(p) = gw
+            .spec
+            .infrastructure
+            .as_ref()
+            .and_then(|i| i.parameters_ref.as_ref())
+    {
+        rejected = Some((
+            "InvalidParameters",
+            format!(
+                "spec.infrastructure.parametersRef: {}/{} {} is not supported; sluice takes no parameters",
+                p.group, p.kind, p.name
+            ),
+        ));
+    }
     if gw.spec.addresses.as_ref().is_none_or(Vec::is_empty) {
         addresses.push(options.default_bind);
     }

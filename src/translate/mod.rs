@@ -688,4 +688,45 @@ spec:
             Some(("False".into(), "AddressNotUsable".into()))
         );
     }
+
+    #[test]
+    fn a_gateway_with_a_parameters_ref_is_not_accepted() {
+        let t = translate_yaml(
+            &("apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw}
+spec:
+  gatewayClassName: sluice
+  listeners: [{name: http, port: 8080, protocol: HTTP}]
+  infrastructure:
+    parametersRef: {group: invalid.io, kind: InvalidParameters, name: invalid}
+"
+            .to_owned()
+                + &route("r", "  parentRefs: [{name: gw}]\n")),
+        );
+        let gw = t
+            .status
+            .objects
+            .iter()
+            .find(|o| o.kind == "Gateway")
+            .expect("the Gateway has status");
+        let accepted = gw.status["conditions"]
+            .as_array()
+            .expect("conditions")
+            .iter()
+            .find(|c| c["type"] == "Accepted")
+            .expect("Accepted condition");
+        assert_eq!(accepted["status"], "False");
+        assert_eq!(accepted["reason"], "InvalidParameters");
+        assert!(
+            accepted["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("InvalidParameters")),
+            "{accepted}"
+        );
+        assert!(
+            route_for(&t, 8080, "example.com", "/").is_none(),
+            "a rejected Gateway serves nothing"
+        );
+    }
 }

@@ -20,13 +20,17 @@
 //! logical view and render again.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use rustls_pki_types::CertificateDer;
 use serde_yaml::{Mapping, Value};
-use sluice::echo::{EchoIdentity, EchoServer};
+use sluice::echo::EchoIdentity;
+
+use crate::backend::EchoPod;
 
 /// Our GatewayClass, replacing the suite's `{GATEWAY_CLASS_NAME}`.
 pub const GATEWAY_CLASS: &str = "sluice-conformance";
@@ -53,13 +57,64 @@ pub fn parse_file(path: &Path, name: &str) -> anyhow::Result<ManifestFile> {
         let value = serde::Deserialize::deserialize(doc)
             .with_context(|| format!("{}: invalid YAML", path.display()))?;
         if !matches!(value, Value::Null) {
-            docs.push(value);
+            docs.push(overlay_static_addresses(value));
         }
     }
     Ok(ManifestFile {
         name: name.to_owned(),
         docs,
     })
+}
+
+/// The address the suite is told sluice can use (`UsableNetworkAddresses`):
+/// the loopback address the runner serves on.
+pub const USABLE_ADDRESS: &str = "127.0.0.1";
+/// An address sluice cannot bind (`UnusableNetworkAddresses`): TEST-NET-1
+/// (RFC 5737), never assigned to a local interface.
+pub const UNUSABLE_ADDRESS: &str = "192.0.2.1";
+
+/// What the suite's applier does to a Gateway with static addresses: the
+/// `test/fake-invalid-type` entries are kept, then `PLACEHOLDER_UNUSABLE_ADDRS`
+/// and `PLACEHOLDER_USABLE_ADDRS` become the unusable and usable addresses
+/// (in that order); a Gateway with neither placeholder is left as it is.
+fn overlay_static_addresses(mut doc: Value) -> Value {
+    if kind(&doc) != "Gateway" {
+        return doc;
+    }
+    let Some(addresses) = doc
+        .get_mut("spec")
+        .and_then(|s| s.get_mut("addresses"))
+        .and_then(Value::as_sequence_mut)
+    else {
+        return doc;
+    };
+    let value_is = |a: &Value, v: &str| a.get("value").and_then(Value::as_str) == Some(v);
+    let usable = addresses
+        .iter()
+        .any(|a| value_is(a, "PLACEHOLDER_USABLE_ADDRS"));
+    let unusable = addresses
+        .iter()
+        .any(|a| value_is(a, "PLACEHOLDER_UNUSABLE_ADDRS"));
+    if !usable && !unusable {
+        return doc;
+    }
+    let ip = |v: &str| -> Value {
+        serde_yaml::from_str(&format!("{{type: IPAddress, value: \"{v}\"}}"))
+            .expect("the address template is valid YAML")
+    };
+    let mut out: Vec<Value> = addresses
+        .iter()
+        .filter(|a| a.get("type").and_then(Value::as_str) == Some("test/fake-invalid-type"))
+        .cloned()
+        .collect();
+    if unusable {
+        out.push(ip(UNUSABLE_ADDRESS));
+    }
+    if usable {
+        out.push(ip(USABLE_ADDRESS));
+    }
+    *addresses = out;
+    doc
 }
 
 pub fn kind(doc: &Value) -> &str {
@@ -130,7 +185,7 @@ pub struct Pod {
     pub deployment: String,
     /// The Deployment's pod template labels (what Services select).
     pub labels: BTreeMap<String, String>,
-    pub server: EchoServer,
+    pub server: EchoPod,
 }
 
 /// All echo pods started so far, kept across tests (like the suite's base
@@ -170,12 +225,9 @@ impl Pods {
                     namespace: key.0.clone(),
                     service: key.1.clone(),
                 };
-                let server =
-                    sluice::echo::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), identity)
-                        .await
-                        .with_context(|| {
-                            format!("cannot start echo pod for {}/{}", key.0, key.1)
-                        })?;
+                let server = EchoPod::start(identity)
+                    .await
+                    .with_context(|| format!("cannot start echo pod for {}/{}", key.0, key.1))?;
                 self.pods.push(Arc::new(Pod {
                     namespace: key.0.clone(),
                     deployment: key.1.clone(),
@@ -299,34 +351,79 @@ const SUITE_SECRETS: &[(&str, &str, &[&str])] = &[
     ),
 ];
 
-/// The suite's TLS Secrets as manifests (generated on first use).
-fn suite_secrets() -> anyhow::Result<&'static [Value]> {
-    static SECRETS: std::sync::OnceLock<Vec<Value>> = std::sync::OnceLock::new();
-    if let Some(s) = SECRETS.get() {
-        return Ok(s);
+/// The certificates of one run: a CA the runner's TLS client trusts, and
+/// the suite's Secrets, each holding a certificate it issued.
+struct SuitePki {
+    ca: CertificateDer<'static>,
+    secrets: Vec<Value>,
+    /// Each issued certificate and its DNS names.
+    issued: Vec<(CertificateDer<'static>, Vec<String>)>,
+}
+
+fn suite_pki() -> anyhow::Result<&'static SuitePki> {
+    static PKI: std::sync::OnceLock<SuitePki> = std::sync::OnceLock::new();
+    if let Some(p) = PKI.get() {
+        return Ok(p);
     }
-    let mut out = Vec::new();
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "sluice conformance CA");
+    let ca_key = KeyPair::generate().context("cannot generate the CA key")?;
+    let ca = params
+        .self_signed(&ca_key)
+        .context("cannot sign the CA certificate")?;
+    let issuer = Issuer::new(params, ca_key);
+    let mut secrets = Vec::new();
+    let mut issued = Vec::new();
     for (ns, name, hosts) in SUITE_SECRETS {
         let names: Vec<String> = hosts.iter().map(|h| (*h).to_owned()).collect();
-        let key = rcgen::generate_simple_self_signed(names)
-            .with_context(|| format!("cannot generate the certificate of Secret {ns}/{name}"))?;
+        let key = KeyPair::generate()?;
+        let cert = CertificateParams::new(names.clone())
+            .and_then(|p| p.signed_by(&key, &issuer))
+            .with_context(|| format!("cannot issue the certificate of Secret {ns}/{name}"))?;
         let secret = serde_json::json!({
             "apiVersion": "v1",
             "kind": "Secret",
             "metadata": {"name": name, "namespace": ns},
             "type": "kubernetes.io/tls",
             "data": {
-                "tls.crt": base64(key.cert.pem().as_bytes()),
-                "tls.key": base64(key.signing_key.serialize_pem().as_bytes()),
+                "tls.crt": base64(cert.pem().as_bytes()),
+                "tls.key": base64(key.serialize_pem().as_bytes()),
             },
         });
-        out.push(serde_yaml::to_value(secret)?);
+        secrets.push(serde_yaml::to_value(secret)?);
+        issued.push((cert.der().clone(), names));
     }
-    Ok(SECRETS.get_or_init(|| out))
+    Ok(PKI.get_or_init(|| SuitePki {
+        ca: ca.der().clone(),
+        secrets,
+        issued,
+    }))
+}
+
+/// The suite's TLS Secrets as manifests (generated on first use).
+fn suite_secrets() -> anyhow::Result<&'static [Value]> {
+    Ok(&suite_pki()?.secrets)
+}
+
+/// The CA that issued every suite certificate (what a TLS client trusts).
+pub fn suite_ca() -> anyhow::Result<CertificateDer<'static>> {
+    Ok(suite_pki()?.ca.clone())
+}
+
+/// The DNS names of a certificate the runner issued, if it is one.
+pub fn issued_names(cert: &CertificateDer<'_>) -> Option<Vec<String>> {
+    let pki = suite_pki().ok()?;
+    pki.issued
+        .iter()
+        .find(|(der, _)| der.as_ref() == cert.as_ref())
+        .map(|(_, names)| names.clone())
 }
 
 /// Standard base64 with padding (Secret `data` values).
-fn base64(bytes: &[u8]) -> String {
+pub fn base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
@@ -431,9 +528,13 @@ fn endpoint_slices(service: &Value, pods: &Pods) -> Vec<Value> {
         .unwrap_or_default();
     let mut out = Vec::new();
     for (index, pod) in pods.selected(ns, &selector).iter().enumerate() {
-        let port = pod.server.local_addr().port();
         let mut slice_ports = Vec::new();
         for service_port in &service_ports {
+            let target = service_port
+                .get("targetPort")
+                .and_then(Value::as_u64)
+                .and_then(|p| u16::try_from(p).ok());
+            let port = pod.server.port_for(target);
             let mut p = Mapping::new();
             p.insert(
                 "name".into(),

@@ -13,10 +13,12 @@
 //! the table of `docs/conformance.md` (`--markdown`). Exit status 1 when a
 //! test listed in `conformance/expected-pass.txt` fails.
 
+mod backend;
 mod check;
 mod env;
 mod report;
 mod suite;
+mod ws;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

@@ -1,0 +1,354 @@
+//! The runner's echo pod: what the suite's `echo-basic` image does, for
+//! the behaviours the GATEWAY-HTTP tests rely on.
+//!
+//! `sluice::echo` covers the plain echo; the suite needs more of echo-basic
+//! than the gateway's own tests do, so the runner keeps its own copy:
+//! - two ports, as echo-basic: the HTTP port (3000 in the manifests,
+//!   HTTP/1.1 only, with WebSocket on `/ws`) and the h2c port (3001, HTTP/2
+//!   with prior knowledge only), so that a Service port's `appProtocol:
+//!   kubernetes.io/h2c` is really needed to reach it;
+//! - the echo JSON body (`sluice::echo::EchoResponse`), `X-Echo-Set-Header`,
+//!   `/status/NNN` and `?delay=`;
+//! - the retry simulation of the retry test: `?responseCode=C&succeedAfter=N
+//!   &uuid=U` answers `C` to the first `N` requests carrying `U`, then echoes;
+//! - WebSocket on `/ws`: the handshake, then every text or binary message
+//!   is sent back (echo-basic's `io.Copy(ws, ws)`).
+//!
+//! Every request is counted by path, so that tests can see what a pod
+//! received (the suite reads the pods' logs for the mirror tests).
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, Version};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use sluice::echo::{EchoIdentity, EchoResponse, canonical_header_name};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::ws;
+
+/// One echo pod: its two ports and what it has received.
+pub struct EchoPod {
+    http: SocketAddr,
+    h2c: SocketAddr,
+    state: Arc<State>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+struct State {
+    identity: EchoIdentity,
+    /// Requests received, by path with query.
+    seen: Mutex<HashMap<String, usize>>,
+    /// Retry simulation: requests seen per `uuid`.
+    retries: Mutex<HashMap<String, u32>>,
+}
+
+impl EchoPod {
+    /// Start a pod on two free loopback ports.
+    pub async fn start(identity: EchoIdentity) -> io::Result<EchoPod> {
+        let http = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let h2c = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let state = Arc::new(State {
+            identity,
+            seen: Mutex::new(HashMap::new()),
+            retries: Mutex::new(HashMap::new()),
+        });
+        Ok(EchoPod {
+            http: http.local_addr()?,
+            h2c: h2c.local_addr()?,
+            tasks: vec![
+                tokio::spawn(accept(http, Arc::clone(&state), Port::Http)),
+                tokio::spawn(accept(h2c, Arc::clone(&state), Port::H2c)),
+            ],
+            state,
+        })
+    }
+
+    pub fn identity(&self) -> &EchoIdentity {
+        &self.state.identity
+    }
+
+    /// The loopback port standing for the container port `target` (3001 is
+    /// echo-basic's h2c port; every other port is its HTTP port).
+    pub fn port_for(&self, target: Option<u16>) -> u16 {
+        match target {
+            Some(3001) => self.h2c.port(),
+            _ => self.http.port(),
+        }
+    }
+
+    /// How many requests for `path` (with query) this pod received.
+    pub fn seen(&self, path: &str) -> usize {
+        lock(&self.state.seen).get(path).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for EchoPod {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Port {
+    Http,
+    H2c,
+}
+
+async fn accept(listener: TcpListener, state: Arc<State>, port: Port) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let state = Arc::clone(&state);
+        tokio::spawn(async move {
+            let service = service_fn(move |request| {
+                let state = Arc::clone(&state);
+                async move { Ok::<_, Infallible>(handle(&state, request).await) }
+            });
+            let io = TokioIo::new(stream);
+            match port {
+                Port::Http => {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, service)
+                        .with_upgrades()
+                        .await;
+                }
+                Port::H2c => {
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(io, service)
+                        .await;
+                }
+            }
+        });
+    }
+}
+
+async fn handle(state: &State, mut request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let path = request
+        .uri()
+        .path_and_query()
+        .map(|pq| pq.as_str().to_owned())
+        .unwrap_or_else(|| "/".to_owned());
+    *lock(&state.seen).entry(path.clone()).or_default() += 1;
+
+    if request.uri().path() == "/ws" && ws::is_upgrade(request.headers()) {
+        return match ws::accept_key(request.headers()) {
+            Some(accept) => {
+                let upgrade = hyper::upgrade::on(&mut request);
+                tokio::spawn(async move {
+                    if let Ok(upgraded) = upgrade.await {
+                        let _ = echo_messages(TokioIo::new(upgraded)).await;
+                    }
+                });
+                let mut response = Response::new(Full::new(Bytes::new()));
+                *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+                let h = response.headers_mut();
+                h.insert(
+                    http::header::CONNECTION,
+                    HeaderValue::from_static("Upgrade"),
+                );
+                h.insert(http::header::UPGRADE, HeaderValue::from_static("websocket"));
+                if let Ok(v) = HeaderValue::from_str(&accept) {
+                    h.insert("sec-websocket-accept", v);
+                }
+                response
+            }
+            None => plain(StatusCode::BAD_REQUEST, "bad WebSocket handshake"),
+        };
+    }
+
+    let (parts, body) = request.into_parts();
+    let body_bytes = match body.collect().await {
+        Ok(b) => b.to_bytes().len() as u64,
+        Err(_) => return plain(StatusCode::BAD_REQUEST, "unreadable body"),
+    };
+    let query: HashMap<String, String> = parts
+        .uri
+        .query()
+        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default();
+
+    if let Some(delay) = query.get("delay") {
+        match parse_duration(delay) {
+            Some(d) => tokio::time::sleep(d.min(Duration::from_secs(60))).await,
+            None => return plain(StatusCode::INTERNAL_SERVER_ERROR, "bad delay"),
+        }
+    }
+    if let (Some(code), Some(after), Some(uuid)) = (
+        query.get("responseCode"),
+        query.get("succeedAfter"),
+        query.get("uuid"),
+    ) {
+        let (Some(code), Ok(after)) = (
+            code.parse::<u16>()
+                .ok()
+                .and_then(|c| StatusCode::from_u16(c).ok()),
+            after.parse::<u32>(),
+        ) else {
+            return plain(StatusCode::BAD_REQUEST, "bad retry simulation parameters");
+        };
+        let attempt = {
+            let mut retries = lock(&state.retries);
+            let n = retries.entry(uuid.clone()).or_default();
+            *n += 1;
+            *n
+        };
+        if attempt <= after {
+            return plain(code, &format!("simulated failure {attempt} of {after}"));
+        }
+    }
+    if let Some(code) = parts.uri.path().strip_prefix("/status/") {
+        let status = code
+            .parse::<u16>()
+            .ok()
+            .filter(|_| code.len() == 3)
+            .and_then(|c| StatusCode::from_u16(c).ok())
+            .unwrap_or(StatusCode::BAD_REQUEST);
+        let mut response = Response::new(Full::new(Bytes::new()));
+        *response.status_mut() = status;
+        return response;
+    }
+
+    let host = parts
+        .headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| parts.uri.authority().map(|a| a.as_str().to_owned()))
+        .unwrap_or_default();
+    let mut headers = std::collections::BTreeMap::<String, Vec<String>>::new();
+    for (name, value) in &parts.headers {
+        if name != http::header::HOST {
+            headers
+                .entry(canonical_header_name(name.as_str()))
+                .or_default()
+                .push(String::from_utf8_lossy(value.as_bytes()).into_owned());
+        }
+    }
+    let identity = &state.identity;
+    let echoed = EchoResponse {
+        path,
+        host,
+        method: parts.method.to_string(),
+        proto: match parts.version {
+            Version::HTTP_2 => "HTTP/2.0",
+            Version::HTTP_10 => "HTTP/1.0",
+            _ => "HTTP/1.1",
+        }
+        .to_owned(),
+        headers,
+        namespace: identity.namespace.clone(),
+        ingress: String::new(),
+        service: identity.service.clone(),
+        pod: identity.pod.clone(),
+        body_bytes,
+    };
+    let Ok(body) = serde_json::to_vec_pretty(&echoed) else {
+        return plain(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode");
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    let out = response.headers_mut();
+    for value in parts.headers.get_all("x-echo-set-header") {
+        let Ok(value) = value.to_str() else { continue };
+        for pair in value.split(',') {
+            if let Some((name, value)) = pair.trim().split_once(':')
+                && let (Ok(name), Ok(value)) = (
+                    http::HeaderName::from_bytes(name.trim().as_bytes()),
+                    HeaderValue::from_str(value.trim()),
+                )
+            {
+                out.append(name, value);
+            }
+        }
+    }
+    out.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    out.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    response
+}
+
+fn plain(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(format!("{message}\n"))));
+    *response.status_mut() = status;
+    response
+}
+
+/// Go's `time.ParseDuration` for the forms the suite sends (`1s`, `250ms`).
+fn parse_duration(text: &str) -> Option<Duration> {
+    let (number, unit) = text.split_at(text.find(|c: char| c.is_ascii_alphabetic())?);
+    let n: f64 = number.parse().ok()?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        _ => return None,
+    };
+    (secs >= 0.0 && secs.is_finite()).then(|| Duration::from_secs_f64(secs))
+}
+
+/// Send every WebSocket message back until the peer closes.
+async fn echo_messages<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S) -> io::Result<()> {
+    loop {
+        let Some(frame) = ws::read_frame(&mut stream).await? else {
+            return Ok(());
+        };
+        match frame.opcode {
+            ws::CLOSE => {
+                stream.write_all(&ws::encode(ws::CLOSE, &[], None)).await?;
+                return Ok(());
+            }
+            ws::PING => {
+                stream
+                    .write_all(&ws::encode(ws::PONG, &frame.payload, None))
+                    .await?
+            }
+            op => {
+                stream
+                    .write_all(&ws::encode(op, &frame.payload, None))
+                    .await?
+            }
+        }
+        stream.flush().await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_like_go() {
+        assert_eq!(parse_duration("1s"), Some(Duration::from_secs(1)));
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("soon"), None);
+        assert_eq!(parse_duration("5h"), None);
+    }
+}
