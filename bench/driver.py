@@ -1,0 +1,705 @@
+#!/usr/bin/env python3
+"""sluice next to nginx and HAProxy on the same box, same job, same run.
+
+Started by bench/run.sh (which installs nginx, HAProxy and wrk and builds
+everything); see docs/performance.md for what each number means.
+
+Layout: the proxy under test is pinned to core 0, the load generator and
+the backends to core 1. The backends are our own tiny server
+(benches/backend.rs) that counts what each receives.
+
+Runs, in order:
+  closed loop  wrk -t1 -c50 per proxy and split (995/5, 90/10), plus the
+               backend alone; median of three runs per row
+  fixed rate   5,000 req/s open loop (benches/loadgen.rs), latency from the
+               scheduled send time
+  reload       weights flipped ten times under load with each proxy's own
+               reload; every failed request counted
+  scale        parse/translate time, RSS and match time for 1k/10k/50k routes
+  rebuild      p99 and errors while the table of 10,000 routes is rebuilt
+               every 100 ms; RSS after 1,000 rebuilds vs after the first
+
+--quick: one short run of each, small scale; asserts only that every row
+produced numbers (never a timing). Exit status 1 when a row has none.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PROXY_CPU = "0"
+LOAD_CPU = "1"
+
+
+def log(msg):
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(port, path="/", host="127.0.0.1", timeout=1.0):
+    """Status and body of one GET, or (None, error)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(f"GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n".encode())
+            data = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        return status, body.decode(errors="replace")
+    except (OSError, ValueError, IndexError) as e:
+        return None, str(e)
+
+
+def wait_until(check, what, deadline_s=20.0):
+    end = time.time() + deadline_s
+    while time.time() < end:
+        if check():
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+# ---------------------------------------------------------------- processes
+
+
+def children_of(pid):
+    kids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if int(fields[1]) == pid:
+            kids.append(int(entry))
+    return kids
+
+
+def tree(pid):
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        todo.extend(children_of(p))
+    return pids
+
+
+def cpu_ticks(pids):
+    """utime + stime of the processes (all their threads), in clock ticks."""
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+
+def status_kib(pids, field):
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith(field + ":"):
+                        total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
+
+
+def stop(proc):
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# ------------------------------------------------------------------ backend
+
+
+class Backends:
+    def __init__(self, exe):
+        self.stable, self.canary = free_port(), free_port()
+        self.proc = subprocess.Popen(
+            ["taskset", "-c", LOAD_CPU, exe, "serve",
+             f"127.0.0.1:{self.stable}", f"127.0.0.1:{self.canary}"],
+            stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"backend did not start: {line!r}")
+
+    def reset(self):
+        for port in (self.stable, self.canary):
+            http_get(port, "/__reset")
+
+    def counts(self):
+        out = []
+        for port in (self.stable, self.canary):
+            status, body = http_get(port, "/__count")
+            out.append(int(body) if status == 200 else 0)
+        return out
+
+
+# ------------------------------------------------------------------ proxies
+
+
+def weights_for(proxy, split):
+    if proxy == "haproxy":
+        # HAProxy weights stop at 256: 995/5 is 199/1, 90/10 is 9/1.
+        g = gcd(*split)
+        return split[0] // g, split[1] // g
+    return split
+
+
+def gcd(a, b):
+    while b:
+        a, b = b, a % b
+    return a
+
+
+class Proxy:
+    """One proxy under test, configured for one weighted split."""
+
+    def __init__(self, kind, exes, backends, split):
+        self.kind = kind
+        self.exes = exes
+        self.backends = backends
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix=f"sluice-bench-{kind}-")
+        self.proc = None
+        self.write_config(split)
+
+    # -- configuration
+
+    def write_config(self, split):
+        stable, canary = weights_for(self.kind, split)
+        b = self.backends
+        if self.kind == "sluice":
+            gateway = f"""apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: sluice}}
+spec: {{controllerName: sluice.dev/gateway-controller}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: bench, namespace: default}}
+spec:
+  gatewayClassName: sluice
+  addresses: [{{type: IPAddress, value: "127.0.0.1"}}]
+  listeners:
+  - {{name: http, protocol: HTTP, port: {self.port}}}
+"""
+            for name, port in (("stable", b.stable), ("canary", b.canary)):
+                gateway += f"""---
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  ports: [{{name: http, port: 80, targetPort: {port}}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: {name}}}
+addressType: IPv4
+ports: [{{name: http, port: {port}, protocol: TCP}}]
+endpoints:
+- addresses: ["127.0.0.1"]
+"""
+            route = f"""apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: bench, namespace: default}}
+spec:
+  parentRefs: [{{name: bench}}]
+  rules:
+  - backendRefs:
+    - {{name: stable, port: 80, weight: {stable}}}
+    - {{name: canary, port: 80, weight: {canary}}}
+"""
+            self.replace("gateway.yaml", gateway)
+            self.replace("route.yaml", route)
+        elif self.kind == "nginx":
+            os.makedirs(f"{self.dir}/tmp", exist_ok=True)
+            self.replace("nginx.conf", f"""user root;
+worker_processes 1;
+pid {self.dir}/nginx.pid;
+error_log {self.dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  keepalive_requests 1000000;
+  keepalive_timeout 60s;
+  client_body_temp_path {self.dir}/tmp;
+  proxy_temp_path {self.dir}/tmp;
+  upstream backends {{
+    server 127.0.0.1:{b.stable} weight={stable};
+    server 127.0.0.1:{b.canary} weight={canary};
+    keepalive 64;
+    keepalive_requests 1000000;
+  }}
+  server {{
+    listen 127.0.0.1:{self.port};
+    location / {{
+      proxy_pass http://backends;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host $http_host;
+      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Proto $scheme;
+    }}
+  }}
+}}
+""")
+        elif self.kind == "haproxy":
+            self.replace("haproxy.cfg", f"""global
+  nbthread 1
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+  timeout http-keep-alive 60s
+  option http-keep-alive
+  option forwardfor
+  http-reuse always
+frontend fe
+  bind 127.0.0.1:{self.port}
+  http-request set-header X-Forwarded-Proto http
+  default_backend be
+backend be
+  balance roundrobin
+  server stable 127.0.0.1:{b.stable} weight {stable}
+  server canary 127.0.0.1:{b.canary} weight {canary}
+""")
+
+    def replace(self, name, text):
+        """Write a file whole and atomically (a watcher never sees half)."""
+        tmp = f"{self.dir}/.{name}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, f"{self.dir}/{name}")
+
+    # -- life cycle
+
+    def start(self):
+        if self.kind == "sluice":
+            self.admin = free_port()
+            cmd = [self.exes["sluice"], "serve", "-f", self.dir,
+                   "--admin", f"127.0.0.1:{self.admin}"]
+            env = dict(os.environ, RUST_LOG="warn")
+        elif self.kind == "nginx":
+            cmd = ["nginx", "-p", self.dir, "-c", f"{self.dir}/nginx.conf",
+                   "-g", "daemon off;"]
+            env = None
+        else:
+            cmd = ["haproxy", "-W", "-f", f"{self.dir}/haproxy.cfg"]
+            env = None
+        self.proc = subprocess.Popen(["taskset", "-c", PROXY_CPU] + cmd, env=env,
+                                     stdout=subprocess.DEVNULL,
+                                     stderr=open(f"{self.dir}/stderr.log", "w"))
+        wait_until(lambda: http_get(self.port)[0] == 200, f"{self.kind} to answer")
+
+    def reload(self):
+        if self.kind == "sluice":
+            pass  # the file written by write_config is watched
+        elif self.kind == "nginx":
+            subprocess.run(["nginx", "-p", self.dir, "-c", f"{self.dir}/nginx.conf",
+                            "-s", "reload"], check=True, capture_output=True)
+        else:
+            self.proc.send_signal(signal.SIGUSR2)
+
+    def reloads_seen(self):
+        if self.kind != "sluice":
+            return None
+        status, body = http_get(self.admin, "/metrics")
+        m = re.search(r"^sluice_config_reloads_total (\d+)", body or "", re.M)
+        return int(m.group(1)) if status == 200 and m else None
+
+    def pids(self):
+        # taskset execs the command, so the Popen pid is the proxy's.
+        return tree(self.proc.pid)
+
+    def stop(self):
+        if self.proc:
+            stop(self.proc)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Direct:
+    """The backend alone: the limit no proxy can beat."""
+
+    kind = "direct"
+
+    def __init__(self, backends):
+        self.backends = backends
+        self.port = backends.stable
+
+    def start(self):
+        pass
+
+    def pids(self):
+        return [self.backends.proc.pid]
+
+    def stop(self):
+        pass
+
+
+# -------------------------------------------------------------------- load
+
+
+def wrk(port, seconds):
+    out = subprocess.run(
+        ["taskset", "-c", LOAD_CPU, "wrk", "-t1", "-c50", f"-d{seconds}s", "--latency",
+         f"http://127.0.0.1:{port}/"],
+        check=True, capture_output=True, text=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    lat = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)", out, re.M))
+    errors = 0
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    if m:
+        errors += sum(int(x) for x in m.groups())
+    m = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if m:
+        errors += int(m.group(1))
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
+    return {"rps": rps, "p50_us": to_us(lat.get("50")), "p99_us": to_us(lat.get("99")),
+            "errors": errors, "requests": requests}
+
+
+def to_us(text):
+    if not text:
+        return None
+    m = re.match(r"([\d.]+)(us|ms|s)", text)
+    value, unit = float(m.group(1)), m.group(2)
+    return value * {"us": 1, "ms": 1e3, "s": 1e6}[unit]
+
+
+def loadgen(exe, port, rate, seconds, connections=50):
+    out = subprocess.run(
+        ["taskset", "-c", LOAD_CPU, exe, "run", "--url", f"http://127.0.0.1:{port}/",
+         "--rate", str(rate), "--duration", str(seconds), "--connections", str(connections)],
+        check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def measured(target, run):
+    """Run `run()` and add the proxy's CPU per request and the backends' split."""
+    pids = target.pids()
+    target.backends.reset()
+    before = cpu_ticks(pids)
+    result = run()
+    after = cpu_ticks(pids)
+    stable, canary = target.backends.counts()
+    served = stable + canary
+    result["cpu_us_per_req"] = (after - before) * 1e6 / CLK_TCK / served if served else None
+    result["stable"], result["canary"] = stable, canary
+    result["peak_rss_kib"] = status_kib(target.pids(), "VmHWM")
+    return result
+
+
+def median_of(runs):
+    out = {}
+    for key in runs[0]:
+        values = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
+        out[key] = statistics.median(values) if values else None
+    return out
+
+
+# ------------------------------------------------------------------- suites
+
+
+def closed_loop(args, exes, backends):
+    rows = []
+    seconds = 2 if args.quick else 10
+    runs = 1 if args.quick else 3
+    plan = [("direct", None)] + [(k, s) for s in ((995, 5), (90, 10))
+                                 for k in ("sluice", "nginx", "haproxy")]
+    for kind, split in plan:
+        target = Direct(backends) if kind == "direct" else Proxy(kind, exes, backends, split)
+        try:
+            target.start()
+            time.sleep(0.3)
+            idle = status_kib(target.pids(), "VmRSS")
+            wrk(target.port, 1)  # warm-up: pools filled, caches hot
+            results = [measured(target, lambda: wrk(target.port, seconds)) for _ in range(runs)]
+            row = median_of(results)
+            row.update(name=kind if split is None else f"{kind} {split[0]}/{split[1]}",
+                       idle_rss_kib=idle)
+            rows.append(row)
+            log(f"closed loop {row['name']}: {row['rps']:.0f} req/s, "
+                f"{fmt(row['cpu_us_per_req'], 1)} us CPU/req")
+        finally:
+            target.stop()
+    return rows
+
+
+def fixed_rate(args, exes, backends):
+    rows = []
+    seconds = 2 if args.quick else 10
+    for kind in ("direct", "sluice", "nginx", "haproxy"):
+        target = Direct(backends) if kind == "direct" else Proxy(kind, exes, backends, (995, 5))
+        try:
+            target.start()
+            loadgen(exes["loadgen"], target.port, args.rate, 1)  # warm-up
+            row = measured(target, lambda: loadgen(exes["loadgen"], target.port, args.rate, seconds))
+            row["name"] = kind
+            rows.append(row)
+            log(f"fixed rate {kind}: p99 {row['p99_us']} us, failed {row['failed']}")
+        finally:
+            target.stop()
+    return rows
+
+
+def reloads(args, exes, backends):
+    rows = []
+    flips = 10
+    gap = 0.4 if args.quick else 1.0
+    seconds = flips * gap + 2
+    for kind in ("sluice", "nginx", "haproxy"):
+        target = Proxy(kind, exes, backends, (995, 5))
+        try:
+            target.start()
+            loadgen(exes["loadgen"], target.port, args.reload_rate, 1)  # warm-up
+            before = target.reloads_seen() if kind == "sluice" else None
+            load = subprocess.Popen(
+                ["taskset", "-c", LOAD_CPU, exes["loadgen"], "run", "--url",
+                 f"http://127.0.0.1:{target.port}/", "--rate", str(args.reload_rate),
+                 "--duration", str(seconds), "--connections", "50"],
+                stdout=subprocess.PIPE, text=True)
+            time.sleep(1.0)
+            for i in range(flips):
+                target.write_config((90, 10) if i % 2 == 0 else (995, 5))
+                target.reload()
+                time.sleep(gap)
+            out, _ = load.communicate(timeout=seconds + 30)
+            row = json.loads(out.strip().splitlines()[-1])
+            row["name"] = kind
+            row["flips"] = flips
+            if kind == "sluice":
+                after = target.reloads_seen()
+                row["reloads_applied"] = (after - before) if None not in (before, after) else None
+            rows.append(row)
+            log(f"reload {kind}: {row['failed']} failed of {row['scheduled']}")
+        finally:
+            target.stop()
+    return rows
+
+
+def scale(args, exes):
+    rows = []
+    sizes = [(1000, False)] if args.quick else [(1000, False), (10000, False), (50000, False),
+                                                (1000, True), (10000, True)]
+    for n, one_host in sizes:
+        cmd = ["taskset", "-c", PROXY_CPU, exes["scale"], "scale", str(n)]
+        if one_host:
+            cmd.append("--one-host")
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        row = json.loads(out.strip().splitlines()[-1])
+        rows.append(row)
+        log(f"scale {n}{' one host' if one_host else ''}: translate {row['translate_ms']} ms, "
+            f"lookup {row['lookup_ns']} ns")
+    return rows
+
+
+def rebuild(args, exes, backends):
+    n = 1000 if args.quick else 10000
+    count = 30 if args.quick else 1000
+    seconds = 2 if args.quick else 10
+    port = free_port()
+    tool = subprocess.Popen(
+        ["taskset", "-c", PROXY_CPU, exes["scale"], "reload", str(n),
+         "--listen", f"127.0.0.1:{port}", "--stable", f"127.0.0.1:{backends.stable}",
+         "--canary", f"127.0.0.1:{backends.canary}", "--interval-ms", "100",
+         "--reloads", str(count)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        ready = tool.stdout.readline()
+        if not ready.startswith("ready"):
+            raise RuntimeError(f"reload tool did not start: {ready!r}")
+        loadgen(exes["loadgen"], port, args.rate, 1)  # warm-up
+        steady = loadgen(exes["loadgen"], port, args.rate, seconds)
+        tool.stdin.write("go\n")
+        tool.stdin.flush()
+        during = loadgen(exes["loadgen"], port, args.rate, seconds)
+        out = tool.stdout.readline()
+        tool.wait(timeout=30)
+        summary = json.loads(out)
+    finally:
+        stop(tool)
+    log(f"rebuild: steady p99 {steady['p99_us']} us, reloading p99 {during['p99_us']} us")
+    return {"steady": steady, "reloading": during, "summary": summary}
+
+
+# ------------------------------------------------------------------- output
+
+
+def fmt(v, digits=0):
+    if v is None:
+        return "-"
+    return f"{v:,.{digits}f}"
+
+
+def mib(kib):
+    return "-" if kib is None else f"{kib / 1024:.1f}"
+
+
+def print_tables(results):
+    print("\n### Closed loop: wrk -t1 -c50, HTTP/1.1 keep-alive"
+          f" ({results['meta']['closed_runs']} run(s) of {results['meta']['closed_seconds']} s, median)\n")
+    print("| row | req/s | p50 µs | p99 µs | proxy CPU µs/req | peak RSS MiB | idle RSS MiB "
+          "| stable / canary received | canary % | errors |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results["closed_loop"]:
+        total = (r["stable"] or 0) + (r["canary"] or 0)
+        pct = 100.0 * r["canary"] / total if total else None
+        print(f"| {r['name']} | {fmt(r['rps'])} | {fmt(r['p50_us'])} | {fmt(r['p99_us'])} "
+              f"| {fmt(r['cpu_us_per_req'], 1)} | {mib(r['peak_rss_kib'])} | {mib(r['idle_rss_kib'])} "
+              f"| {fmt(r['stable'])} / {fmt(r['canary'])} | {fmt(pct, 2)} | {fmt(r['errors'])} |")
+    print(f"\n### Fixed rate: {results['meta']['rate']} req/s open loop, 50 connections,"
+          " latency from the scheduled send time\n")
+    print("| row | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | proxy CPU µs/req "
+          "| generator lag p99 µs | failed |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results["fixed_rate"]:
+        print(f"| {r['name']} | {fmt(r['p50_us'])} | {fmt(r['p90_us'])} | {fmt(r['p99_us'])} "
+              f"| {fmt(r['p999_us'])} | {fmt(r['max_us'])} | {fmt(r['cpu_us_per_req'], 1)} "
+              f"| {fmt(r['lag_p99_us'])} | {fmt(r['failed'])} |")
+    print(f"\n### Reload: weights flipped 10 times under {results['meta']['reload_rate']} req/s"
+          " (open loop, 50 keep-alive connections, no retries)\n")
+    print("| proxy | requests | failed | closed before response | connect failed "
+          "| non-2xx | timed out | p99 µs |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results["reload"]:
+        print(f"| {r['name']} | {fmt(r['scheduled'])} | {fmt(r['failed'])} | {fmt(r['closed'])} "
+              f"| {fmt(r['connect_failed'])} | {fmt(r['non_2xx'])} | {fmt(r['timed_out'])} "
+              f"| {fmt(r['p99_us'])} |")
+    print("\n### Scale: generated HTTPRoutes (parse and translate on one core)\n")
+    print("| routes | hosts | parse ms | translate ms | match ns (median) "
+          "| RSS after parse MiB | RSS with table MiB |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for r in results["scale"]:
+        hosts = "one host" if r["one_host"] else "10 routes per host"
+        print(f"| {fmt(r['routes'])} | {hosts} | {fmt(r['parse_ms'], 1)} | {fmt(r['translate_ms'], 1)} "
+              f"| {fmt(r['lookup_ns'])} | {mib(r['rss_snapshot_kib'])} | {mib(r['rss_translated_kib'])} |")
+    rb = results["rebuild"]
+    s = rb["summary"]
+    print(f"\n### Table rebuilt every 100 ms with {fmt(s['routes'])} routes loaded"
+          f" ({results['meta']['rate']} req/s open loop)\n")
+    print("| phase | p50 µs | p99 µs | failed |")
+    print("|---|---:|---:|---:|")
+    for phase in ("steady", "reloading"):
+        r = rb[phase]
+        print(f"| {phase} | {fmt(r['p50_us'])} | {fmt(r['p99_us'])} | {fmt(r['failed'])} |")
+    print(f"\n{fmt(s['reloads'])} rebuilds in {s['elapsed_s']} s; translate p50 "
+          f"{s['translate_p50_ms']} ms, max {s['translate_max_ms']} ms; RSS ready "
+          f"{mib(s['rss_ready_kib'])} MiB, after the first rebuild {mib(s['rss_after_first_kib'])} MiB, "
+          f"after the last {mib(s['rss_after_last_kib'])} MiB.")
+
+
+def check_numbers(results):
+    """Quick mode's only assertion: every row produced numbers."""
+    missing = []
+    for r in results["closed_loop"]:
+        for key in ("rps", "p50_us", "p99_us", "cpu_us_per_req", "peak_rss_kib"):
+            if not r.get(key):
+                missing.append(f"closed loop {r['name']}: {key}")
+        if not r.get("stable"):
+            missing.append(f"closed loop {r['name']}: backend counts")
+    for r in results["fixed_rate"] + results["reload"]:
+        if not r.get("ok") or not r.get("p99_us"):
+            missing.append(f"{r['name']}: no successful requests")
+    for r in results["scale"]:
+        if not r.get("translate_ms") or not r.get("lookup_ns"):
+            missing.append(f"scale {r['routes']}: no numbers")
+    for phase in ("steady", "reloading"):
+        if not results["rebuild"][phase].get("ok"):
+            missing.append(f"rebuild {phase}: no successful requests")
+    return missing
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--sluice", required=True, help="release sluice binary")
+    p.add_argument("--tools", required=True, help="JSON {backend, loadgen, scale} executables")
+    p.add_argument("--rate", type=int, default=5000)
+    p.add_argument("--reload-rate", type=int, default=10000)
+    p.add_argument("--out", default=os.path.join(ROOT, "target", "bench-results.json"))
+    p.add_argument("--only", default="closed,fixed,reload,scale,rebuild")
+    args = p.parse_args()
+    exes = json.loads(args.tools)
+    exes["sluice"] = args.sluice
+    only = set(args.only.split(","))
+    started = time.time()
+    backends = Backends(exes["backend"])
+    results = {"meta": {
+        "quick": args.quick, "rate": args.rate, "reload_rate": args.reload_rate,
+        "closed_runs": 1 if args.quick else 3, "closed_seconds": 2 if args.quick else 10,
+    }, "closed_loop": [], "fixed_rate": [], "reload": [], "scale": [],
+        "rebuild": {"steady": {}, "reloading": {}, "summary": {}}}
+    try:
+        if "closed" in only:
+            results["closed_loop"] = closed_loop(args, exes, backends)
+        if "fixed" in only:
+            results["fixed_rate"] = fixed_rate(args, exes, backends)
+        if "reload" in only:
+            results["reload"] = reloads(args, exes, backends)
+        if "scale" in only:
+            results["scale"] = scale(args, exes)
+        if "rebuild" in only:
+            results["rebuild"] = rebuild(args, exes, backends)
+    finally:
+        stop(backends.proc)
+    results["meta"]["seconds"] = round(time.time() - started, 1)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    if only == {"closed", "fixed", "reload", "scale", "rebuild"}:
+        print_tables(results)
+    else:
+        print(json.dumps(results, indent=1))
+    log(f"done in {results['meta']['seconds']} s; raw results in {args.out}")
+    if args.quick:
+        missing = check_numbers(results) if only == {"closed", "fixed", "reload", "scale", "rebuild"} else []
+        if missing:
+            print("rows without numbers:\n  " + "\n  ".join(missing), file=sys.stderr)
+            sys.exit(1)
+        print("quick bench: every row produced numbers")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# sluice next to nginx and HAProxy on this machine: one entry point.
+#
+#   bash bench/run.sh            # the full run (about 8 minutes), prints the tables
+#   bash bench/run.sh --quick    # under a minute once built; CI's smoke test
+#
+# Installs nginx, HAProxy and wrk from Debian's packages when missing (needs
+# root), builds sluice and the bench tools in release mode in the shared
+# target/, then runs bench/driver.py. Any other flag goes to the driver
+# (see `python3 bench/driver.py --help`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if (($(nproc) < 2)); then
+    echo "bench: needs 2 cores (proxy on core 0, load and backends on core 1)" >&2
+    exit 1
+fi
+
+missing=()
+command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || missing+=(nginx-light)
+command -v haproxy >/dev/null || [[ -x /usr/sbin/haproxy ]] || missing+=(haproxy)
+command -v wrk >/dev/null || missing+=(wrk)
+command -v taskset >/dev/null || missing+=(util-linux)
+[[ -x /usr/bin/python3 ]] || command -v python3 >/dev/null || missing+=(python3)
+if ((${#missing[@]})); then
+    echo "== installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # The packages' own services are not wanted: the bench starts its own.
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    systemctl stop nginx haproxy >/dev/null 2>&1 || true
+fi
+export PATH="$PATH:/usr/sbin:/sbin"
+
+echo "== building (release)" >&2
+cargo build --release --quiet --bin sluice
+tools=$(cargo bench --no-run --quiet --message-format=json \
+    --bench backend --bench loadgen --bench scale |
+    python3 -c '
+import json, sys
+exes = {}
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "bench" in m["target"]["kind"]:
+        exes[m["target"]["name"]] = m["executable"]
+print(json.dumps(exes))')
+target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+
+PYTHON=python3
+[[ -x /usr/bin/python3 ]] && PYTHON=/usr/bin/python3
+exec "$PYTHON" bench/driver.py --sluice "$target_dir/release/sluice" --tools "$tools" "$@"

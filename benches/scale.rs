@@ -1,0 +1,225 @@
+//! How sluice's cost grows with its configuration, and what reloading a big
+//! configuration costs the traffic (driven by `bench/driver.py`).
+//!
+//! `scale N [--one-host]`: parse and translate `N` generated HTTPRoutes,
+//! report parse and translate time, resident memory, and the time to match
+//! a request, as one JSON object.
+//!
+//! `reload N --listen ADDR --stable ADDR --canary ADDR [--interval-ms 100]
+//! [--reloads 1000]`: serve `N` generated HTTPRoutes plus the route `bench`
+//! (no hostname, 995/5 over the two backends) with sluice's proxy, print
+//! `ready`, wait for a line on stdin, then rebuild the route table every
+//! interval (translate of the whole snapshot, `bench` flipping between 995/5
+//! and 90/10, swapped into the proxy as `sluice serve` does) and report the
+//! resident memory after the first and after the last rebuild.
+//!
+//! Built with `cargo bench --no-run`.
+
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice::metrics::Metrics;
+use sluice::proxy::Proxy;
+use sluice::route::Lookup;
+use sluice::translate::{TranslateOptions, translate};
+
+#[path = "support/routes.rs"]
+mod routes;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("scale") => scale(&args[1..]),
+        Some("reload") => reload(&args[1..]),
+        // `cargo bench` runs every bench target with `--bench`: nothing to do.
+        _ => {
+            eprintln!(
+                "usage: scale scale N [--one-host] | scale reload N --listen A --stable A --canary A [--interval-ms MS] [--reloads N]"
+            );
+            return;
+        }
+    };
+    if let Err(e) = result {
+        eprintln!("scale: {e}");
+        std::process::exit(2);
+    }
+}
+
+/// Resident set size and its peak, in KiB, from `/proc/self/status`.
+fn rss_kib() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn flag<T: std::str::FromStr>(
+    args: &[String],
+    name: &str,
+    default: Option<T>,
+) -> Result<T, String> {
+    match args.iter().position(|a| a == name) {
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|v| v.parse().ok())
+            .ok_or(format!("{name} needs a valid value")),
+        None => default.ok_or(format!("{name} is required")),
+    }
+}
+
+fn count(args: &[String]) -> Result<usize, String> {
+    args.first()
+        .and_then(|n| n.parse().ok())
+        .ok_or("the first argument is the number of HTTPRoutes".to_string())
+}
+
+fn scale(args: &[String]) -> Result<(), String> {
+    let n = count(args)?;
+    let one_host = args.iter().any(|a| a == "--one-host");
+    let layout = routes::Layout::default();
+    let options = TranslateOptions {
+        default_bind: layout.listen.ip(),
+    };
+    let (rss_start, _) = rss_kib();
+    let text = routes::infrastructure(&layout) + &routes::routes(n, one_host);
+    let t = Instant::now();
+    let snapshot = routes::snapshot(&text);
+    let parse = t.elapsed();
+    drop(text);
+    let (rss_snapshot, _) = rss_kib();
+
+    let t = Instant::now();
+    let translation = translate(&snapshot, &options);
+    let first_translate = translate_time(t);
+    // Two more runs for a steadier figure (the first pays for page faults).
+    let mut runs = vec![first_translate];
+    for _ in 0..2 {
+        let t = Instant::now();
+        drop(translate(&snapshot, &options));
+        runs.push(translate_time(t));
+    }
+    runs.sort_by(f64::total_cmp);
+    let (rss_translated, peak) = rss_kib();
+
+    // Time to match: every route once (a different request each time),
+    // repeated until at least 200,000 lookups, median of the batches.
+    let requests: Vec<_> = (0..n.min(4096))
+        .map(|k| routes::request_for(k * n / n.min(4096), one_host))
+        .collect();
+    let mut batches = Vec::new();
+    let mut done = 0usize;
+    while done < 200_000 {
+        let t = Instant::now();
+        for (host, method, path, headers) in &requests {
+            let found = translation
+                .table
+                .lookup(layout.listen, host, method, path, None, headers);
+            assert!(matches!(found, Lookup::Matched(_)), "{host}{path}");
+            std::hint::black_box(found);
+        }
+        batches.push(t.elapsed().as_nanos() as f64 / requests.len() as f64);
+        done += requests.len();
+    }
+    batches.sort_by(f64::total_cmp);
+    println!(
+        "{{\"routes\":{n},\"one_host\":{one_host},\"parse_ms\":{:.1},\"translate_ms\":{:.1},\
+         \"translate_first_ms\":{first_translate:.1},\"lookup_ns\":{:.0},\
+         \"rss_start_kib\":{rss_start},\"rss_snapshot_kib\":{rss_snapshot},\
+         \"rss_translated_kib\":{rss_translated},\"peak_kib\":{peak}}}",
+        parse.as_secs_f64() * 1e3,
+        runs[runs.len() / 2],
+        batches[batches.len() / 2],
+    );
+    drop(translation);
+    Ok(())
+}
+
+fn translate_time(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn reload(args: &[String]) -> Result<(), String> {
+    let n = count(args)?;
+    let layout = routes::Layout {
+        listen: flag::<SocketAddr>(args, "--listen", None)?,
+        stable: flag::<SocketAddr>(args, "--stable", None)?,
+        canary: flag::<SocketAddr>(args, "--canary", None)?,
+    };
+    let interval = Duration::from_millis(flag(args, "--interval-ms", Some(100u64))?);
+    let reloads: usize = flag(args, "--reloads", Some(1000))?;
+    let options = TranslateOptions {
+        default_bind: layout.listen.ip(),
+    };
+    let base = routes::infrastructure(&layout) + &routes::routes(n, false);
+    let flips = [
+        Arc::new(routes::snapshot(
+            &(base.clone() + &routes::hot_route(995, 5)),
+        )),
+        Arc::new(routes::snapshot(&(base + &routes::hot_route(90, 10)))),
+    ];
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    runtime.block_on(async move {
+        let proxy = Proxy::new(Metrics::shared());
+        let failures = proxy.apply(translate(&flips[0], &options).table).await;
+        if let Some(f) = failures.first() {
+            return Err(format!("cannot listen on {}: {}", f.bind, f.error));
+        }
+        let (rss_ready, _) = rss_kib();
+        println!("ready {{\"rss_ready_kib\":{rss_ready}}}");
+        // Wait for the driver's go (a line on stdin), off the workers.
+        tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            let _ = std::io::stdin().lock().read_line(&mut line);
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut translate_ms = Vec::with_capacity(reloads);
+        let mut rss_first = 0;
+        let start = Instant::now();
+        for i in 0..reloads {
+            ticks.tick().await;
+            let snapshot = flips[(i + 1) % 2].clone();
+            let options = options.clone();
+            // Translate off the async workers, as a reload should.
+            let (translation, took) = tokio::task::spawn_blocking(move || {
+                let t = Instant::now();
+                let translation = translate(&snapshot, &options);
+                (translation, t.elapsed())
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+            translate_ms.push(took.as_secs_f64() * 1e3);
+            proxy.apply(translation.table).await;
+            drop(translation.status);
+            if i == 0 {
+                rss_first = rss_kib().0;
+            }
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        let (rss_last, peak) = rss_kib();
+        translate_ms.sort_by(f64::total_cmp);
+        println!(
+            "{{\"routes\":{n},\"reloads\":{reloads},\"elapsed_s\":{elapsed:.1},\
+             \"translate_p50_ms\":{:.1},\"translate_max_ms\":{:.1},\
+             \"rss_ready_kib\":{rss_ready},\"rss_after_first_kib\":{rss_first},\
+             \"rss_after_last_kib\":{rss_last},\"peak_kib\":{peak}}}",
+            translate_ms[translate_ms.len() / 2],
+            translate_ms.last().copied().unwrap_or(0.0),
+        );
+        proxy.shutdown();
+        Ok(())
+    })
+}
