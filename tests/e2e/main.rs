@@ -5,6 +5,7 @@
 mod support;
 
 mod backend_errors;
+mod edge;
 mod filters;
 mod forwarding;
 mod hardening;
