@@ -199,7 +199,10 @@ impl<'t> Forwarding<'_, 't> {
         }
         strip_hop_by_hop(&mut parts.headers);
         add_forwarded(&mut parts.headers, self.client.ip(), scheme);
-        self.shared.limits.forwarded.set_real_ip(&mut parts.headers, self.client.ip());
+        self.shared
+            .limits
+            .forwarded
+            .set_real_ip(&mut parts.headers, self.client.ip());
         if let Some(u) = &upgrade {
             u.restore_request_headers(&mut parts.headers);
         }

@@ -22,11 +22,13 @@
 
 mod body;
 mod conn;
+mod cors;
 mod error;
 mod filters;
 mod forwarded;
 mod handler;
 mod limits;
+mod retry;
 mod tls;
 mod upgrade;
 
