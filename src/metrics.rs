@@ -2,8 +2,15 @@
 //!
 //! One registry for the process. The proxy records one sample per request;
 //! the file source records configuration loads and parse errors.
+//!
+//! The per-request path ([`Metrics::record`]) takes its labels borrowed from
+//! the route table and finds the label set's counter and histogram in a
+//! cache under one read lock: no allocation once a (rule, backend, code) has
+//! been seen. Label sets are built as Strings only the first time.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::hash::Hasher;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -23,6 +30,91 @@ pub struct RequestLabels {
     /// `<namespace>/<service>:<port>`, empty when no backend was chosen.
     pub backend: String,
     pub code: u16,
+}
+
+/// A request's labels borrowed from the route table: what the proxy
+/// passes for every request (see [`Metrics::record`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestKey<'a> {
+    /// The HTTPRoute's namespace and name, empty when no route matched.
+    pub namespace: &'a str,
+    pub route: &'a str,
+    /// Rule index within the route, `None` when no route matched.
+    pub rule: Option<usize>,
+    /// `<namespace>/<service>:<port>`, empty when no backend was chosen.
+    pub backend: &'a str,
+    pub code: u16,
+}
+
+impl RequestKey<'_> {
+    fn labels(&self) -> RequestLabels {
+        RequestLabels {
+            route: if self.namespace.is_empty() && self.route.is_empty() {
+                String::new()
+            } else {
+                format!("{}/{}", self.namespace, self.route)
+            },
+            rule: self.rule.map(|i| i.to_string()).unwrap_or_default(),
+            backend: self.backend.to_string(),
+            code: self.code,
+        }
+    }
+
+    /// FNV-1a over the fields, each followed by a separator.
+    fn hash(&self) -> u64 {
+        let mut h = Fnv::default();
+        h.write(self.namespace.as_bytes());
+        h.write_u8(0xff);
+        h.write(self.route.as_bytes());
+        h.write_u8(0xff);
+        h.write_u64(self.rule.map_or(u64::MAX, |i| i as u64));
+        h.write(self.backend.as_bytes());
+        h.write_u8(0xff);
+        h.write_u16(self.code);
+        h.finish()
+    }
+}
+
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// The metrics of one label set, shared with the registry's families.
+struct CachedSeries {
+    namespace: String,
+    route: String,
+    rule: Option<usize>,
+    backend: String,
+    code: u16,
+    requests: Counter,
+    latency: Histogram,
+}
+
+impl CachedSeries {
+    fn is(&self, key: &RequestKey<'_>) -> bool {
+        self.code == key.code
+            && self.rule == key.rule
+            && self.route == key.route
+            && self.namespace == key.namespace
+            && self.backend == key.backend
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -45,6 +137,8 @@ pub struct Metrics {
     mirrors: Counter,
     mirror_failures: Counter,
     config_generation: Gauge,
+    /// Label-set hash -> the series with that hash (collisions share a bucket).
+    series: RwLock<HashMap<u64, Vec<CachedSeries>>>,
 }
 
 impl Default for Metrics {
@@ -108,6 +202,7 @@ impl Metrics {
             mirrors,
             mirror_failures,
             config_generation,
+            series: RwLock::new(HashMap::new()),
         }
     }
 
@@ -115,7 +210,45 @@ impl Metrics {
         Arc::new(Self::new())
     }
 
-    /// Record one request's outcome.
+    /// Record one request's outcome: the proxy's per-request path. No
+    /// allocation and one uncontended read lock once the label set is known.
+    pub fn record(&self, key: &RequestKey<'_>, elapsed: Duration) {
+        let hash = key.hash();
+        {
+            let series = self.series.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(s) = series.get(&hash).and_then(|b| b.iter().find(|s| s.is(key))) {
+                s.requests.inc();
+                s.latency.observe(elapsed.as_secs_f64());
+                return;
+            }
+        }
+        let labels = key.labels();
+        let requests = self.requests.get_or_create(&labels).clone();
+        let latency = self
+            .latency
+            .get_or_create(&RouteLabel {
+                route: labels.route,
+            })
+            .clone();
+        requests.inc();
+        latency.observe(elapsed.as_secs_f64());
+        let mut series = self.series.write().unwrap_or_else(|p| p.into_inner());
+        let bucket = series.entry(hash).or_default();
+        if !bucket.iter().any(|s| s.is(key)) {
+            bucket.push(CachedSeries {
+                namespace: key.namespace.to_string(),
+                route: key.route.to_string(),
+                rule: key.rule,
+                backend: key.backend.to_string(),
+                code: key.code,
+                requests,
+                latency,
+            });
+        }
+    }
+
+    /// Record one request's outcome with owned labels (allocates; the proxy
+    /// uses [`Metrics::record`]).
     pub fn record_request(&self, labels: &RequestLabels, elapsed: Duration) {
         self.requests.get_or_create(labels).inc();
         self.latency
@@ -175,5 +308,58 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("sluice_request_duration_seconds_bucket"));
+    }
+
+    #[test]
+    fn borrowed_keys_count_into_the_same_series_as_owned_labels() {
+        let m = Metrics::new();
+        let key = RequestKey {
+            namespace: "shop",
+            route: "checkout",
+            rule: Some(0),
+            backend: "shop/checkout-v2:80",
+            code: 200,
+        };
+        m.record(&key, Duration::from_millis(1));
+        m.record(&key, Duration::from_millis(1));
+        m.record_request(&key.labels(), Duration::from_millis(1));
+        m.record(&RequestKey { code: 503, ..key }, Duration::from_millis(1));
+        m.record(
+            &RequestKey {
+                code: 404,
+                ..RequestKey::default()
+            },
+            Duration::from_millis(1),
+        );
+        let text = m.encode();
+        for line in [
+            r#"sluice_requests_total{route="shop/checkout",rule="0",backend="shop/checkout-v2:80",code="200"} 3"#,
+            r#"sluice_requests_total{route="shop/checkout",rule="0",backend="shop/checkout-v2:80",code="503"} 1"#,
+            r#"sluice_requests_total{route="",rule="",backend="",code="404"} 1"#,
+            r#"sluice_request_duration_seconds_count{route="shop/checkout"} 4"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn keys_differing_in_one_field_hash_apart_or_compare_apart() {
+        let a = RequestKey {
+            namespace: "ab",
+            route: "c",
+            ..RequestKey::default()
+        };
+        let b = RequestKey {
+            namespace: "a",
+            route: "bc",
+            ..RequestKey::default()
+        };
+        assert_ne!(a.hash(), b.hash());
+        let m = Metrics::new();
+        m.record(&a, Duration::ZERO);
+        m.record(&b, Duration::ZERO);
+        let text = m.encode();
+        assert!(text.contains(r#"route="ab/c""#), "{text}");
+        assert!(text.contains(r#"route="a/bc""#), "{text}");
     }
 }
