@@ -381,10 +381,7 @@ impl<'t> Forwarding<'_, 't> {
             _ => None,
         };
         for mirror in mirrors {
-            let skip = mirror.numerator == 0
-                || (mirror.numerator < mirror.denominator
-                    && fastrand::u32(0..mirror.denominator) >= mirror.numerator);
-            if skip {
+            if !mirror.sample() {
                 continue;
             }
             let metrics = self.shared.metrics.clone();

@@ -241,4 +241,58 @@ pub struct Mirror {
     /// (`percent: 50` is 50/100; absent is 100/100).
     pub numerator: u32,
     pub denominator: u32,
+    /// Decides which requests are mirrored: exact like the weighted split
+    /// (one request in two for 50/100, evenly spread), not a random draw.
+    sampler: Arc<WeightedPicker>,
+}
+
+impl Mirror {
+    pub fn new(backend: Arc<Backend>, numerator: u32, denominator: u32) -> Self {
+        let numerator = numerator.min(denominator);
+        let sampler =
+            WeightedPicker::new(&[u64::from(numerator), u64::from(denominator - numerator)]);
+        Mirror {
+            backend,
+            numerator,
+            denominator,
+            sampler: Arc::new(sampler),
+        }
+    }
+
+    /// Should this request be mirrored? Over any run of requests the
+    /// mirrored count stays within one of `numerator / denominator`.
+    pub fn sample(&self) -> bool {
+        self.sampler.pick() == Some(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mirror(numerator: u32, denominator: u32) -> Mirror {
+        let backend = Backend {
+            id: "httproute/ns/r/rule/0/mirror/0".into(),
+            service: "ns/copy:80".into(),
+            weight: 1,
+            target: BackendTarget::NoReadyEndpoints,
+            filters: Vec::new(),
+        };
+        Mirror::new(Arc::new(backend), numerator, denominator)
+    }
+
+    #[test]
+    fn mirror_fraction_is_exact_not_random() {
+        let half = mirror(50, 100);
+        let picks: Vec<bool> = (0..1_000).map(|_| half.sample()).collect();
+        assert_eq!(picks.iter().filter(|p| **p).count(), 500);
+        // Evenly spread: never two mirrored in a row at 50%.
+        assert!(picks.windows(2).all(|w| w[0] != w[1]));
+        let tenth = mirror(1, 10);
+        assert_eq!((0..1_000).filter(|_| tenth.sample()).count(), 100);
+        assert_eq!((0..100).filter(|_| mirror(0, 100).sample()).count(), 0);
+        assert_eq!((0..100).filter(|_| mirror(100, 100).sample()).count(), 100);
+        // A numerator above the denominator mirrors everything.
+        assert_eq!((0..10).filter(|_| mirror(7, 5).sample()).count(), 10);
+    }
 }

@@ -218,8 +218,8 @@ pub(crate) fn compile_filters(
                                     "{ff}: mirror backend {label} has no ready endpoints; nothing is mirrored"
                                 ));
                             }
-                            out.filters.push(Filter::RequestMirror(Mirror {
-                                backend: Arc::new(Backend {
+                            out.filters.push(Filter::RequestMirror(Mirror::new(
+                                Arc::new(Backend {
                                     id: format!("{id_prefix}/mirror/{k}"),
                                     service: label,
                                     weight: 1,
@@ -228,7 +228,7 @@ pub(crate) fn compile_filters(
                                 }),
                                 numerator,
                                 denominator,
-                            }));
+                            )));
                         }
                     }
                 }
