@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -37,6 +37,7 @@ impl Gw {
         let dir = tempfile::tempdir().expect("temp dir");
         let (port, port2) = (free_port(), free_port());
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let log = log_file(dir.path().join("sluice.log.txt"));
         let gw = Gw {
             child: Command::new(env!("CARGO_BIN_EXE_sluice"))
                 .arg("serve")
@@ -44,9 +45,10 @@ impl Gw {
                 .arg(dir.path())
                 .args(["--bind", "127.0.0.1", "--admin", &admin.to_string()])
                 .args(flags)
-                .env("RUST_LOG", "info")
-                .stdout(Stdio::null())
-                .stderr(log_file(dir.path().join("sluice.log.txt")))
+                .env("RUST_LOG", "info,sluice::proxy=debug")
+                // tracing writes to stdout; panics to stderr.
+                .stdout(log.try_clone().expect("log file handle"))
+                .stderr(log)
                 .spawn()
                 .expect("the sluice binary starts"),
             dir,
@@ -133,6 +135,9 @@ impl Gw {
 
 impl Drop for Gw {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("gateway log:\n{}", self.log());
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -672,6 +677,41 @@ async fn refused(addr: SocketAddr) -> bool {
     }
 }
 
+type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
+
+/// `GET /` on a keep-alive connection: the status, or `None` when the
+/// connection is gone.
+async fn get_root(send: &mut Sender) -> Option<u16> {
+    use http_body_util::BodyExt;
+    send.ready().await.ok()?;
+    let req = http::Request::get("/")
+        .header("host", "h")
+        .body(Default::default())
+        .unwrap();
+    let resp = send.send_request(req).await.ok()?;
+    let status = resp.status().as_u16();
+    resp.into_body().collect().await.ok()?;
+    Some(status)
+}
+
+/// A keep-alive connection that has been served once (retried until one is).
+async fn served_conn(addr: SocketAddr) -> Sender {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        if get_root(&mut send).await == Some(200) {
+            return send;
+        }
+        assert!(Instant::now() < deadline, "no connection was served");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_limits_are_closed_and_open_ones_keep_working() {
     let app = Pods::start("default", "app", 1).await;
@@ -686,22 +726,20 @@ async fn connections_beyond_the_limits_are_closed_and_open_ones_keep_working() {
     )
     .await;
     let (a, b) = (gw.addr(), gw.addr2());
-    let mut a1 = Conn::open(a).await;
-    let mut a2 = Conn::open(a).await;
-    assert_eq!(a1.get("h", "/").await.status, 200);
-    assert_eq!(a2.get("h", "/").await.status, 200);
+    // (The readiness probe's connection may still hold a place for a moment.)
+    let mut a1 = served_conn(a).await;
+    let mut a2 = served_conn(a).await;
     // Listener one is full; listener two still has room in the total.
     assert!(
         refused(a).await,
         "a third connection on a full listener was served"
     );
-    let mut b1 = Conn::open(b).await;
-    assert_eq!(b1.get("h", "/").await.status, 200);
+    let mut b1 = served_conn(b).await;
     // Now the process is full.
     assert!(refused(b).await, "a connection beyond the total was served");
     // The open connections are unaffected.
     for c in [&mut a1, &mut a2, &mut b1] {
-        assert_eq!(c.get("h", "/again").await.status, 200);
+        assert_eq!(get_root(c).await, Some(200));
     }
     // A closed connection frees its place.
     drop(a1);
@@ -821,6 +859,13 @@ async fn http2_rapid_reset_and_ping_and_settings_floods_end_the_connection() {
     assert!(
         flood(addr, frame(SETTINGS, 0, 0, &[]), 20_000).await,
         "a SETTINGS flood went on"
+    );
+    // Closed by the gateway's flood limit, not by chance.
+    assert_eq!(
+        gw.log().matches("HTTP/2 control frame flood").count(),
+        2,
+        "{}",
+        gw.log()
     );
     // A client that pings now and then is no flood.
     let mut calm = Client::connect(addr).await;
@@ -1053,8 +1098,13 @@ async fn a_backend_dying_mid_response_truncates_that_response_only() {
     for path in ["/dying/close", "/dying/reset"] {
         let answer = raw_bytes(gw.addr(), path).await;
         let (head, body) = split_answer(&answer);
-        // The head had already gone out with the backend's length: the
-        // client sees fewer bytes than promised and the connection closed.
+        // A reset that reaches the gateway before the head does is a 502.
+        if path.ends_with("reset") && head.starts_with("HTTP/1.1 502") {
+            continue;
+        }
+        // Otherwise the head had already gone out with the backend's
+        // length: the client sees fewer bytes than promised and the
+        // connection closed.
         assert!(head.starts_with("HTTP/1.1 200"), "{path}: {head}");
         assert!(
             head.to_ascii_lowercase().contains("content-length: 100000"),
