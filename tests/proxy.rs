@@ -818,11 +818,11 @@ async fn mirrors_get_a_copy_and_never_delay_the_client() {
     let never = backend("never", Mode::Record).await;
     let bind = free_addr();
     let mirror_to = |b: &TestBackend, name: &str, numerator| {
-        Filter::RequestMirror(Mirror {
-            backend: Arc::new(be(name, 1, endpoints(&[b]))),
+        Filter::RequestMirror(Mirror::new(
+            Arc::new(be(name, 1, endpoints(&[b]))),
             numerator,
-            denominator: 100,
-        })
+            100,
+        ))
     };
     let mut r = rule(
         "mirrored",
