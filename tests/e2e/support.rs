@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener as StdTcpListener};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -176,7 +176,8 @@ impl Sluice {
             .arg(dir.path())
             .args(["--bind", "127.0.0.1", "--admin", &admin.to_string()])
             .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
+            // tracing writes to stdout: both go to the log file.
+            .stdout(log.try_clone().expect("log file handle"))
             .stderr(log)
             .spawn()
             .expect("the sluice binary starts");
