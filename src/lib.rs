@@ -16,6 +16,7 @@ pub mod echo;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod metrics;
+pub mod ports;
 pub mod proxy;
 pub mod resources;
 pub mod route;

@@ -52,8 +52,8 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 
 /// A loopback address with a port nothing listens on right now.
 fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    l.local_addr().expect("local addr")
+    let port = sluice::ports::free_loopback_port().expect("a free loopback port");
+    SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 // ---------------------------------------------------------------- backends

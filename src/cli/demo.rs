@@ -926,9 +926,7 @@ impl Drop for TempDir {
 
 /// A port that was free a moment ago on 127.0.0.1.
 fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .context("cannot find a free port on 127.0.0.1")?;
-    Ok(listener.local_addr()?.port())
+    crate::ports::free_loopback_port().context("cannot find a free port on 127.0.0.1")
 }
 
 #[cfg(test)]

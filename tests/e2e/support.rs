@@ -7,7 +7,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener as StdTcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -21,10 +21,7 @@ use sluice::echo::{EchoIdentity, EchoResponse, EchoServer};
 
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
-    StdTcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("the OS hands out an ephemeral port")
-        .port()
+    sluice::ports::free_loopback_port().expect("a free loopback port")
 }
 
 /// GatewayClass `sluice` and Gateway `default/gw` with one HTTP listener on

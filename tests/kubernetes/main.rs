@@ -4,7 +4,7 @@
 mod fake_apiserver;
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener as StdTcpListener};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -23,10 +23,7 @@ const DEADLINE: Duration = Duration::from_secs(60);
 const HOST: &str = "autocomplete.example.com";
 
 fn free_port() -> u16 {
-    StdTcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("the OS hands out an ephemeral port")
-        .port()
+    sluice::ports::free_loopback_port().expect("a free loopback port")
 }
 
 /// Poll `check` until it returns `Some`, or fail after [`DEADLINE`].

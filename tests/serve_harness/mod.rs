@@ -23,11 +23,7 @@ pub const DEADLINE: Duration = Duration::from_secs(20);
 
 /// A port that was free a moment ago on 127.0.0.1.
 pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind port 0");
-    listener
-        .local_addr()
-        .expect("bound socket has an address")
-        .port()
+    sluice::ports::free_loopback_port().expect("a free loopback port")
 }
 
 /// Start a backend on an ephemeral port that answers every request with

@@ -20,7 +20,6 @@
 //! logical view and render again.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -174,9 +173,7 @@ impl PortMap {
 
 /// A free loopback port (bound and released; the gateway binds it next).
 fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .context("cannot bind a loopback port")?;
-    Ok(listener.local_addr()?.port())
+    sluice::ports::free_loopback_port().context("cannot bind a loopback port")
 }
 
 /// An echo pod of a Deployment.
