@@ -20,7 +20,7 @@ use super::filters::{
 };
 use super::upgrade::UpgradeRequest;
 use super::{cors, retry, tls};
-use crate::metrics::RequestLabels;
+use crate::metrics::RequestKey;
 use crate::route::{
     AppProtocol, Backend, BackendChoice, BackendTarget, Filter, Lookup, Mirror, PathMatch,
     RouteTable, Rule, normalize_host,
@@ -55,22 +55,15 @@ pub async fn handle(
             err.into_response()
         }
     };
-    let labels = RequestLabels {
-        route: outcome
-            .rule
-            .map(|r| format!("{}/{}", r.id.namespace, r.id.route))
-            .unwrap_or_default(),
-        rule: outcome
-            .rule
-            .map(|r| r.id.index.to_string())
-            .unwrap_or_default(),
-        backend: outcome
-            .backend
-            .map(|b| b.service.clone())
-            .unwrap_or_default(),
+    // Labels borrowed from the table: no allocation per request.
+    let key = RequestKey {
+        namespace: outcome.rule.map_or("", |r| r.id.namespace.as_str()),
+        route: outcome.rule.map_or("", |r| r.id.route.as_str()),
+        rule: outcome.rule.map(|r| r.id.index),
+        backend: outcome.backend.map_or("", |b| b.service.as_str()),
         code: resp.status().as_u16(),
     };
-    shared.metrics.record_request(&labels, start.elapsed());
+    shared.metrics.record(&key, start.elapsed());
     resp
 }
 

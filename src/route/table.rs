@@ -360,15 +360,30 @@ impl RouteTableBuilder {
 }
 
 fn build_listener(l: ListenerBuild) -> ListenerRoutes {
-    let sorted = |applies: &dyn Fn(&HostPattern) -> bool| -> Candidates {
-        let mut v: Vec<(PrecedenceKey, &Candidate)> = l
-            .candidates
-            .iter()
-            .filter(|c| applies(&c.host))
+    // Group the candidates by route hostname first, so that each host's
+    // list is assembled from the groups that apply to it: linear in the
+    // candidates (times the few wildcard groups), not hosts x candidates.
+    let mut groups: HashMap<&HostPattern, Vec<&Candidate>> = HashMap::new();
+    for c in &l.candidates {
+        groups.entry(&c.host).or_default().push(c);
+    }
+    let wildcards: Vec<(&HostPattern, &Vec<&Candidate>)> = groups
+        .iter()
+        .filter(|(p, _)| matches!(p, HostPattern::Wildcard(_)))
+        .map(|(p, g)| (*p, g))
+        .collect();
+    let any_group: &[&Candidate] = groups
+        .get(&HostPattern::Any)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let sorted = |parts: Vec<&[&Candidate]>| -> Candidates {
+        let mut v: Vec<(PrecedenceKey, &Candidate)> = parts
+            .into_iter()
+            .flatten()
             .map(|c| {
                 let mut key = c.key_without_host.clone();
                 key.host = c.host.precedence();
-                (key, c)
+                (key, *c)
             })
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -376,28 +391,35 @@ fn build_listener(l: ListenerBuild) -> ListenerRoutes {
     };
     let mut exact = HashMap::new();
     let mut wildcard = HashMap::new();
-    for c in &l.candidates {
-        match &c.host {
-            HostPattern::Exact(h) if !exact.contains_key(h) => {
-                let host = h.clone();
-                exact.insert(
-                    host.clone(),
-                    sorted(&|p: &HostPattern| p.matches(&host) || p == &HostPattern::Any),
+    for (pattern, group) in &groups {
+        match pattern {
+            HostPattern::Exact(h) => {
+                let mut parts: Vec<&[&Candidate]> = vec![group.as_slice(), any_group];
+                parts.extend(
+                    wildcards
+                        .iter()
+                        .filter(|(w, _)| w.matches(h))
+                        .map(|(_, g)| g.as_slice()),
                 );
+                exact.insert(h.clone(), sorted(parts));
             }
-            HostPattern::Wildcard(suffix) if !wildcard.contains_key(suffix) => {
-                let suffix = suffix.clone();
-                let list = sorted(&|p: &HostPattern| match p {
-                    HostPattern::Any => true,
-                    HostPattern::Wildcard(s) => suffix.ends_with(s.as_str()),
-                    HostPattern::Exact(_) => false,
-                });
-                wildcard.insert(suffix, list);
+            HostPattern::Wildcard(suffix) => {
+                let mut parts: Vec<&[&Candidate]> = vec![any_group];
+                parts.extend(
+                    wildcards
+                        .iter()
+                        .filter(|(w, _)| match w {
+                            HostPattern::Wildcard(s) => suffix.ends_with(s.as_str()),
+                            _ => false,
+                        })
+                        .map(|(_, g)| g.as_slice()),
+                );
+                wildcard.insert(suffix.clone(), sorted(parts));
             }
-            _ => {}
+            HostPattern::Any => {}
         }
     }
-    let any = sorted(&|p: &HostPattern| p == &HostPattern::Any);
+    let any = sorted(vec![any_group]);
     ListenerRoutes {
         id: l.id,
         hostname: l.hostname,
