@@ -122,13 +122,11 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     );
 
     if let Some(path) = &args.report {
-        std::fs::write(path, report::conformance_report(&results)?)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        write_file(path, &report::conformance_report(&results)?)?;
         println!("report written to {}", path.display());
     }
     if let Some(path) = &args.markdown {
-        std::fs::write(path, report::markdown(&results))
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        write_file(path, &report::markdown(&results))?;
         println!("markdown written to {}", path.display());
     }
 
@@ -239,4 +237,13 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// Write `text` to `path`, creating its folder first (`target/` may not
+/// exist yet when the target directory is elsewhere).
+fn write_file(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
 }
