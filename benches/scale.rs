@@ -11,7 +11,8 @@
 //! `ready`, wait for a line on stdin, then rebuild the route table every
 //! interval (translate of the whole snapshot, `bench` flipping between 995/5
 //! and 90/10, swapped into the proxy as `sluice serve` does) and report the
-//! resident memory after the first and after the last rebuild.
+//! resident memory after the first and after the last rebuild. Stops after
+//! `--max-seconds` (150) if the rebuilds take longer than the interval.
 //!
 //! Built with `cargo bench --no-run`.
 
@@ -154,6 +155,8 @@ fn reload(args: &[String]) -> Result<(), String> {
     };
     let interval = Duration::from_millis(flag(args, "--interval-ms", Some(100u64))?);
     let reloads: usize = flag(args, "--reloads", Some(1000))?;
+    // A bound on the whole rebuild run, whatever translate costs.
+    let max = Duration::from_secs(flag(args, "--max-seconds", Some(150u64))?);
     let options = TranslateOptions {
         default_bind: layout.listen.ip(),
     };
@@ -190,6 +193,9 @@ fn reload(args: &[String]) -> Result<(), String> {
         let mut rss_first = 0;
         let start = Instant::now();
         for i in 0..reloads {
+            if start.elapsed() > max {
+                break;
+            }
             ticks.tick().await;
             let snapshot = flips[(i + 1) % 2].clone();
             let options = options.clone();
@@ -212,10 +218,11 @@ fn reload(args: &[String]) -> Result<(), String> {
         let (rss_last, peak) = rss_kib();
         translate_ms.sort_by(f64::total_cmp);
         println!(
-            "{{\"routes\":{n},\"reloads\":{reloads},\"elapsed_s\":{elapsed:.1},\
+            "{{\"routes\":{n},\"reloads\":{},\"elapsed_s\":{elapsed:.1},\
              \"translate_p50_ms\":{:.1},\"translate_max_ms\":{:.1},\
              \"rss_ready_kib\":{rss_ready},\"rss_after_first_kib\":{rss_first},\
              \"rss_after_last_kib\":{rss_last},\"peak_kib\":{peak}}}",
+            translate_ms.len(),
             translate_ms[translate_ms.len() / 2],
             translate_ms.last().copied().unwrap_or(0.0),
         );
