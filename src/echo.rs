@@ -222,41 +222,7 @@ async fn echo(state: &EchoState, request: Request<Incoming>) -> Response<Full<By
         }
     }
 
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|pq| pq.as_str().to_owned())
-        .unwrap_or_else(|| "/".to_owned());
-    let host = parts
-        .headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .map(str::to_owned)
-        .or_else(|| parts.uri.authority().map(|a| a.as_str().to_owned()))
-        .unwrap_or_default();
-    let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (name, value) in &parts.headers {
-        if name == http::header::HOST {
-            continue;
-        }
-        headers
-            .entry(canonical_header_name(name.as_str()))
-            .or_default()
-            .push(String::from_utf8_lossy(value.as_bytes()).into_owned());
-    }
-    let identity = &state.identity;
-    let echoed = EchoResponse {
-        path,
-        host,
-        method: parts.method.to_string(),
-        proto: proto(parts.version).to_owned(),
-        headers,
-        namespace: identity.namespace.clone(),
-        ingress: String::new(),
-        service: identity.service.clone(),
-        pod: identity.pod.clone(),
-        body_bytes,
-    };
+    let echoed = describe(&parts, body_bytes, &state.identity);
     {
         let mut recent = match state.recent.lock() {
             Ok(recent) => recent,
@@ -289,7 +255,55 @@ async fn echo(state: &EchoState, request: Request<Incoming>) -> Response<Full<By
         return response;
     }
 
-    let body = match serde_json::to_vec_pretty(&echoed) {
+    json_response(&parts, &echoed)
+}
+
+/// What a request looked like to the backend, in echo-basic's shape.
+pub fn describe(
+    parts: &http::request::Parts,
+    body_bytes: u64,
+    identity: &EchoIdentity,
+) -> EchoResponse {
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|pq| pq.as_str().to_owned())
+        .unwrap_or_else(|| "/".to_owned());
+    let host = parts
+        .headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| parts.uri.authority().map(|a| a.as_str().to_owned()))
+        .unwrap_or_default();
+    let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, value) in &parts.headers {
+        if name == http::header::HOST {
+            continue;
+        }
+        headers
+            .entry(canonical_header_name(name.as_str()))
+            .or_default()
+            .push(String::from_utf8_lossy(value.as_bytes()).into_owned());
+    }
+    EchoResponse {
+        path,
+        host,
+        method: parts.method.to_string(),
+        proto: proto(parts.version).to_owned(),
+        headers,
+        namespace: identity.namespace.clone(),
+        ingress: String::new(),
+        service: identity.service.clone(),
+        pod: identity.pod.clone(),
+        body_bytes,
+    }
+}
+
+/// The 200 JSON response for `echoed`, with the headers the request asked
+/// for in `X-Echo-Set-Header: name:value[, name2:value2]`.
+pub fn json_response(parts: &http::request::Parts, echoed: &EchoResponse) -> Response<Full<Bytes>> {
+    let body = match serde_json::to_vec_pretty(echoed) {
         Ok(body) => body,
         Err(_) => {
             return plain(

@@ -25,12 +25,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode, Version};
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use sluice::echo::{EchoIdentity, EchoResponse, canonical_header_name};
+use sluice::echo::EchoIdentity;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -231,67 +231,8 @@ async fn handle(state: &State, mut request: Request<Incoming>) -> Response<Full<
         return response;
     }
 
-    let host = parts
-        .headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .map(str::to_owned)
-        .or_else(|| parts.uri.authority().map(|a| a.as_str().to_owned()))
-        .unwrap_or_default();
-    let mut headers = std::collections::BTreeMap::<String, Vec<String>>::new();
-    for (name, value) in &parts.headers {
-        if name != http::header::HOST {
-            headers
-                .entry(canonical_header_name(name.as_str()))
-                .or_default()
-                .push(String::from_utf8_lossy(value.as_bytes()).into_owned());
-        }
-    }
-    let identity = &state.identity;
-    let echoed = EchoResponse {
-        path,
-        host,
-        method: parts.method.to_string(),
-        proto: match parts.version {
-            Version::HTTP_2 => "HTTP/2.0",
-            Version::HTTP_10 => "HTTP/1.0",
-            _ => "HTTP/1.1",
-        }
-        .to_owned(),
-        headers,
-        namespace: identity.namespace.clone(),
-        ingress: String::new(),
-        service: identity.service.clone(),
-        pod: identity.pod.clone(),
-        body_bytes,
-    };
-    let Ok(body) = serde_json::to_vec_pretty(&echoed) else {
-        return plain(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode");
-    };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    let out = response.headers_mut();
-    for value in parts.headers.get_all("x-echo-set-header") {
-        let Ok(value) = value.to_str() else { continue };
-        for pair in value.split(',') {
-            if let Some((name, value)) = pair.trim().split_once(':')
-                && let (Ok(name), Ok(value)) = (
-                    http::HeaderName::from_bytes(name.trim().as_bytes()),
-                    HeaderValue::from_str(value.trim()),
-                )
-            {
-                out.append(name, value);
-            }
-        }
-    }
-    out.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    out.insert(
-        "x-content-type-options",
-        HeaderValue::from_static("nosniff"),
-    );
-    response
+    let echoed = sluice::echo::describe(&parts, body_bytes, &state.identity);
+    sluice::echo::json_response(&parts, &echoed)
 }
 
 fn plain(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
