@@ -140,12 +140,12 @@ fn files_are_found_recursively_and_shares_are_weight_over_sum() {
         ("apps/README.md", "not a manifest: ignored"),
         (
             "apps/web/config.yaml",
-            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings}\n",
+            "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: settings}\n",
         ),
     ]);
     let (code, out) = check(&[manifests.path()]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("ConfigMap"), "listed as ignored: {out}");
+    assert!(out.contains("PodTemplate"), "listed as ignored: {out}");
     assert!(out.contains("33.33%"), "{out}");
     assert!(out.contains("66.67%"), "{out}");
 }

@@ -298,6 +298,13 @@ fn load_document(mut value: Value, file: &str, line: usize, prefix: &str, out: &
             ("Gateway", _) if gateway => typed(value).map(Object::Gateway),
             ("HTTPRoute", _) if gateway => typed(value).map(Object::HttpRoute),
             ("ReferenceGrant", _) if gateway => typed(value).map(Object::ReferenceGrant),
+            ("ListenerSet", "gateway.networking.k8s.io/v1") => {
+                typed(value).map(Object::ListenerSet)
+            }
+            ("BackendTLSPolicy", "gateway.networking.k8s.io/v1") => {
+                typed(value).map(Object::BackendTlsPolicy)
+            }
+            ("ConfigMap", "v1") => typed(value).map(Object::ConfigMap),
             ("Service", "v1") => typed(value).map(Object::Service),
             ("Namespace", "v1") => typed(value).map(Object::Namespace),
             ("Secret", "v1") => typed(value).map(Object::Secret),

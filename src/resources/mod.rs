@@ -20,11 +20,13 @@ pub use generations::Generations;
 pub use load::{LoadError, LoadedObject, ParsedFile, parse_manifests};
 pub(crate) use validate::filter_type_name;
 
+pub use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 pub use gateway_api::experimental::gatewayclasses::GatewayClass;
 pub use gateway_api::experimental::gateways::Gateway;
 pub use gateway_api::experimental::httproutes::HttpRoute;
+pub use gateway_api::experimental::listenersets::ListenerSet;
 pub use gateway_api::experimental::referencegrants::ReferenceGrant;
-pub use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+pub use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 pub use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -54,6 +56,14 @@ pub struct Snapshot {
     /// Secrets, for listener `tls.certificateRefs` (`kubernetes.io/tls`:
     /// `tls.crt` and `tls.key`).
     pub secrets: Vec<Secret>,
+    /// ListenerSets: listeners that attach to a Gateway
+    /// (`spec.parentRef`) when its `allowedListeners` admits them.
+    pub listener_sets: Vec<ListenerSet>,
+    /// BackendTLSPolicies: how the gateway speaks TLS to a Service.
+    pub backend_tls_policies: Vec<BackendTlsPolicy>,
+    /// ConfigMaps, for CA certificates (`ca.crt`): frontend client
+    /// certificate validation and BackendTLSPolicy validation.
+    pub config_maps: Vec<ConfigMap>,
 }
 
 impl Snapshot {
@@ -70,6 +80,9 @@ impl Snapshot {
                 Object::EndpointSlice(o) => s.endpoint_slices.push(o),
                 Object::Namespace(o) => s.namespaces.push(o),
                 Object::Secret(o) => s.secrets.push(o),
+                Object::ListenerSet(o) => s.listener_sets.push(o),
+                Object::BackendTlsPolicy(o) => s.backend_tls_policies.push(o),
+                Object::ConfigMap(o) => s.config_maps.push(o),
             }
         }
         s
@@ -87,6 +100,9 @@ pub enum Object {
     EndpointSlice(EndpointSlice),
     Namespace(Namespace),
     Secret(Secret),
+    ListenerSet(ListenerSet),
+    BackendTlsPolicy(BackendTlsPolicy),
+    ConfigMap(ConfigMap),
 }
 
 impl Object {
@@ -101,6 +117,9 @@ impl Object {
             Object::EndpointSlice(_) => "EndpointSlice",
             Object::Namespace(_) => "Namespace",
             Object::Secret(_) => "Secret",
+            Object::ListenerSet(_) => "ListenerSet",
+            Object::BackendTlsPolicy(_) => "BackendTLSPolicy",
+            Object::ConfigMap(_) => "ConfigMap",
         }
     }
 
@@ -119,6 +138,9 @@ impl Object {
             Object::EndpointSlice(o) => &o.metadata,
             Object::Namespace(o) => &o.metadata,
             Object::Secret(o) => &o.metadata,
+            Object::ListenerSet(o) => &o.metadata,
+            Object::BackendTlsPolicy(o) => &o.metadata,
+            Object::ConfigMap(o) => &o.metadata,
         }
     }
 
@@ -132,6 +154,9 @@ impl Object {
             Object::EndpointSlice(o) => &mut o.metadata,
             Object::Namespace(o) => &mut o.metadata,
             Object::Secret(o) => &mut o.metadata,
+            Object::ListenerSet(o) => &mut o.metadata,
+            Object::BackendTlsPolicy(o) => &mut o.metadata,
+            Object::ConfigMap(o) => &mut o.metadata,
         }
     }
 
@@ -178,6 +203,12 @@ impl Object {
                 "type": o.type_,
                 "data": o.data,
                 "stringData": o.string_data,
+            })),
+            Object::ListenerSet(o) => serde_json::to_value(&o.spec),
+            Object::BackendTlsPolicy(o) => serde_json::to_value(&o.spec),
+            Object::ConfigMap(o) => Ok(serde_json::json!({
+                "data": o.data,
+                "binaryData": o.binary_data,
             })),
         };
         // Serializing these plain data types cannot fail (no maps with

@@ -30,7 +30,10 @@ pub(crate) fn validate(object: &Object) -> Problems {
         Object::ReferenceGrant(_)
         | Object::EndpointSlice(_)
         | Object::Namespace(_)
-        | Object::Secret(_) => {}
+        | Object::Secret(_)
+        | Object::ListenerSet(_)
+        | Object::BackendTlsPolicy(_)
+        | Object::ConfigMap(_) => {}
     }
     p
 }

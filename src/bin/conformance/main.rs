@@ -14,8 +14,11 @@
 //! test listed in `conformance/expected-pass.txt` fails.
 
 mod backend;
+mod backend_tls;
 mod check;
+mod client_cert;
 mod env;
+mod listenerset;
 mod report;
 mod suite;
 mod ws;

@@ -305,6 +305,16 @@ pub async fn run(name: &str, cx: &mut Ctx<'_>) -> anyhow::Result<()> {
         "HTTPRouteRequestHeaderModifierBackendWeights" => backend_weights(cx).await,
         "HTTPRouteRetry" => retry(cx).await,
         "HTTPRouteCORS" => cors(cx).await,
+        n if n.starts_with("ListenerSet") => crate::listenerset::run(n, cx).await,
+        "GatewayFrontendClientCertificateValidation"
+        | "GatewayFrontendClientCertificateValidationInsecureFallback"
+        | "GatewayInvalidFrontendClientCertificateValidation"
+        | "GatewayFrontendInvalidDefaultClientCertificateValidation" => {
+            crate::client_cert::run(name, cx).await
+        }
+        "GatewayTLSBackendClientCertificate" | "GatewayInvalidTLSBackendConfiguration" => {
+            crate::backend_tls::run(name, cx).await
+        }
         other => Err(anyhow!(
             "not implemented yet: the runner has no checks for {other}, and sluice does not implement its feature"
         )),
