@@ -13,6 +13,9 @@
 //!   (Gateway, port): in a cluster each Gateway has its own address, so two
 //!   Gateways on port 80 never share a socket. [`PortMap`] translates the
 //!   ports a test names (requests, parentRef ports, redirect locations).
+//!   A ListenerSet's listeners are served on its parent Gateway's address,
+//!   so their ports are moved under the parent Gateway's key: a ListenerSet
+//!   listener on port 80 shares the loopback port of its Gateway's port 80.
 //!
 //! The manifests are kept as YAML values with their original ports (the
 //! "logical" view a test reasons about) and rendered to a temporary
@@ -144,6 +147,8 @@ pub fn object_id(doc: &Value) -> String {
 pub struct PortMap {
     /// (`ns/gateway`, original port) -> actual port.
     ports: BTreeMap<(String, u16), u16>,
+    /// `ns/listenerset` -> `ns/gateway` of its parentRef.
+    listener_sets: BTreeMap<String, String>,
 }
 
 impl PortMap {
@@ -158,6 +163,22 @@ impl PortMap {
             .iter()
             .find(|(_, a)| **a == actual)
             .map(|((_, port), _)| *port)
+    }
+
+    /// Record that ListenerSet `listener_set` (`ns/name`) attaches to
+    /// `gateway` (`ns/name`): its listener ports are the Gateway's.
+    pub fn add_listener_set(&mut self, listener_set: &str, gateway: &str) {
+        self.listener_sets
+            .insert(listener_set.to_owned(), gateway.to_owned());
+    }
+
+    /// The `ns/name` of the Gateway whose address serves `parent`'s
+    /// listeners: the parent Gateway of a known ListenerSet, else `parent`.
+    pub fn gateway_of<'a>(&'a self, parent: &'a str) -> &'a str {
+        self.listener_sets
+            .get(parent)
+            .map(String::as_str)
+            .unwrap_or(parent)
     }
 
     /// The loopback port for `gateway`'s listeners on `port` (chosen on first use).
@@ -282,12 +303,18 @@ pub fn render(
 ) -> anyhow::Result<()> {
     let mut generated = vec![gateway_class()];
     generated.extend(suite_secrets()?.iter().cloned());
+    for doc in files.iter().flat_map(|f| &f.docs) {
+        if kind(doc) == "ListenerSet" {
+            ports.add_listener_set(&object_id(doc), &listener_set_parent(doc));
+        }
+    }
     for file in files {
         let mut out = Vec::new();
         for doc in &file.docs {
             match kind(doc) {
                 "Deployment" => continue,
                 "Gateway" => out.push(render_gateway(doc, ports)?),
+                "ListenerSet" => out.push(render_listener_set(doc, ports)?),
                 "HTTPRoute" => out.push(render_route(doc, ports)),
                 "Service" => {
                     generated.extend(endpoint_slices(doc, pods));
@@ -450,8 +477,42 @@ fn gateway_class() -> Value {
 }
 
 fn render_gateway(doc: &Value, ports: &mut PortMap) -> anyhow::Result<Value> {
+    let id = object_id(doc);
+    move_listener_ports(doc, &format!("Gateway {id}"), &id, ports)
+}
+
+/// `ns/name` of the Gateway a ListenerSet's `spec.parentRef` names (its
+/// namespace defaults to the ListenerSet's).
+fn listener_set_parent(doc: &Value) -> String {
+    let parent = doc.get("spec").and_then(|s| s.get("parentRef"));
+    let ns = parent
+        .and_then(|p| p.get("namespace"))
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| namespace(doc));
+    let name = parent
+        .and_then(|p| p.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    format!("{ns}/{name}")
+}
+
+/// A ListenerSet's listeners are served on its parent Gateway's address:
+/// their ports move with the parent Gateway's key.
+fn render_listener_set(doc: &Value, ports: &mut PortMap) -> anyhow::Result<Value> {
+    let gateway = listener_set_parent(doc);
+    let what = format!("ListenerSet {}", object_id(doc));
+    move_listener_ports(doc, &what, &gateway, ports)
+}
+
+/// A copy of `doc` with each `spec.listeners[].port` replaced by the
+/// loopback port of (`gateway`, port).
+fn move_listener_ports(
+    doc: &Value,
+    what: &str,
+    gateway: &str,
+    ports: &mut PortMap,
+) -> anyhow::Result<Value> {
     let mut doc = doc.clone();
-    let id = object_id(&doc);
     let Some(listeners) = doc
         .get_mut("spec")
         .and_then(|s| s.get_mut("listeners"))
@@ -464,9 +525,9 @@ fn render_gateway(doc: &Value, ports: &mut PortMap) -> anyhow::Result<Value> {
             continue;
         };
         let Ok(port) = u16::try_from(port) else {
-            bail!("Gateway {id}: listener port {port} out of range");
+            bail!("{what}: listener port {port} out of range");
         };
-        let actual = ports.assign(&id, port)?;
+        let actual = ports.assign(gateway, port)?;
         if let Some(m) = listener.as_mapping_mut() {
             m.insert("port".into(), Value::from(actual));
         }
@@ -489,7 +550,7 @@ fn render_route(doc: &Value, ports: &PortMap) -> Value {
             .get("kind")
             .and_then(Value::as_str)
             .unwrap_or("Gateway");
-        if kind != "Gateway" {
+        if kind != "Gateway" && kind != "ListenerSet" {
             continue;
         }
         let ns = parent
@@ -497,7 +558,13 @@ fn render_route(doc: &Value, ports: &PortMap) -> Value {
             .and_then(Value::as_str)
             .unwrap_or(&route_ns);
         let name = parent.get("name").and_then(Value::as_str).unwrap_or("");
-        let gateway = format!("{ns}/{name}");
+        let parent_id = format!("{ns}/{name}");
+        // A ListenerSet's ports are its parent Gateway's.
+        let gateway = if kind == "ListenerSet" {
+            ports.gateway_of(&parent_id).to_owned()
+        } else {
+            parent_id
+        };
         let Some(port) = parent.get("port").and_then(Value::as_u64) else {
             continue;
         };
@@ -598,5 +665,92 @@ mod tests {
         );
         assert_eq!(ports.original(a), Some(80));
         assert_eq!(ports.original(1), None);
+    }
+
+    fn yaml(text: &str) -> Value {
+        serde_yaml::from_str(text).expect("test YAML is valid")
+    }
+
+    fn listener_ports(doc: &Value) -> Vec<u64> {
+        doc["spec"]["listeners"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l["port"].as_u64())
+            .collect()
+    }
+
+    #[test]
+    fn listener_set_ports_move_with_their_parent_gateway() {
+        let mut ports = PortMap::default();
+        let gateway = yaml(
+            "kind: Gateway\nmetadata: {name: gw, namespace: infra}\n\
+             spec: {listeners: [{name: a, port: 80}]}",
+        );
+        // parentRef namespace omitted: the ListenerSet's own.
+        let set = yaml(
+            "kind: ListenerSet\nmetadata: {name: ls, namespace: infra}\n\
+             spec: {parentRef: {name: gw}, listeners: [{name: b, port: 80}, {name: c, port: 8080}]}",
+        );
+        let other = yaml(
+            "kind: Gateway\nmetadata: {name: other, namespace: infra}\n\
+             spec: {listeners: [{name: a, port: 80}]}",
+        );
+        let set_rendered = render_listener_set(&set, &mut ports).unwrap();
+        let gw_rendered = render_gateway(&gateway, &mut ports).unwrap();
+        let other_rendered = render_gateway(&other, &mut ports).unwrap();
+        let on80 = ports.actual("infra/gw", 80).unwrap();
+        let on8080 = ports.actual("infra/gw", 8080).unwrap();
+        assert_eq!(
+            listener_ports(&set_rendered),
+            [u64::from(on80), u64::from(on8080)],
+            "the ListenerSet's port 80 is its Gateway's port 80, whichever is rendered first"
+        );
+        assert_eq!(listener_ports(&gw_rendered), [u64::from(on80)]);
+        assert_ne!(
+            listener_ports(&other_rendered),
+            [u64::from(on80)],
+            "another Gateway on port 80 keeps its own socket"
+        );
+        assert_eq!(ports.original(on8080), Some(8080));
+        assert!(
+            ports.actual("infra/ls", 80).is_none(),
+            "keyed by the Gateway only"
+        );
+    }
+
+    #[test]
+    fn route_parent_ports_of_listener_sets_use_the_parent_gateway() {
+        let mut ports = PortMap::default();
+        ports.add_listener_set("apps/ls", "infra/gw");
+        assert_eq!(ports.gateway_of("apps/ls"), "infra/gw");
+        assert_eq!(ports.gateway_of("infra/gw"), "infra/gw");
+        let actual = ports.assign("infra/gw", 8080).unwrap();
+        let route = yaml(
+            "kind: HTTPRoute\nmetadata: {name: r, namespace: apps}\n\
+             spec: {parentRefs: [{kind: ListenerSet, name: ls, port: 8080}, {kind: Service, name: s, port: 8080}]}",
+        );
+        let rendered = render_route(&route, &ports);
+        assert_eq!(
+            rendered["spec"]["parentRefs"][0]["port"].as_u64(),
+            Some(u64::from(actual))
+        );
+        assert_eq!(
+            rendered["spec"]["parentRefs"][1]["port"].as_u64(),
+            Some(8080),
+            "other kinds are left alone"
+        );
+    }
+
+    #[test]
+    fn listener_set_parent_defaults_to_its_namespace() {
+        let set = yaml(
+            "kind: ListenerSet\nmetadata: {name: ls, namespace: a}\nspec: {parentRef: {name: gw, namespace: b}}",
+        );
+        assert_eq!(listener_set_parent(&set), "b/gw");
+        let set = yaml(
+            "kind: ListenerSet\nmetadata: {name: ls, namespace: a}\nspec: {parentRef: {name: gw}}",
+        );
+        assert_eq!(listener_set_parent(&set), "a/gw");
     }
 }
