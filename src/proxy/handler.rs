@@ -325,7 +325,10 @@ impl<'t> Forwarding<'_, 't> {
             .then_some(self.rule.retry.as_ref())
             .flatten();
         let per_try = self.rule.timeouts.backend_request;
-        let resp = if let Some(policy) = retry {
+        let resp = if let Some(tls) = &endpoints.tls {
+            let req = Request::from_parts(parts, body);
+            super::backend_tls::send(&self.shared.backend_tls, tls, req, per_try).await?
+        } else if let Some(policy) = retry {
             retry::send_with_retries(client, policy, endpoints, &parts, per_try).await?
         } else {
             let pending = client.request(Request::from_parts(parts, body));

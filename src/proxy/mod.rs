@@ -20,6 +20,7 @@
 //! Not supported yet: timeouts cover the time to the response headers, not
 //! the streaming of the body after them.
 
+mod backend_tls;
 mod body;
 mod conn;
 mod cors;
@@ -79,6 +80,8 @@ pub(crate) struct Shared {
     client: Client<HttpConnector, UpstreamBody>,
     /// HTTP/2 with prior knowledge, for `appProtocol: kubernetes.io/h2c`.
     h2_client: Client<HttpConnector, UpstreamBody>,
+    /// TLS to backends with a BackendTLSPolicy, pooled per TLS setting.
+    backend_tls: backend_tls::BackendTlsClients,
     /// How client connections are served: HTTP/1.1 with keep-alive, or
     /// HTTP/2 with prior knowledge (h2c), detected per connection.
     server: auto::Builder<TokioExecutor>,
@@ -150,6 +153,7 @@ impl Proxy {
                 metrics,
                 client,
                 h2_client,
+                backend_tls: Default::default(),
                 listeners: Mutex::new(BTreeMap::new()),
                 connections: Arc::new(Semaphore::new(limits.max_connections)),
                 limits,

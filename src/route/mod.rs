@@ -160,6 +160,27 @@ pub struct EndpointSet {
     addrs: Vec<SocketAddr>,
     next: AtomicUsize,
     pub protocol: AppProtocol,
+    /// Speak TLS to the endpoints (a BackendTLSPolicy targets the Service).
+    pub tls: Option<Arc<BackendTls>>,
+}
+
+/// How the gateway speaks TLS to a backend's endpoints, from the
+/// BackendTLSPolicy that targets its Service (and the Gateway's
+/// `spec.tls.backend` client certificate).
+#[derive(Debug)]
+pub struct BackendTls {
+    /// `<namespace>/<name>` of the BackendTLSPolicy, for logs.
+    pub policy: String,
+    /// `validation.hostname`: sent as SNI, and the name the backend's
+    /// certificate is verified for (unless subjectAltNames are given).
+    pub server_name: rustls_pki_types::ServerName<'static>,
+    /// The TLS client settings (trusted CAs, client certificate). `Err`
+    /// when the policy is invalid: per the spec every connection to the
+    /// backend then fails (the client gets a 5xx); the message says why.
+    pub config: Result<Arc<rustls::ClientConfig>, String>,
+    /// Equal for equal settings, across route tables: connection pools are
+    /// keyed by it, so they survive reloads that keep the settings.
+    pub key: String,
 }
 
 impl EndpointSet {
@@ -173,7 +194,14 @@ impl EndpointSet {
             addrs,
             next: AtomicUsize::new(0),
             protocol,
+            tls: None,
         }
+    }
+
+    /// The same endpoints, reached over TLS with `tls` (none: cleartext).
+    pub fn with_tls(mut self, tls: Option<Arc<BackendTls>>) -> Self {
+        self.tls = tls;
+        self
     }
 
     pub fn addrs(&self) -> &[SocketAddr] {
