@@ -1259,6 +1259,339 @@ impl Ctx<'_> {
     }
 }
 
+// ---- ListenerSet status (GEP-1713), as the suite's kubernetes helpers read it ----
+
+/// The API group of Gateway API kinds: what an omitted group means in a
+/// parentRef or a supportedKinds entry.
+pub const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
+
+/// An expected condition: type, status, reason ("" means any reason).
+pub type Cond = (&'static str, bool, &'static str);
+
+fn status_word(status: bool) -> &'static str {
+    if status { "True" } else { "False" }
+}
+
+/// The first of `conds` missing from `conditions`, as `type=status reason`.
+fn missing_condition(conditions: &Json, conds: &[Cond]) -> Option<String> {
+    conds.iter().find_map(|(ty, status, reason)| {
+        (!has_condition(conditions, ty, status_word(*status), reason))
+            .then(|| format!("{ty}={} {reason}", status_word(*status)))
+    })
+}
+
+/// Whether a route status `parentRef` names `kind` `parent` (`ns/name`) as
+/// the suite's `parentsForRouteMatch` compares them: group and kind (an
+/// omitted one is the API default, which the API server would have filled
+/// in), name, and namespace; an omitted namespace matches only when
+/// `namespace_required` is false. The sectionName is not compared.
+pub fn parent_ref_is(
+    parent_ref: &Json,
+    kind: &str,
+    parent: &str,
+    namespace_required: bool,
+) -> bool {
+    let (ns, name) = parent.split_once('/').unwrap_or(("", parent));
+    let group = parent_ref["group"].as_str().unwrap_or(GATEWAY_GROUP);
+    let actual_kind = parent_ref["kind"].as_str().unwrap_or("Gateway");
+    let ns_ok = match parent_ref["namespace"].as_str() {
+        Some(actual) => actual == ns,
+        None => !namespace_required,
+    };
+    group == GATEWAY_GROUP && actual_kind == kind && parent_ref["name"] == name && ns_ok
+}
+
+impl Ctx<'_> {
+    /// `ListenerSetMustHaveCondition`: the ListenerSet's conditions are
+    /// fresh and include this one.
+    pub async fn listener_set_condition(
+        &self,
+        listener_set: &str,
+        ty: &str,
+        status: bool,
+        reason: &str,
+    ) -> anyhow::Result<()> {
+        let want = status_word(status);
+        self.eventually(
+            &format!("ListenerSet {listener_set} {ty}={want} {reason}"),
+            |cx| {
+                let ls = cx.require("ListenerSet", listener_set)?;
+                fresh(&ls, &ls.status["conditions"])?;
+                if !has_condition(&ls.status["conditions"], ty, want, reason) {
+                    bail!("conditions are {}", ls.status["conditions"]);
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+
+    /// `ListenerSetListenersMustHaveConditions`: the ListenerSet's
+    /// conditions are fresh, and each of `listeners` (every listener in
+    /// status when empty) has all of `conds`.
+    pub async fn listener_set_listener_conditions(
+        &self,
+        listener_set: &str,
+        listeners: &[&str],
+        conds: &[Cond],
+    ) -> anyhow::Result<()> {
+        self.eventually(
+            &format!("ListenerSet {listener_set} listeners {listeners:?} with {conds:?}"),
+            |cx| {
+                let ls = cx.require("ListenerSet", listener_set)?;
+                fresh(&ls, &ls.status["conditions"])?;
+                listeners_have(&ls.status, listeners, conds)
+            },
+        )
+        .await
+    }
+
+    /// `GatewayListenersMustHaveConditions` with several conditions: each
+    /// of `listeners` (every listener when empty) has all of `conds`.
+    pub async fn gateway_listener_conditions(
+        &self,
+        gateway: &str,
+        listeners: &[&str],
+        conds: &[Cond],
+    ) -> anyhow::Result<()> {
+        self.eventually(
+            &format!("Gateway {gateway} listeners {listeners:?} with {conds:?}"),
+            |cx| {
+                let gw = cx.require("Gateway", gateway)?;
+                listeners_have(&gw.status, listeners, conds)
+            },
+        )
+        .await
+    }
+
+    /// `ListenerSetStatusMustHaveListeners`: the ListenerSet's conditions
+    /// are fresh and its `status.listeners` are exactly these: each with
+    /// at least the expected supportedKinds (group defaulted), the
+    /// attachedRoutes count and at least the expected conditions.
+    pub async fn listener_set_listeners(
+        &self,
+        listener_set: &str,
+        want: &[ListenerExpect],
+    ) -> anyhow::Result<()> {
+        self.eventually(&format!("ListenerSet {listener_set} listeners"), |cx| {
+            let ls = cx.require("ListenerSet", listener_set)?;
+            fresh(&ls, &ls.status["conditions"])?;
+            let got = ls.status["listeners"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if got.len() != want.len() {
+                bail!(
+                    "{} listeners in status, expected {}: {}",
+                    got.len(),
+                    want.len(),
+                    ls.status["listeners"]
+                );
+            }
+            for w in want {
+                let l = got
+                    .iter()
+                    .find(|l| l["name"] == w.name.as_str())
+                    .ok_or_else(|| anyhow!("no listener status {}", w.name))?;
+                let kinds: Vec<(&str, &str)> = l["supportedKinds"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|k| {
+                        (
+                            k["group"].as_str().unwrap_or(GATEWAY_GROUP),
+                            k["kind"].as_str().unwrap_or(""),
+                        )
+                    })
+                    .collect();
+                if w.kinds.is_empty() && !kinds.is_empty() {
+                    bail!("listener {}: supportedKinds {kinds:?}, expected none", w.name);
+                }
+                for kind in &w.kinds {
+                    if !kinds.contains(&(GATEWAY_GROUP, kind.as_str())) {
+                        bail!(
+                            "listener {}: supportedKinds {kinds:?} lack {GATEWAY_GROUP}/{kind} (expected at least {:?})",
+                            w.name,
+                            w.kinds
+                        );
+                    }
+                }
+                if l["attachedRoutes"].as_i64() != Some(w.attached) {
+                    bail!(
+                        "listener {}: attachedRoutes {}, expected {}",
+                        w.name,
+                        l["attachedRoutes"],
+                        w.attached
+                    );
+                }
+                for (t, s, r) in &w.conditions {
+                    if !has_condition(&l["conditions"], t, s, r) {
+                        bail!("listener {}: no {t}={s} {r} in {}", w.name, l["conditions"]);
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// `GatewayMustHaveAttachedListeners`: the Gateway's conditions are
+    /// fresh and `status.attachedListenerSets` (absent: 0) is `want`.
+    pub async fn attached_listener_sets(&self, gateway: &str, want: i64) -> anyhow::Result<()> {
+        self.eventually(
+            &format!("Gateway {gateway} attachedListenerSets {want}"),
+            |cx| {
+                let gw = cx.require("Gateway", gateway)?;
+                fresh(&gw, &gw.status["conditions"])?;
+                let got = gw.status["attachedListenerSets"].as_i64().unwrap_or(0);
+                if got != want {
+                    bail!(
+                        "attachedListenerSets is {}, expected {want}",
+                        gw.status["attachedListenerSets"]
+                    );
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+
+    /// `HTTPRouteMustHaveCondition` as the suite makes it: every parent's
+    /// conditions are fresh, and a parent named like `parent` (`ns/name`,
+    /// any kind; an omitted namespace matches) has the condition.
+    pub async fn route_parent_condition(
+        &self,
+        route: &str,
+        parent: &str,
+        ty: &str,
+        status: bool,
+        reason: &str,
+    ) -> anyhow::Result<()> {
+        let want = status_word(status);
+        let (ns, name) = parent.split_once('/').unwrap_or(("", parent));
+        self.eventually(
+            &format!("HTTPRoute {route} parent {parent} {ty}={want} {reason}"),
+            |cx| {
+                let r = cx.require("HTTPRoute", route)?;
+                let parents = r.status["parents"].as_array().cloned().unwrap_or_default();
+                for p in &parents {
+                    fresh(&r, &p["conditions"])?;
+                }
+                let named: Vec<&Json> = parents
+                    .iter()
+                    .filter(|p| {
+                        let rf = &p["parentRef"];
+                        rf["name"] == name && rf["namespace"].as_str().is_none_or(|n| n == ns)
+                    })
+                    .collect();
+                if named.is_empty() {
+                    bail!("no parent status named {parent} in {}", r.status);
+                }
+                if !named
+                    .iter()
+                    .any(|p| has_condition(&p["conditions"], ty, want, reason))
+                {
+                    let got: Vec<&Json> = named.iter().map(|p| &p["conditions"]).collect();
+                    bail!("parent {parent} conditions are {got:?}");
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+
+    /// `HTTPRouteMustHaveParents` for one expected parent: the route's
+    /// status has a parent from our controller for `kind` `parent` with
+    /// at least `conds` (more parents may be there, as upstream allows).
+    pub async fn route_has_parent(
+        &self,
+        route: &str,
+        kind: &str,
+        parent: &str,
+        namespace_required: bool,
+        conds: &[Cond],
+    ) -> anyhow::Result<()> {
+        self.eventually(&format!("HTTPRoute {route} parent {kind} {parent}"), |cx| {
+            let r = cx.require("HTTPRoute", route)?;
+            let parents = r.status["parents"].as_array().cloned().unwrap_or_default();
+            for p in &parents {
+                fresh(&r, &p["conditions"])?;
+            }
+            let ok = parents.iter().any(|p| {
+                p["controllerName"] == sluice::resources::CONTROLLER_NAME
+                    && parent_ref_is(&p["parentRef"], kind, parent, namespace_required)
+                    && missing_condition(&p["conditions"], conds).is_none()
+            });
+            if !ok {
+                bail!("no parent {kind} {parent} with {conds:?} in {}", r.status);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// `RoutesAndParentMustBeAccepted` for a Gateway or a ListenerSet
+    /// (`kind`): each route has a parent from our controller for it,
+    /// `Accepted=True` reason `Accepted` (namespace required when the
+    /// route lives elsewhere), and every listener of the parent is
+    /// ResolvedRefs, Accepted and Programmed.
+    pub async fn routes_and_parent_accepted(
+        &self,
+        kind: &str,
+        parent: &str,
+        routes: &[&str],
+    ) -> anyhow::Result<()> {
+        let parent_ns = parent.split('/').next().unwrap_or("");
+        for route in routes {
+            let route_ns = route.split('/').next().unwrap_or("");
+            self.route_has_parent(
+                route,
+                kind,
+                parent,
+                route_ns != parent_ns,
+                &[("Accepted", true, "Accepted")],
+            )
+            .await?;
+        }
+        const READY: &[Cond] = &[
+            ("ResolvedRefs", true, ""),
+            ("Accepted", true, ""),
+            ("Programmed", true, ""),
+        ];
+        if kind == "ListenerSet" {
+            self.listener_set_listener_conditions(parent, &[], READY)
+                .await
+        } else {
+            self.gateway_listener_conditions(parent, &[], READY).await
+        }
+    }
+}
+
+/// Each of `listeners` (every one when empty) in `status.listeners` has
+/// all of `conds`; a named listener missing from status is an error.
+fn listeners_have(status: &Json, listeners: &[&str], conds: &[Cond]) -> anyhow::Result<()> {
+    let got = status["listeners"].as_array().cloned().unwrap_or_default();
+    for name in listeners {
+        if !got.iter().any(|l| l["name"] == *name) {
+            bail!("no listener status {name} in {}", status["listeners"]);
+        }
+    }
+    for l in &got {
+        let selected = listeners.is_empty() || listeners.iter().any(|n| l["name"] == *n);
+        if !selected {
+            continue;
+        }
+        if let Some(missing) = missing_condition(&l["conditions"], conds) {
+            bail!(
+                "listener {} has no {missing}: conditions are {}",
+                l["name"],
+                l["conditions"]
+            );
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1419,6 +1752,60 @@ mod tests {
         assert!(
             compare(&case, &ex).is_err(),
             "no expected port means the scheme's default"
+        );
+    }
+
+    #[test]
+    fn parent_refs_compare_group_kind_and_namespace_like_the_suite() {
+        let omitted = serde_json::json!({"name": "gw"});
+        assert!(
+            parent_ref_is(&omitted, "Gateway", "infra/gw", false),
+            "omitted group and kind are the API defaults, an omitted namespace matches when not required"
+        );
+        assert!(!parent_ref_is(&omitted, "Gateway", "infra/gw", true));
+        assert!(!parent_ref_is(&omitted, "ListenerSet", "infra/gw", false));
+        let ls = serde_json::json!({
+            "group": GATEWAY_GROUP, "kind": "ListenerSet", "name": "ls", "namespace": "infra",
+            "sectionName": "any",
+        });
+        assert!(parent_ref_is(&ls, "ListenerSet", "infra/ls", true));
+        assert!(!parent_ref_is(&ls, "ListenerSet", "other/ls", false));
+        assert!(!parent_ref_is(&ls, "Gateway", "infra/ls", false));
+        let other_group =
+            serde_json::json!({"group": "example.com", "kind": "ListenerSet", "name": "ls"});
+        assert!(!parent_ref_is(
+            &other_group,
+            "ListenerSet",
+            "infra/ls",
+            false
+        ));
+    }
+
+    #[test]
+    fn listener_conditions_are_checked_on_the_named_listeners_or_all() {
+        let status = serde_json::json!({"listeners": [
+            {"name": "a", "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted"}]},
+            {"name": "b", "conditions": [{"type": "Accepted", "status": "False", "reason": "HostnameConflict"}]},
+        ]});
+        let accepted: &[Cond] = &[("Accepted", true, "")];
+        assert!(listeners_have(&status, &["a"], accepted).is_ok());
+        assert!(
+            listeners_have(&status, &[], accepted).is_err(),
+            "b is not accepted"
+        );
+        assert!(
+            listeners_have(&status, &["b"], &[("Accepted", false, "HostnameConflict")]).is_ok()
+        );
+        assert!(
+            listeners_have(&status, &["b"], &[("Accepted", false, "ProtocolConflict")]).is_err()
+        );
+        assert!(
+            listeners_have(&status, &["c"], accepted).is_err(),
+            "a named listener must be in status"
+        );
+        assert!(
+            listeners_have(&serde_json::json!({}), &[], accepted).is_ok(),
+            "no listeners: nothing to check, as upstream"
         );
     }
 }
