@@ -20,8 +20,8 @@ pub use hostname::{HostPattern, normalize_host};
 pub use matching::{HeaderMatch, PathMatch, QueryMatch, RequestMatch, ValueMatch};
 pub use retry::{DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, RetryPolicy, TryOutcome};
 pub use table::{
-    ListenerHandle, ListenerRoutes, Lookup, PortRoutes, RouteMatch, RouteOrder, RouteTable,
-    RouteTableBuilder,
+    ClientValidation, ListenerHandle, ListenerRoutes, Lookup, PortRoutes, RouteMatch, RouteOrder,
+    RouteTable, RouteTableBuilder,
 };
 pub use weighted::WeightedPicker;
 

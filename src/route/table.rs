@@ -133,6 +133,20 @@ impl ListenerRoutes {
 #[derive(Debug, Default)]
 pub struct PortRoutes {
     pub listeners: Vec<ListenerRoutes>,
+    /// Frontend client certificate validation on this TLS socket, when its
+    /// Gateway asks for it (`spec.tls.frontend`).
+    pub client_validation: Option<Arc<ClientValidation>>,
+}
+
+/// Frontend client certificate validation of one TLS socket (a Gateway's
+/// `spec.tls.frontend`, default or per port), compiled by translate.
+#[derive(Debug)]
+pub struct ClientValidation {
+    /// Checks a client certificate chain against the configured CAs.
+    pub verifier: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    /// Mode `AllowInsecureFallback`: a client without a valid certificate
+    /// is still served.
+    pub insecure_fallback: bool,
 }
 
 impl PortRoutes {
@@ -268,6 +282,7 @@ struct ListenerBuild {
 #[derive(Default)]
 pub struct RouteTableBuilder {
     binds: BTreeMap<SocketAddr, Vec<ListenerBuild>>,
+    client_validation: BTreeMap<SocketAddr, Arc<ClientValidation>>,
 }
 
 impl RouteTableBuilder {
@@ -303,6 +318,12 @@ impl RouteTableBuilder {
             .get_mut(&listener.bind)
             .expect("handle from this builder")[listener.index]
             .tls = Some(certificate);
+    }
+
+    /// Validate client certificates on the TLS socket `bind` (the first
+    /// setting for a socket wins).
+    pub fn set_port_client_validation(&mut self, bind: SocketAddr, v: Arc<ClientValidation>) {
+        self.client_validation.entry(bind).or_insert(v);
     }
 
     /// Attach one rule of a route to a listener under the route's effective
@@ -344,7 +365,7 @@ impl RouteTableBuilder {
         }
     }
 
-    pub fn build(self) -> RouteTable {
+    pub fn build(mut self) -> RouteTable {
         let binds = self
             .binds
             .into_iter()
@@ -352,7 +373,14 @@ impl RouteTableBuilder {
                 let mut listeners: Vec<ListenerRoutes> =
                     listeners.into_iter().map(build_listener).collect();
                 listeners.sort_by_key(|l| l.hostname.precedence());
-                (bind, PortRoutes { listeners })
+                let client_validation = self.client_validation.remove(&bind);
+                (
+                    bind,
+                    PortRoutes {
+                        listeners,
+                        client_validation,
+                    },
+                )
             })
             .collect();
         RouteTable { binds }

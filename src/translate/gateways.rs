@@ -63,6 +63,8 @@ pub(crate) struct ListenerView {
     /// HTTPS: `(reason, message)` of `ResolvedRefs=False` for its
     /// certificateRefs.
     pub tls_unresolved: Option<(&'static str, String)>,
+    /// HTTPS: client certificate validation (Gateway `spec.tls.frontend`).
+    pub frontend: tls::frontend::ListenerFrontend,
     /// (reason, message) of the `Conflicted=True` condition.
     pub conflict: Option<(&'static str, String)>,
     /// Accepted routes attached to this listener.
@@ -72,7 +74,7 @@ pub(crate) struct ListenerView {
 impl ListenerView {
     /// Accepted: a supported protocol and no conflict.
     fn valid(&self) -> bool {
-        self.unsupported.is_none() && self.conflict.is_none()
+        self.unsupported.is_none() && self.conflict.is_none() && self.frontend.accepted()
     }
 
     /// An HTTPS listener none of whose certificates resolved: it cannot
@@ -307,7 +309,9 @@ fn gateway_view(
                 },
             };
             let tls = match l.protocol.as_str() {
-                "HTTPS" => tls::resolve(snapshot, &namespace, l),
+                "HTTPS" => {
+                    tls::resolve(snapshot, &namespace, l).with_frontend(snapshot, gw, &namespace, l)
+                }
                 _ => tls::ListenerTls::default(),
             };
             let unsupported = match l.protocol.as_str() {
@@ -336,6 +340,7 @@ fn gateway_view(
                 unsupported,
                 certificate: tls.certificate,
                 tls_unresolved: tls.unresolved,
+                frontend: tls.frontend,
                 conflict: None,
                 attached_routes: 0,
             }
@@ -493,6 +498,12 @@ pub(crate) fn gateway_status(view: &GatewayView) -> ObjectStatus {
         let accepted = match (&l.conflict, &l.unsupported) {
             (_, Some(message)) => c.make("Accepted", false, "UnsupportedProtocol", message.clone()),
             (Some((reason, message)), None) => c.make("Accepted", false, reason, message.clone()),
+            (None, None) if !l.frontend.accepted() => c.make(
+                "Accepted",
+                false,
+                "NoValidCACertificate",
+                l.frontend.rejection(),
+            ),
             (None, None) => c.make("Accepted", true, "Accepted", "listener accepted"),
         };
         if accepted.status == "False" {
@@ -617,7 +628,12 @@ pub(crate) fn gateway_status(view: &GatewayView) -> ObjectStatus {
                 .collect()
         }),
         attached_listener_sets: None,
-        conditions: Some(vec![accepted, programmed]),
+        conditions: Some(
+            [accepted, programmed]
+                .into_iter()
+                .chain(tls::frontend::insecure_condition(view))
+                .collect(),
+        ),
         listeners: Some(listeners),
     };
     ObjectStatus {

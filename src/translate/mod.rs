@@ -198,6 +198,9 @@ pub fn translate_at(
                     if let Some(certificate) = view.certificate(l) {
                         builder.set_listener_tls(handle, certificate);
                     }
+                    if let Some(v) = &listener.frontend.validation {
+                        builder.set_port_client_validation(*bind, v.clone());
+                    }
                     hs.push(handle);
                     listener_binds.push(ListenerBind {
                         gateway_namespace: view.namespace.clone(),

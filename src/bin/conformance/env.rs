@@ -303,6 +303,7 @@ pub fn render(
 ) -> anyhow::Result<()> {
     let mut generated = vec![gateway_class()];
     generated.extend(suite_secrets()?.iter().cloned());
+    generated.extend(crate::client_cert::suite_objects()?);
     for doc in files.iter().flat_map(|f| &f.docs) {
         if kind(doc) == "ListenerSet" {
             ports.add_listener_set(&object_id(doc), &listener_set_parent(doc));
@@ -532,6 +533,7 @@ fn move_listener_ports(
             m.insert("port".into(), Value::from(actual));
         }
     }
+    crate::client_cert::remap_per_port(&mut doc, gateway, ports);
     Ok(doc)
 }
 

@@ -6,6 +6,11 @@
 //! with reason `RefNotPermitted`); a reference to a missing or unsupported
 //! object, or to a Secret whose data is malformed, gives `InvalidCertificateRef`.
 //! Either way only that listener is affected: the others keep serving.
+//!
+//! Client certificate validation (the Gateway's `spec.tls.frontend`) is in
+//! [`frontend`].
+
+pub(crate) mod frontend;
 
 use std::sync::Arc;
 
@@ -17,7 +22,7 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::resources::{DEFAULT_NAMESPACE, GATEWAY_GROUP, Secret, Snapshot};
+use crate::resources::{DEFAULT_NAMESPACE, GATEWAY_GROUP, Gateway, Secret, Snapshot};
 
 /// What a listener's TLS configuration resolved to.
 #[derive(Debug, Default)]
@@ -31,6 +36,32 @@ pub(crate) struct ListenerTls {
     /// Why the listener's TLS settings cannot be accepted at all (the
     /// listener gets `Accepted=False`).
     pub unsupported: Option<String>,
+    /// Client certificate validation from the Gateway's
+    /// `spec.tls.frontend` (see [`ListenerTls::with_frontend`]).
+    pub frontend: frontend::ListenerFrontend,
+}
+
+impl ListenerTls {
+    /// Add the client certificate validation Gateway `gw` (in namespace
+    /// `gateway_ns`) asks of `listener`; its CA references that do not
+    /// resolve join the listener's `ResolvedRefs=False`.
+    pub(crate) fn with_frontend(
+        mut self,
+        snapshot: &Snapshot,
+        gw: &Gateway,
+        gateway_ns: &str,
+        listener: &GatewayListeners,
+    ) -> Self {
+        self.frontend = frontend::resolve(snapshot, gw, gateway_ns, listener);
+        if let Some((reason, message)) = &self.frontend.unresolved {
+            self.unresolved = Some(match self.unresolved.take() {
+                // The certificate's reason comes first; both messages stay.
+                Some((first, m)) => (first, format!("{m}; {message}")),
+                None => (reason, message.clone()),
+            });
+        }
+        self
+    }
 }
 
 /// Resolve the TLS settings of an HTTPS listener of a Gateway in `gateway_ns`.
@@ -115,7 +146,7 @@ fn resolve_ref(
         ));
     }
     let ns = r.namespace.as_deref().unwrap_or(gateway_ns);
-    if ns != gateway_ns && !secret_granted(snapshot, gateway_ns, ns, &r.name) {
+    if ns != gateway_ns && !gateway_ref_granted(snapshot, gateway_ns, ns, "Secret", &r.name) {
         return Err((
             "RefNotPermitted",
             format!(
@@ -145,9 +176,16 @@ fn resolve_ref(
     })
 }
 
-/// Is a reference from a Gateway in `from_ns` to Secret `name` in `to_ns`
-/// allowed by a ReferenceGrant in `to_ns`?
-fn secret_granted(snapshot: &Snapshot, from_ns: &str, to_ns: &str, name: &str) -> bool {
+/// Is a reference from a Gateway in `from_ns` to the core object `kind`
+/// `name` in `to_ns` (a Secret, a ConfigMap) allowed by a ReferenceGrant in
+/// `to_ns`?
+fn gateway_ref_granted(
+    snapshot: &Snapshot,
+    from_ns: &str,
+    to_ns: &str,
+    kind: &str,
+    name: &str,
+) -> bool {
     snapshot
         .reference_grants
         .iter()
@@ -159,7 +197,7 @@ fn secret_granted(snapshot: &Snapshot, from_ns: &str, to_ns: &str, name: &str) -
                 .any(|f| f.group == GATEWAY_GROUP && f.kind == "Gateway" && f.namespace == from_ns)
                 && g.spec.to.iter().any(|t| {
                     t.group.is_empty()
-                        && t.kind == "Secret"
+                        && t.kind == kind
                         && t.name.as_deref().is_none_or(|n| n == name)
                 })
         })
