@@ -1216,7 +1216,11 @@ impl Ctx<'_> {
                 }
                 for (t, s, r) in &w.conditions {
                     if !has_condition(&l["conditions"], t, s, r) {
-                        bail!("listener {}: no {t}={s} {r} in {}", w.name, l["conditions"]);
+                        bail!(
+                            "listener {}: no {t}={s} {r} in {}",
+                            w.name,
+                            conditions_brief(&l["conditions"])
+                        );
                     }
                 }
             }
@@ -1272,6 +1276,24 @@ fn status_word(status: bool) -> &'static str {
     if status { "True" } else { "False" }
 }
 
+/// Conditions as `type=status reason` items (what a failure shows).
+pub fn conditions_brief(conditions: &Json) -> String {
+    let items: Vec<String> = conditions
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            format!(
+                "{}={} {}",
+                c["type"].as_str().unwrap_or("?"),
+                c["status"].as_str().unwrap_or("?"),
+                c["reason"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    format!("[{}]", items.join(", "))
+}
+
 /// The first of `conds` missing from `conditions`, as `type=status reason`.
 fn missing_condition(conditions: &Json, conds: &[Cond]) -> Option<String> {
     conds.iter().find_map(|(ty, status, reason)| {
@@ -1318,7 +1340,10 @@ impl Ctx<'_> {
                 let ls = cx.require("ListenerSet", listener_set)?;
                 fresh(&ls, &ls.status["conditions"])?;
                 if !has_condition(&ls.status["conditions"], ty, want, reason) {
-                    bail!("conditions are {}", ls.status["conditions"]);
+                    bail!(
+                        "conditions are {}",
+                        conditions_brief(&ls.status["conditions"])
+                    );
                 }
                 Ok(())
             },
@@ -1336,7 +1361,7 @@ impl Ctx<'_> {
         conds: &[Cond],
     ) -> anyhow::Result<()> {
         self.eventually(
-            &format!("ListenerSet {listener_set} listeners {listeners:?} with {conds:?}"),
+            &format!("ListenerSet {listener_set} listeners {listeners:?}"),
             |cx| {
                 let ls = cx.require("ListenerSet", listener_set)?;
                 fresh(&ls, &ls.status["conditions"])?;
@@ -1355,7 +1380,7 @@ impl Ctx<'_> {
         conds: &[Cond],
     ) -> anyhow::Result<()> {
         self.eventually(
-            &format!("Gateway {gateway} listeners {listeners:?} with {conds:?}"),
+            &format!("Gateway {gateway} listeners {listeners:?}"),
             |cx| {
                 let gw = cx.require("Gateway", gateway)?;
                 listeners_have(&gw.status, listeners, conds)
@@ -1426,7 +1451,11 @@ impl Ctx<'_> {
                 }
                 for (t, s, r) in &w.conditions {
                     if !has_condition(&l["conditions"], t, s, r) {
-                        bail!("listener {}: no {t}={s} {r} in {}", w.name, l["conditions"]);
+                        bail!(
+                            "listener {}: no {t}={s} {r} in {}",
+                            w.name,
+                            conditions_brief(&l["conditions"])
+                        );
                     }
                 }
             }
@@ -1491,8 +1520,11 @@ impl Ctx<'_> {
                     .iter()
                     .any(|p| has_condition(&p["conditions"], ty, want, reason))
                 {
-                    let got: Vec<&Json> = named.iter().map(|p| &p["conditions"]).collect();
-                    bail!("parent {parent} conditions are {got:?}");
+                    let got: Vec<String> = named
+                        .iter()
+                        .map(|p| conditions_brief(&p["conditions"]))
+                        .collect();
+                    bail!("parent {parent} conditions are {}", got.join("; "));
                 }
                 Ok(())
             },
@@ -1585,7 +1617,7 @@ fn listeners_have(status: &Json, listeners: &[&str], conds: &[Cond]) -> anyhow::
             bail!(
                 "listener {} has no {missing}: conditions are {}",
                 l["name"],
-                l["conditions"]
+                conditions_brief(&l["conditions"])
             );
         }
     }
