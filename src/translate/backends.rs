@@ -6,14 +6,19 @@
 //! `RefNotPermitted` (another namespace without a ReferenceGrant) or
 //! `BackendNotFound` (no such Service or port). A Service without ready
 //! endpoints resolves (its share gets 503).
+//!
+//! A backend whose Service a BackendTLSPolicy targets resolves with its TLS
+//! settings ([`super::backend_tls`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ServicePort;
 
+use super::backend_tls::BackendTlsIndex;
 use crate::resources::{EndpointSlice, GATEWAY_GROUP, Service, Snapshot};
-use crate::route::AppProtocol;
+use crate::route::{AppProtocol, BackendTls};
 
 /// The label EndpointSlices carry to name their Service.
 pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -35,6 +40,8 @@ pub(crate) enum Resolution {
     Endpoints {
         addrs: Vec<SocketAddr>,
         protocol: AppProtocol,
+        /// Reached over TLS (a BackendTLSPolicy targets the Service).
+        tls: Option<TlsSettings>,
     },
     NoReadyEndpoints,
     Unresolved {
@@ -43,11 +50,23 @@ pub(crate) enum Resolution {
     },
 }
 
+/// A backend's TLS settings, compared by their identity key.
+#[derive(Debug, Clone)]
+pub(crate) struct TlsSettings(pub Arc<BackendTls>);
+
+impl PartialEq for TlsSettings {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key == other.0.key
+    }
+}
+
 /// Indexes of the snapshot's Services, EndpointSlices and ReferenceGrants.
 pub(crate) struct BackendResolver<'a> {
     snapshot: &'a Snapshot,
     services: BTreeMap<(&'a str, &'a str), &'a Service>,
     slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
+    /// BackendTLSPolicies and Gateway client certificates.
+    pub tls: BackendTlsIndex<'a>,
 }
 
 fn ns_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
@@ -82,6 +101,7 @@ impl<'a> BackendResolver<'a> {
             snapshot,
             services,
             slices,
+            tls: BackendTlsIndex::new(snapshot),
         }
     }
 
@@ -158,6 +178,10 @@ impl<'a> BackendResolver<'a> {
                 ),
             };
         };
+        let tls = self
+            .tls
+            .for_backend(ns, r.name, port.name.as_deref())
+            .map(TlsSettings);
         let addrs = self.ready_endpoints(ns, r.name, port);
         if addrs.is_empty() {
             Resolution::NoReadyEndpoints
@@ -165,6 +189,7 @@ impl<'a> BackendResolver<'a> {
             Resolution::Endpoints {
                 addrs,
                 protocol: app_protocol(port.app_protocol.as_deref()),
+                tls,
             }
         }
     }
@@ -303,12 +328,13 @@ endpoints:
             got,
             Resolution::Endpoints {
                 addrs: want,
-                protocol: AppProtocol::H2c
+                protocol: AppProtocol::H2c,
+                tls: None,
             }
         );
         let admin = res.resolve("shop", &r("web", None, 9000));
         assert!(
-            matches!(&admin, Resolution::Endpoints { addrs, protocol: AppProtocol::Http1 } if addrs.len() == 2),
+            matches!(&admin, Resolution::Endpoints { addrs, protocol: AppProtocol::Http1, .. } if addrs.len() == 2),
             "{admin:?}"
         );
     }

@@ -6,6 +6,7 @@
 //! ReferenceGrant checks, backend resolution, status conditions and reasons.
 //! No I/O: manifests in, table and status out.
 
+mod backend_tls;
 mod backends;
 mod conditions;
 mod filters;
@@ -135,9 +136,11 @@ pub(crate) struct RefFailure {
 
 pub(crate) fn backend_target(resolution: Resolution) -> BackendTarget {
     match resolution {
-        Resolution::Endpoints { addrs, protocol } => {
-            BackendTarget::Endpoints(EndpointSet::new(addrs, protocol))
-        }
+        Resolution::Endpoints {
+            addrs,
+            protocol,
+            tls,
+        } => BackendTarget::Endpoints(EndpointSet::new(addrs, protocol).with_tls(tls.map(|t| t.0))),
         Resolution::NoReadyEndpoints => BackendTarget::NoReadyEndpoints,
         Resolution::Unresolved { reason, .. } => BackendTarget::Unresolved {
             reason: reason.to_string(),
@@ -248,6 +251,19 @@ pub fn translate_at(
             ));
             continue;
         }
+        resolver.tls.set_route_gateways(
+            parents
+                .iter()
+                .filter_map(|p| p.accepted.as_ref().ok())
+                .flatten()
+                .map(|a| {
+                    (
+                        views[a.gateway].namespace.clone(),
+                        views[a.gateway].name.clone(),
+                    )
+                })
+                .collect(),
+        );
         let compiled = routes::compile_route(route, ns, name, &resolver);
         let cond = ConditionMaker {
             generation: route.metadata.generation.unwrap_or(0),
@@ -359,6 +375,8 @@ pub fn translate_at(
         .iter()
         .for_each(|v| objects.push(gateways::gateway_status(v)));
     objects.extend(route_statuses);
+    resolver.tls.apply_gateway_conditions(&mut objects, now);
+    objects.extend(resolver.tls.policy_statuses(now));
     Translation {
         table: builder.build(),
         status: StatusReport {

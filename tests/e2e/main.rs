@@ -5,6 +5,7 @@
 mod support;
 
 mod backend_errors;
+mod backend_tls;
 mod edge;
 mod filters;
 mod forwarding;
