@@ -6,6 +6,7 @@ mod support;
 
 mod backend_errors;
 mod backend_tls;
+mod client_cert;
 mod edge;
 mod filters;
 mod forwarding;
