@@ -16,6 +16,12 @@
 //!
 //! Every request is counted by path, so that tests can see what a pod
 //! received (the suite reads the pods' logs for the mirror tests).
+//!
+//! A pod started with [`EchoPod::start_tls`] also serves echo-basic's HTTPS
+//! port (8443 in the manifests, `TLS_SERVER_CERT`): TLS with the given
+//! server settings (client certificates required when `TLS_CLIENT_CACERTS`
+//! is set), recording each connection's SNI and client certificate
+//! ([`TlsSeen`]), which echo-basic reports in its `tls` field.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -41,6 +47,8 @@ use crate::ws;
 pub struct EchoPod {
     http: SocketAddr,
     h2c: SocketAddr,
+    /// The HTTPS port, when started with [`EchoPod::start_tls`].
+    https: Option<SocketAddr>,
     state: Arc<State>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -51,6 +59,17 @@ struct State {
     seen: Mutex<HashMap<String, usize>>,
     /// Retry simulation: requests seen per `uuid`.
     retries: Mutex<HashMap<String, u32>>,
+    /// The TLS connections of the HTTPS port.
+    tls_seen: Mutex<Vec<TlsSeen>>,
+}
+
+/// What the HTTPS port saw of one TLS connection.
+#[derive(Debug, Clone)]
+pub struct TlsSeen {
+    /// The server name the client sent (SNI).
+    pub sni: Option<String>,
+    /// The client certificate (DER), when one was presented.
+    pub client_cert: Option<Vec<u8>>,
 }
 
 impl EchoPod {
@@ -62,10 +81,12 @@ impl EchoPod {
             identity,
             seen: Mutex::new(HashMap::new()),
             retries: Mutex::new(HashMap::new()),
+            tls_seen: Mutex::new(Vec::new()),
         });
         Ok(EchoPod {
             http: http.local_addr()?,
             h2c: h2c.local_addr()?,
+            https: None,
             tasks: vec![
                 tokio::spawn(accept(http, Arc::clone(&state), Port::Http)),
                 tokio::spawn(accept(h2c, Arc::clone(&state), Port::H2c)),
@@ -74,15 +95,39 @@ impl EchoPod {
         })
     }
 
+    /// Start a pod that also serves HTTPS with `tls` (echo-basic with
+    /// `TLS_SERVER_CERT`).
+    pub async fn start_tls(
+        identity: EchoIdentity,
+        tls: Arc<rustls::ServerConfig>,
+    ) -> io::Result<EchoPod> {
+        let mut pod = EchoPod::start(identity).await?;
+        let https = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        pod.https = Some(https.local_addr()?);
+        pod.tasks.push(tokio::spawn(accept_tls(
+            https,
+            Arc::clone(&pod.state),
+            tokio_rustls::TlsAcceptor::from(tls),
+        )));
+        Ok(pod)
+    }
+
+    /// The TLS connections the HTTPS port accepted so far.
+    pub fn tls_seen(&self) -> Vec<TlsSeen> {
+        lock(&self.state.tls_seen).clone()
+    }
+
     pub fn identity(&self) -> &EchoIdentity {
         &self.state.identity
     }
 
     /// The loopback port standing for the container port `target` (3001 is
-    /// echo-basic's h2c port; every other port is its HTTP port).
+    /// echo-basic's h2c port, 8443 its HTTPS port when it serves one; every
+    /// other port is its HTTP port).
     pub fn port_for(&self, target: Option<u16>) -> u16 {
-        match target {
-            Some(3001) => self.h2c.port(),
+        match (target, self.https) {
+            (Some(3001), _) => self.h2c.port(),
+            (Some(8443), Some(https)) => https.port(),
             _ => self.http.port(),
         }
     }
@@ -141,6 +186,40 @@ async fn accept(listener: TcpListener, state: Arc<State>, port: Port) {
                         .await;
                 }
             }
+        });
+    }
+}
+
+/// echo-basic's HTTPS port: the TLS handshake, then HTTP/1.1 as on the
+/// HTTP port.
+async fn accept_tls(listener: TcpListener, state: Arc<State>, acceptor: tokio_rustls::TlsAcceptor) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let state = Arc::clone(&state);
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            let Ok(stream) = acceptor.accept(stream).await else {
+                return;
+            };
+            let conn = stream.get_ref().1;
+            lock(&state.tls_seen).push(TlsSeen {
+                sni: conn.server_name().map(str::to_owned),
+                client_cert: conn
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .map(|c| c.as_ref().to_vec()),
+            });
+            let service = service_fn(move |request| {
+                let state = Arc::clone(&state);
+                async move { Ok::<_, Infallible>(handle(&state, request).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
         });
     }
 }

@@ -243,9 +243,11 @@ impl Pods {
                     namespace: key.0.clone(),
                     service: key.1.clone(),
                 };
-                let server = EchoPod::start(identity)
-                    .await
-                    .with_context(|| format!("cannot start echo pod for {}/{}", key.0, key.1))?;
+                let server = match crate::backend_tls::server_config(doc)? {
+                    Some(tls) => EchoPod::start_tls(identity, tls).await,
+                    None => EchoPod::start(identity).await,
+                }
+                .with_context(|| format!("cannot start echo pod for {}/{}", key.0, key.1))?;
                 self.pods.push(Arc::new(Pod {
                     namespace: key.0.clone(),
                     deployment: key.1.clone(),
@@ -304,6 +306,7 @@ pub fn render(
     let mut generated = vec![gateway_class()];
     generated.extend(suite_secrets()?.iter().cloned());
     generated.extend(crate::client_cert::suite_objects()?);
+    generated.extend(crate::backend_tls::suite_objects()?);
     for doc in files.iter().flat_map(|f| &f.docs) {
         if kind(doc) == "ListenerSet" {
             ports.add_listener_set(&object_id(doc), &listener_set_parent(doc));
