@@ -504,7 +504,7 @@ spec:
 
     #[test]
     fn unknown_kinds_are_ignored_not_errors() {
-        let text = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\n\
+        let text = "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: c}\n---\n\
                     apiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: {name: t}\n";
         let parsed = parse_manifests(text, "m.yaml");
         assert!(parsed.errors.is_empty());
