@@ -108,11 +108,15 @@ fn run_case(input: &Path) -> String {
             .status
             .listener_binds
             .iter()
-            .map(|b| {
-                format!(
+            .map(|b| match &b.listener_set {
+                None => format!(
                     "{}/{} {} -> {}",
                     b.gateway_namespace, b.gateway_name, b.listener, b.bind
-                )
+                ),
+                Some((ns, name)) => format!(
+                    "{}/{} ListenerSet {ns}/{name} {} -> {}",
+                    b.gateway_namespace, b.gateway_name, b.listener, b.bind
+                ),
             })
             .collect(),
         status: t.status.objects,

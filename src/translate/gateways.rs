@@ -15,20 +15,24 @@
 
 mod tls;
 
+pub(crate) use tls::{ListenerTls, certified_key};
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use gateway_api::experimental::gatewayclasses::GatewayClassStatus;
 use gateway_api::experimental::gateways::{
-    GatewayListenersAllowedRoutesNamespacesFrom, GatewayListenersAllowedRoutesNamespacesSelector,
-    GatewayStatus, GatewayStatusAddresses, GatewayStatusListeners,
-    GatewayStatusListenersSupportedKinds,
+    GatewayListeners, GatewayListenersAllowedRoutesNamespacesFrom,
+    GatewayListenersAllowedRoutesNamespacesSelector, GatewayStatus, GatewayStatusAddresses,
+    GatewayStatusListeners, GatewayStatusListenersSupportedKinds,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use rustls::sign::CertifiedKey;
 
 use super::conditions::ConditionMaker;
+use super::listenersets::ListenerSetView;
 use super::{ObjectStatus, StatusMetadata, TranslateOptions, api_version, sort_key};
 use crate::resources::{CONTROLLER_NAME, GATEWAY_GROUP, Gateway, GatewayClass, Snapshot};
 use crate::route::HostPattern;
@@ -69,17 +73,20 @@ pub(crate) struct ListenerView {
     pub conflict: Option<(&'static str, String)>,
     /// Accepted routes attached to this listener.
     pub attached_routes: i32,
+    /// Where the listener is defined: `None` in the Gateway's own
+    /// `spec.listeners`, `Some(i)` in its `listener_sets[i]`.
+    pub owner: Option<usize>,
 }
 
 impl ListenerView {
     /// Accepted: a supported protocol and no conflict.
-    fn valid(&self) -> bool {
+    pub fn valid(&self) -> bool {
         self.unsupported.is_none() && self.conflict.is_none() && self.frontend.accepted()
     }
 
     /// An HTTPS listener none of whose certificates resolved: it cannot
     /// be served.
-    fn lacks_certificate(&self) -> bool {
+    pub fn lacks_certificate(&self) -> bool {
         self.protocol == "HTTPS" && self.certificate.is_none()
     }
 }
@@ -93,7 +100,12 @@ pub(crate) struct GatewayView {
     /// (reason, message) when the Gateway as a whole is not accepted.
     pub rejected: Option<(&'static str, String)>,
     pub addresses: Vec<IpAddr>,
+    /// The Gateway's own listeners, then those of its admitted
+    /// ListenerSets in precedence order.
     pub listeners: Vec<ListenerView>,
+    /// Every ListenerSet whose parentRef names this Gateway, admitted or
+    /// not, in precedence order (creation time, then namespace/name).
+    pub listener_sets: Vec<ListenerSetView>,
 }
 
 impl GatewayView {
@@ -110,12 +122,34 @@ impl GatewayView {
         self.listeners[listener].certificate.clone()
     }
 
-    /// `gateway/<ns>/<name>/listener/<listener>`, the route table's id.
+    /// `gateway/<ns>/<name>/listener/<listener>` (or
+    /// `listenerset/<ns>/<name>/listener/<listener>`), the route table's id.
     pub fn listener_id(&self, listener: usize) -> String {
-        format!(
-            "gateway/{}/{}/listener/{}",
-            self.namespace, self.name, self.listeners[listener].name
-        )
+        let l = &self.listeners[listener];
+        match l.owner {
+            None => format!(
+                "gateway/{}/{}/listener/{}",
+                self.namespace, self.name, l.name
+            ),
+            Some(s) => format!(
+                "listenerset/{}/{}/listener/{}",
+                self.listener_sets[s].namespace, self.listener_sets[s].name, l.name
+            ),
+        }
+    }
+
+    /// The namespace the listener is defined in (its Gateway's or its
+    /// ListenerSet's): `allowedRoutes` `Same` means this one.
+    pub fn listener_namespace(&self, listener: usize) -> &str {
+        match self.listeners[listener].owner {
+            None => &self.namespace,
+            Some(s) => &self.listener_sets[s].namespace,
+        }
+    }
+
+    /// Indices of the listeners one owner defines (`None`: the Gateway).
+    pub fn listeners_of(&self, owner: Option<usize>) -> impl Iterator<Item = usize> + '_ {
+        (0..self.listeners.len()).filter(move |&l| self.listeners[l].owner == owner)
     }
 }
 
@@ -163,10 +197,15 @@ pub(crate) fn gateway_classes(
 /// Our Gateways (those whose class is one of `classes`), with listeners,
 /// binds and conflicts worked out. Gateways of other classes are not
 /// returned: they get no status and no routes.
+///
+/// Admitted ListenerSets add their listeners to their Gateway's (see
+/// [`super::listenersets`]) before conflicts are judged, since the spec
+/// treats a Gateway and its ListenerSets as one merged list of listeners.
 pub(crate) fn gateways(
     snapshot: &Snapshot,
     classes: &BTreeSet<String>,
     options: &TranslateOptions,
+    labels: &dyn Fn(&str) -> BTreeMap<String, String>,
     now: Timestamp,
     warnings: &mut Vec<String>,
 ) -> Vec<GatewayView> {
@@ -192,6 +231,7 @@ pub(crate) fn gateways(
         .into_iter()
         .map(|gw| gateway_view(snapshot, gw, options, now))
         .collect();
+    super::listenersets::admit(snapshot, &mut views, labels, now, warnings);
     find_conflicts(&mut views);
     views
 }
@@ -265,87 +305,19 @@ fn gateway_view(
         addresses.clear();
     }
 
-    let listeners = gw
-        .spec
-        .listeners
-        .iter()
-        .map(|l| {
-            let http_like = matches!(l.protocol.as_str(), "HTTP" | "HTTPS");
-            let mut accepts_http_routes = false;
-            let mut invalid_kinds = Vec::new();
-            match l.allowed_routes.as_ref().and_then(|a| a.kinds.as_ref()) {
-                Some(kinds) if !kinds.is_empty() => {
-                    for k in kinds {
-                        let group = k.group.as_deref().unwrap_or(GATEWAY_GROUP);
-                        if group == GATEWAY_GROUP && k.kind == "HTTPRoute" && http_like {
-                            accepts_http_routes = true;
-                        } else {
-                            invalid_kinds.push(if group.is_empty() {
-                                k.kind.clone()
-                            } else {
-                                format!("{}.{group}", k.kind)
-                            });
-                        }
-                    }
-                }
-                _ => accepts_http_routes = http_like,
-            }
-            let namespaces = match l
-                .allowed_routes
-                .as_ref()
-                .and_then(|a| a.namespaces.as_ref())
-            {
-                None => AllowedNamespaces::Same,
-                Some(n) => match n.from {
-                    None | Some(GatewayListenersAllowedRoutesNamespacesFrom::Same) => {
-                        AllowedNamespaces::Same
-                    }
-                    Some(GatewayListenersAllowedRoutesNamespacesFrom::All) => {
-                        AllowedNamespaces::All
-                    }
-                    Some(GatewayListenersAllowedRoutesNamespacesFrom::Selector) => {
-                        AllowedNamespaces::Selector(n.selector.clone())
-                    }
-                },
-            };
-            let tls = match l.protocol.as_str() {
-                "HTTPS" => {
-                    tls::resolve(snapshot, &namespace, l).with_frontend(snapshot, gw, &namespace, l)
-                }
-                _ => tls::ListenerTls::default(),
-            };
-            let unsupported = match l.protocol.as_str() {
-                "HTTP" => None,
-                "HTTPS" => tls.unsupported,
-                other => Some(format!(
-                    "protocol {other} is not supported yet; sluice serves HTTP and HTTPS listeners"
-                )),
-            };
-            let binds = match u16::try_from(l.port) {
-                Ok(port) if unsupported.is_none() => addresses
-                    .iter()
-                    .map(|ip| SocketAddr::new(*ip, port))
-                    .collect(),
-                _ => Vec::new(),
-            };
-            ListenerView {
-                name: l.name.clone(),
-                port: l.port,
-                protocol: l.protocol.clone(),
-                hostname: HostPattern::parse(l.hostname.as_deref()),
-                binds,
-                accepts_http_routes,
-                invalid_kinds,
-                namespaces,
-                unsupported,
-                certificate: tls.certificate,
-                tls_unresolved: tls.unresolved,
-                frontend: tls.frontend,
-                conflict: None,
-                attached_routes: 0,
-            }
-        })
-        .collect();
+    let listeners =
+        gw.spec
+            .listeners
+            .iter()
+            .map(|l| {
+                let tls = match l.protocol.as_str() {
+                    "HTTPS" => tls::resolve(snapshot, &namespace, l)
+                        .with_frontend(snapshot, gw, &namespace, l),
+                    _ => ListenerTls::default(),
+                };
+                listener_view(l, &addresses, tls, None)
+            })
+            .collect();
     GatewayView {
         namespace,
         name,
@@ -353,6 +325,85 @@ fn gateway_view(
         rejected,
         addresses,
         listeners,
+        listener_sets: Vec::new(),
+    }
+}
+
+/// One listener (of a Gateway, or of a ListenerSet as the same fields),
+/// with its TLS settings already resolved against the namespace it is
+/// defined in.
+pub(crate) fn listener_view(
+    l: &GatewayListeners,
+    addresses: &[IpAddr],
+    tls: ListenerTls,
+    owner: Option<usize>,
+) -> ListenerView {
+    let http_like = matches!(l.protocol.as_str(), "HTTP" | "HTTPS");
+    let mut accepts_http_routes = false;
+    let mut invalid_kinds = Vec::new();
+    match l.allowed_routes.as_ref().and_then(|a| a.kinds.as_ref()) {
+        Some(kinds) if !kinds.is_empty() => {
+            for k in kinds {
+                let group = k.group.as_deref().unwrap_or(GATEWAY_GROUP);
+                if group == GATEWAY_GROUP && k.kind == "HTTPRoute" && http_like {
+                    accepts_http_routes = true;
+                } else {
+                    invalid_kinds.push(if group.is_empty() {
+                        k.kind.clone()
+                    } else {
+                        format!("{}.{group}", k.kind)
+                    });
+                }
+            }
+        }
+        _ => accepts_http_routes = http_like,
+    }
+    let namespaces = match l
+        .allowed_routes
+        .as_ref()
+        .and_then(|a| a.namespaces.as_ref())
+    {
+        None => AllowedNamespaces::Same,
+        Some(n) => match n.from {
+            None | Some(GatewayListenersAllowedRoutesNamespacesFrom::Same) => {
+                AllowedNamespaces::Same
+            }
+            Some(GatewayListenersAllowedRoutesNamespacesFrom::All) => AllowedNamespaces::All,
+            Some(GatewayListenersAllowedRoutesNamespacesFrom::Selector) => {
+                AllowedNamespaces::Selector(n.selector.clone())
+            }
+        },
+    };
+    let unsupported = match l.protocol.as_str() {
+        "HTTP" => None,
+        "HTTPS" => tls.unsupported,
+        other => Some(format!(
+            "protocol {other} is not supported yet; sluice serves HTTP and HTTPS listeners"
+        )),
+    };
+    let binds = match u16::try_from(l.port) {
+        Ok(port) if unsupported.is_none() => addresses
+            .iter()
+            .map(|ip| SocketAddr::new(*ip, port))
+            .collect(),
+        _ => Vec::new(),
+    };
+    ListenerView {
+        name: l.name.clone(),
+        port: l.port,
+        protocol: l.protocol.clone(),
+        hostname: HostPattern::parse(l.hostname.as_deref()),
+        binds,
+        accepts_http_routes,
+        invalid_kinds,
+        namespaces,
+        unsupported,
+        certificate: tls.certificate,
+        tls_unresolved: tls.unresolved,
+        frontend: tls.frontend,
+        conflict: None,
+        attached_routes: 0,
+        owner,
     }
 }
 
@@ -385,20 +436,30 @@ fn find_conflicts(views: &mut [GatewayView]) {
         }
     }
     let id = |views: &[GatewayView], (g, l): (usize, usize)| {
-        format!(
-            "{}/{}/{}",
-            views[g].namespace, views[g].name, views[g].listeners[l].name
-        )
+        let v = &views[g];
+        match v.listeners[l].owner {
+            None => format!("{}/{}/{}", v.namespace, v.name, v.listeners[l].name),
+            Some(s) => format!(
+                "ListenerSet {}/{} listener {}",
+                v.listener_sets[s].namespace, v.listener_sets[s].name, v.listeners[l].name
+            ),
+        }
     };
     let mut conflicts: BTreeMap<(usize, usize), (&'static str, String)> = BTreeMap::new();
     for (socket, members) in &by_socket {
-        let protocols: BTreeSet<&str> = members
+        // The Gateways' own listeners: every indistinct one is conflicted.
+        let own: Vec<(usize, usize)> = members
+            .iter()
+            .copied()
+            .filter(|&(g, l)| views[g].listeners[l].owner.is_none())
+            .collect();
+        let protocols: BTreeSet<&str> = own
             .iter()
             .map(|&(g, l)| views[g].listeners[l].protocol.as_str())
             .collect();
         if protocols.len() > 1 {
             let list: Vec<&str> = protocols.into_iter().collect();
-            for &m in members {
+            for &m in &own {
                 conflicts.entry(m).or_insert((
                     "ProtocolConflict",
                     format!(
@@ -407,23 +468,73 @@ fn find_conflicts(views: &mut [GatewayView]) {
                     ),
                 ));
             }
-            continue;
+        } else {
+            for &m in &own {
+                let host = &views[m.0].listeners[m.1].hostname;
+                let others: Vec<String> = own
+                    .iter()
+                    .filter(|&&o| o != m && &views[o.0].listeners[o.1].hostname == host)
+                    .map(|&o| id(views, o))
+                    .collect();
+                if !others.is_empty() {
+                    conflicts.entry(m).or_insert((
+                        "HostnameConflict",
+                        format!(
+                            "listener(s) {} on {socket} have the same hostname {host}",
+                            others.join(", ")
+                        ),
+                    ));
+                }
+            }
         }
-        for &m in members {
-            let host = &views[m.0].listeners[m.1].hostname;
-            let others: Vec<String> = members
-                .iter()
-                .filter(|&&o| o != m && &views[o.0].listeners[o.1].hostname == host)
-                .map(|&o| id(views, o))
-                .collect();
-            if !others.is_empty() {
-                conflicts.entry(m).or_insert((
-                    "HostnameConflict",
-                    format!(
-                        "listener(s) {} on {socket} have the same hostname {host}",
-                        others.join(", ")
-                    ),
-                ));
+        // ListenerSet listeners, per the spec's precedence (the parent
+        // Gateway first, then ListenerSets oldest first, then by
+        // namespace/name): each is conflicted by an accepted listener that
+        // comes before it, and the earlier one keeps serving.
+        let mut before: Vec<(usize, usize)> = own
+            .iter()
+            .copied()
+            .filter(|m| {
+                !conflicts.contains_key(m) && views[m.0].listeners[m.1].unsupported.is_none()
+            })
+            .collect();
+        for &m in members
+            .iter()
+            .filter(|&&(g, l)| views[g].listeners[l].owner.is_some())
+        {
+            let lv = |o: (usize, usize)| &views[o.0].listeners[o.1];
+            let this = lv(m);
+            let conflict =
+                if let Some(&o) = before.iter().find(|&&o| lv(o).protocol != this.protocol) {
+                    Some((
+                        "ProtocolConflict",
+                        format!(
+                            "listener {} on {socket} comes first and uses protocol {}",
+                            id(views, o),
+                            lv(o).protocol
+                        ),
+                    ))
+                } else {
+                    before
+                        .iter()
+                        .find(|&&o| lv(o).hostname == this.hostname)
+                        .map(|&o| {
+                            (
+                                "HostnameConflict",
+                                format!(
+                                    "listener {} on {socket} comes first with the same hostname {}",
+                                    id(views, o),
+                                    this.hostname
+                                ),
+                            )
+                        })
+                };
+            match conflict {
+                Some(c) => {
+                    conflicts.insert(m, c);
+                }
+                None if this.unsupported.is_none() => before.push(m),
+                None => {}
             }
         }
     }
@@ -488,103 +599,130 @@ pub(crate) fn namespace_allowed(
     }
 }
 
-/// The Gateway's status, once routes are attached.
+/// One listener's status entry (Gateway and ListenerSet listeners have
+/// the same shape). `conflict_first` (ListenerSet listeners, which lose
+/// conflicts to earlier listeners): a conflicted listener gives the
+/// conflict's reason for `Accepted=False` and `Programmed=False`, even when
+/// its protocol is also unsupported.
+pub(crate) fn listener_status(
+    view: &GatewayView,
+    i: usize,
+    cond: &ConditionMaker,
+    conflict_first: bool,
+) -> GatewayStatusListeners {
+    let c = cond;
+    let l = &view.listeners[i];
+    let mut conds: Vec<Condition> = Vec::new();
+    let accepted = match (&l.conflict, &l.unsupported) {
+        (Some((reason, message)), Some(_)) if conflict_first => {
+            c.make("Accepted", false, reason, message.clone())
+        }
+        (_, Some(message)) => c.make("Accepted", false, "UnsupportedProtocol", message.clone()),
+        (Some((reason, message)), None) => c.make("Accepted", false, reason, message.clone()),
+        (None, None) if !l.frontend.accepted() => c.make(
+            "Accepted",
+            false,
+            "NoValidCACertificate",
+            l.frontend.rejection(),
+        ),
+        (None, None) => c.make("Accepted", true, "Accepted", "listener accepted"),
+    };
+    conds.push(accepted);
+    conds.push(if view.serves(i) {
+        c.make(
+            "Programmed",
+            true,
+            "Programmed",
+            format!(
+                "served on {}",
+                l.binds
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+    } else if let Some((_, message)) = &view.rejected {
+        c.make(
+            "Programmed",
+            false,
+            "Invalid",
+            format!("the Gateway is not accepted: {message}"),
+        )
+    } else if let (true, Some((reason, message))) = (conflict_first, &l.conflict) {
+        c.make("Programmed", false, reason, message.clone())
+    } else if l.valid() && l.lacks_certificate() {
+        c.make(
+            "Programmed",
+            false,
+            "Invalid",
+            "no certificate of the listener resolved; TLS cannot be terminated",
+        )
+    } else {
+        c.make(
+            "Programmed",
+            false,
+            "Invalid",
+            "the listener is not accepted",
+        )
+    });
+    conds.push(if let Some((reason, message)) = &l.tls_unresolved {
+        c.make("ResolvedRefs", false, reason, message.clone())
+    } else if l.invalid_kinds.is_empty() {
+        c.make(
+            "ResolvedRefs",
+            true,
+            "ResolvedRefs",
+            "all references resolved",
+        )
+    } else {
+        c.make(
+            "ResolvedRefs",
+            false,
+            "InvalidRouteKinds",
+            format!(
+                "route kinds {} are not supported; sluice supports HTTPRoute",
+                l.invalid_kinds.join(", ")
+            ),
+        )
+    });
+    conds.push(match &l.conflict {
+        Some((reason, message)) => c.make("Conflicted", true, reason, message.clone()),
+        None => c.make("Conflicted", false, "NoConflicts", "no conflicts"),
+    });
+    GatewayStatusListeners {
+        attached_routes: l.attached_routes,
+        conditions: conds,
+        name: l.name.clone(),
+        supported_kinds: Some(if l.accepts_http_routes {
+            vec![GatewayStatusListenersSupportedKinds {
+                group: Some(GATEWAY_GROUP.into()),
+                kind: "HTTPRoute".into(),
+            }]
+        } else {
+            Vec::new()
+        }),
+    }
+}
+
+/// The Gateway's status, once routes are attached. Its `listeners` are its
+/// own; those of its ListenerSets are reported on the ListenerSets.
 pub(crate) fn gateway_status(view: &GatewayView) -> ObjectStatus {
     let c = &view.cond;
     let mut listeners = Vec::new();
     let mut invalid = Vec::new();
-    for (i, l) in view.listeners.iter().enumerate() {
-        let mut conds = Vec::new();
-        let accepted = match (&l.conflict, &l.unsupported) {
-            (_, Some(message)) => c.make("Accepted", false, "UnsupportedProtocol", message.clone()),
-            (Some((reason, message)), None) => c.make("Accepted", false, reason, message.clone()),
-            (None, None) if !l.frontend.accepted() => c.make(
-                "Accepted",
-                false,
-                "NoValidCACertificate",
-                l.frontend.rejection(),
-            ),
-            (None, None) => c.make("Accepted", true, "Accepted", "listener accepted"),
-        };
-        if accepted.status == "False" {
-            invalid.push(format!("{} ({})", l.name, accepted.reason));
+    for i in view.listeners_of(None) {
+        let status = listener_status(view, i, c, false);
+        if let Some(a) = status
+            .conditions
+            .iter()
+            .find(|a| a.type_ == "Accepted" && a.status == "False")
+        {
+            invalid.push(format!("{} ({})", status.name, a.reason));
         }
-        conds.push(accepted);
-        conds.push(if view.serves(i) {
-            c.make(
-                "Programmed",
-                true,
-                "Programmed",
-                format!(
-                    "served on {}",
-                    l.binds
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            )
-        } else if let Some((_, message)) = &view.rejected {
-            c.make(
-                "Programmed",
-                false,
-                "Invalid",
-                format!("the Gateway is not accepted: {message}"),
-            )
-        } else if l.valid() && l.lacks_certificate() {
-            c.make(
-                "Programmed",
-                false,
-                "Invalid",
-                "no certificate of the listener resolved; TLS cannot be terminated",
-            )
-        } else {
-            c.make(
-                "Programmed",
-                false,
-                "Invalid",
-                "the listener is not accepted",
-            )
-        });
-        conds.push(if let Some((reason, message)) = &l.tls_unresolved {
-            c.make("ResolvedRefs", false, reason, message.clone())
-        } else if l.invalid_kinds.is_empty() {
-            c.make(
-                "ResolvedRefs",
-                true,
-                "ResolvedRefs",
-                "all references resolved",
-            )
-        } else {
-            c.make(
-                "ResolvedRefs",
-                false,
-                "InvalidRouteKinds",
-                format!(
-                    "route kinds {} are not supported; sluice supports HTTPRoute",
-                    l.invalid_kinds.join(", ")
-                ),
-            )
-        });
-        conds.push(match &l.conflict {
-            Some((reason, message)) => c.make("Conflicted", true, reason, message.clone()),
-            None => c.make("Conflicted", false, "NoConflicts", "no conflicts"),
-        });
-        listeners.push(GatewayStatusListeners {
-            attached_routes: l.attached_routes,
-            conditions: conds,
-            name: l.name.clone(),
-            supported_kinds: Some(if l.accepts_http_routes {
-                vec![GatewayStatusListenersSupportedKinds {
-                    group: Some(GATEWAY_GROUP.into()),
-                    kind: "HTTPRoute".into(),
-                }]
-            } else {
-                Vec::new()
-            }),
-        });
+        listeners.push(status);
     }
-    let any_valid = (0..view.listeners.len()).any(|i| view.listeners[i].valid());
+    let any_valid = view.listeners_of(None).any(|i| view.listeners[i].valid());
     let accepted = match &view.rejected {
         Some((reason, message)) => c.make("Accepted", false, reason, message.clone()),
         None if !any_valid => c.make(
@@ -604,7 +742,7 @@ pub(crate) fn gateway_status(view: &GatewayView) -> ObjectStatus {
         ),
         None => c.make("Accepted", true, "Accepted", "Gateway accepted"),
     };
-    let any_served = (0..view.listeners.len()).any(|i| view.serves(i));
+    let any_served = view.listeners_of(None).any(|i| view.serves(i));
     let programmed = if accepted.status == "True" && any_served {
         c.make("Programmed", true, "Programmed", "Gateway programmed")
     } else if accepted.status == "True" {
@@ -627,7 +765,16 @@ pub(crate) fn gateway_status(view: &GatewayView) -> ObjectStatus {
                 })
                 .collect()
         }),
-        attached_listener_sets: None,
+        // Only for a Gateway that ListenerSets name, so that the others'
+        // status stays as it was (absent counts as 0).
+        attached_listener_sets: (!view.listener_sets.is_empty()).then(|| {
+            view.listener_sets
+                .iter()
+                .filter(|s| s.accepted(view))
+                .count()
+                .try_into()
+                .unwrap_or(i32::MAX)
+        }),
         conditions: Some(
             [accepted, programmed]
                 .into_iter()

@@ -11,6 +11,7 @@ mod backends;
 mod conditions;
 mod filters;
 mod gateways;
+mod listenersets;
 mod matches;
 mod routes;
 
@@ -18,10 +19,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
 use gateway_api::experimental::gateways::GatewayStatus;
+use gateway_api::experimental::listenersets::ListenerSetStatus;
 use gateway_api::experimental::httproutes::{
     HttpRouteStatus, HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
@@ -84,6 +86,9 @@ pub struct StatusMetadata {
 pub struct ListenerBind {
     pub gateway_namespace: String,
     pub gateway_name: String,
+    /// `(namespace, name)` of the ListenerSet that defines the listener;
+    /// `None` for one of the Gateway's own listeners.
+    pub listener_set: Option<(String, String)>,
     pub listener: String,
     pub bind: SocketAddr,
 }
@@ -184,7 +189,21 @@ pub fn translate_at(
 ) -> Translation {
     let mut warnings = Vec::new();
     let (mut objects, classes) = gateways::gateway_classes(snapshot, now);
-    let mut views = gateways::gateways(snapshot, &classes, options, now, &mut warnings);
+    let namespace_labels: BTreeMap<&str, &BTreeMap<String, String>> = snapshot
+        .namespaces
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()?)))
+        .collect();
+    let labels = |ns: &str| -> BTreeMap<String, String> {
+        let mut l = namespace_labels
+            .get(ns)
+            .map(|l| (*l).clone())
+            .unwrap_or_default();
+        l.insert("kubernetes.io/metadata.name".into(), ns.to_string());
+        l
+    };
+
+    let mut views = gateways::gateways(snapshot, &classes, options, &labels, now, &mut warnings);
 
     let mut builder = RouteTableBuilder::new();
     let mut listener_binds = Vec::new();
@@ -208,6 +227,10 @@ pub fn translate_at(
                     listener_binds.push(ListenerBind {
                         gateway_namespace: view.namespace.clone(),
                         gateway_name: view.name.clone(),
+                        listener_set: listener.owner.map(|s| {
+                            let set = &view.listener_sets[s];
+                            (set.namespace.clone(), set.name.clone())
+                        }),
                         listener: listener.name.clone(),
                         bind: *bind,
                     });
@@ -217,20 +240,6 @@ pub fn translate_at(
         }
         handles.push(per_listener);
     }
-
-    let namespace_labels: BTreeMap<&str, &BTreeMap<String, String>> = snapshot
-        .namespaces
-        .iter()
-        .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()?)))
-        .collect();
-    let labels = |ns: &str| -> BTreeMap<String, String> {
-        let mut l = namespace_labels
-            .get(ns)
-            .map(|l| (*l).clone())
-            .unwrap_or_default();
-        l.insert("kubernetes.io/metadata.name".into(), ns.to_string());
-        l
-    };
 
     let resolver = BackendResolver::new(snapshot);
     let mut routes: Vec<_> = snapshot.http_routes.iter().collect();
@@ -374,6 +383,11 @@ pub fn translate_at(
     views
         .iter()
         .for_each(|v| objects.push(gateways::gateway_status(v)));
+    for view in &views {
+        for set in &view.listener_sets {
+            objects.push(listenersets::listener_set_status(view, set));
+        }
+    }
     objects.extend(route_statuses);
     resolver.tls.apply_gateway_conditions(&mut objects, now);
     objects.extend(resolver.tls.policy_statuses(now));
@@ -393,15 +407,22 @@ impl StatusReport {
     /// `Accepted=False` (reason `PortUnavailable`, "the port is already in
     /// use") and `Programmed=False` (reason `Pending`), with the OS error
     /// as message; a Gateway none of whose listeners is programmed any more
-    /// gets `Programmed=False` with reason `AddressNotUsable`.
+    /// gets `Programmed=False` with reason `AddressNotUsable`, a ListenerSet
+    /// likewise with reason `PortUnavailable`.
     pub fn apply_bind_failures(&mut self, failures: &[(SocketAddr, String)]) {
-        // (gateway ns, gateway name) -> listener -> errors
-        let mut failed: BTreeMap<(&str, &str), BTreeMap<&str, Vec<String>>> = BTreeMap::new();
+        // (kind, ns, name) of the object defining the listener -> listener
+        // -> errors
+        let mut failed: BTreeMap<(&str, &str, &str), BTreeMap<&str, Vec<String>>> =
+            BTreeMap::new();
         for b in &self.listener_binds {
             for (addr, error) in failures {
                 if *addr == b.bind {
+                    let owner = match &b.listener_set {
+                        None => ("Gateway", b.gateway_namespace.as_str(), b.gateway_name.as_str()),
+                        Some((ns, name)) => ("ListenerSet", ns.as_str(), name.as_str()),
+                    };
                     failed
-                        .entry((&b.gateway_namespace, &b.gateway_name))
+                        .entry(owner)
                         .or_default()
                         .entry(&b.listener)
                         .or_default()
@@ -409,52 +430,71 @@ impl StatusReport {
                 }
             }
         }
-        for ((ns, name), listeners) in failed {
+        for ((kind, ns, name), listeners) in failed {
             let Some(object) = self.objects.iter_mut().find(|o| {
-                o.kind == "Gateway"
+                o.kind == kind
                     && o.metadata.namespace.as_deref() == Some(ns)
                     && o.metadata.name == name
             }) else {
-                continue;
-            };
-            let Ok(mut status) = serde_json::from_value::<GatewayStatus>(object.status.clone())
-            else {
                 continue;
             };
             let cond = ConditionMaker {
                 generation: object.metadata.generation,
                 now: Timestamp::now(),
             };
-            for l in status.listeners.iter_mut().flatten() {
-                if let Some(errors) = listeners.get(l.name.as_str()) {
+            let mark = |listener: &str, conditions: &mut Vec<Condition>| {
+                if let Some(errors) = listeners.get(listener) {
                     let message = errors.join("; ");
                     set_condition(
-                        &mut l.conditions,
+                        conditions,
                         cond.make("Accepted", false, "PortUnavailable", message.clone()),
                     );
-                    set_condition(
-                        &mut l.conditions,
-                        cond.make("Programmed", false, "Pending", message),
-                    );
+                    set_condition(conditions, cond.make("Programmed", false, "Pending", message));
                 }
-            }
-            let any_programmed = status.listeners.iter().flatten().any(|l| {
-                l.conditions
+            };
+            let programmed = |conditions: &[Condition]| {
+                conditions
                     .iter()
                     .any(|c| c.type_ == "Programmed" && c.status == "True")
-            });
-            if !any_programmed {
-                let message = listeners
-                    .iter()
-                    .map(|(l, e)| format!("listener {l}: {}", e.join("; ")))
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                set_condition(
-                    status.conditions.get_or_insert_with(Vec::new),
-                    cond.make("Programmed", false, "AddressNotUsable", message),
-                );
-            }
-            if let Ok(v) = serde_json::to_value(status) {
+            };
+            let message = listeners
+                .iter()
+                .map(|(l, e)| format!("listener {l}: {}", e.join("; ")))
+                .collect::<Vec<_>>()
+                .join("; ");
+            let updated = if kind == "Gateway" {
+                let Ok(mut status) = serde_json::from_value::<GatewayStatus>(object.status.clone())
+                else {
+                    continue;
+                };
+                for l in status.listeners.iter_mut().flatten() {
+                    mark(&l.name, &mut l.conditions);
+                }
+                if !status.listeners.iter().flatten().any(|l| programmed(&l.conditions)) {
+                    set_condition(
+                        status.conditions.get_or_insert_with(Vec::new),
+                        cond.make("Programmed", false, "AddressNotUsable", message),
+                    );
+                }
+                serde_json::to_value(status)
+            } else {
+                let Ok(mut status) =
+                    serde_json::from_value::<ListenerSetStatus>(object.status.clone())
+                else {
+                    continue;
+                };
+                for l in status.listeners.iter_mut().flatten() {
+                    mark(&l.name, &mut l.conditions);
+                }
+                if !status.listeners.iter().flatten().any(|l| programmed(&l.conditions)) {
+                    set_condition(
+                        status.conditions.get_or_insert_with(Vec::new),
+                        cond.make("Programmed", false, "PortUnavailable", message),
+                    );
+                }
+                serde_json::to_value(status)
+            };
+            if let Ok(v) = updated {
                 object.status = v;
             }
         }

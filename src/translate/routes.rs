@@ -305,7 +305,8 @@ pub(crate) struct ParentResult<'a> {
 }
 
 /// Attach a route through each of its parentRefs that names one of our
-/// Gateways. ParentRefs to anything else are not ours to report on.
+/// Gateways, or a ListenerSet whose parentRef names one. ParentRefs to
+/// anything else are not ours to report on.
 pub(crate) fn attach<'a>(
     route: &'a HttpRoute,
     ns: &str,
@@ -320,18 +321,39 @@ pub(crate) fn attach<'a>(
     for parent in route.spec.parent_refs.iter().flatten() {
         let group = parent.group.as_deref().unwrap_or(GATEWAY_GROUP);
         let kind = parent.kind.as_deref().unwrap_or("Gateway");
-        if group != GATEWAY_GROUP || kind != "Gateway" {
+        if group != GATEWAY_GROUP {
             continue;
         }
-        let gw_ns = parent.namespace.as_deref().unwrap_or(ns);
-        let Some(g) = views
-            .iter()
-            .position(|v| v.namespace == gw_ns && v.name == parent.name)
-        else {
-            continue;
+        let parent_ns = parent.namespace.as_deref().unwrap_or(ns);
+        // The Gateway, and whose listeners the parentRef can reach: a
+        // Gateway parentRef reaches the Gateway's own listeners only, a
+        // ListenerSet parentRef that ListenerSet's.
+        let (g, owner) = match kind {
+            "Gateway" => {
+                let Some(g) = views
+                    .iter()
+                    .position(|v| v.namespace == parent_ns && v.name == parent.name)
+                else {
+                    continue;
+                };
+                (g, None)
+            }
+            "ListenerSet" => {
+                let Some((g, s)) = views.iter().enumerate().find_map(|(g, v)| {
+                    v.listener_sets
+                        .iter()
+                        .position(|s| s.namespace == parent_ns && s.name == parent.name)
+                        .map(|s| (g, s))
+                }) else {
+                    continue;
+                };
+                (g, Some(s))
+            }
+            _ => continue,
         };
         let view = &views[g];
-        let selected: Vec<usize> = (0..view.listeners.len())
+        let selected: Vec<usize> = view
+            .listeners_of(owner)
             .filter(|&l| {
                 let listener = &view.listeners[l];
                 parent
@@ -341,22 +363,36 @@ pub(crate) fn attach<'a>(
                     && parent.port.is_none_or(|p| p == listener.port)
             })
             .collect();
-        let accepted = if selected.is_empty() {
+        let set_rejected = owner.and_then(|s| view.listener_sets[s].rejected.as_ref());
+        let accepted = if let Some((reason, message)) = set_rejected {
+            Err((
+                "NoMatchingParent",
+                format!(
+                    "ListenerSet {parent_ns}/{} is not attached to its Gateway ({reason}: {message})",
+                    parent.name
+                ),
+            ))
+        } else if selected.is_empty() {
             Err((
                 "NoMatchingParent",
                 match (&parent.section_name, parent.port) {
                     (Some(s), Some(p)) => format!(
-                        "Gateway {gw_ns}/{} has no listener {s} on port {p}",
+                        "{kind} {parent_ns}/{} has no listener {s} on port {p}",
                         parent.name
                     ),
                     (Some(s), None) => {
-                        format!("Gateway {gw_ns}/{} has no listener named {s}", parent.name)
+                        format!(
+                            "{kind} {parent_ns}/{} has no listener named {s}",
+                            parent.name
+                        )
                     }
-                    (None, Some(p)) => format!(
-                        "Gateway {gw_ns}/{} has no listener on port {p}",
-                        parent.name
-                    ),
-                    (None, None) => format!("Gateway {gw_ns}/{} has no listeners", parent.name),
+                    (None, Some(p)) => {
+                        format!(
+                            "{kind} {parent_ns}/{} has no listener on port {p}",
+                            parent.name
+                        )
+                    }
+                    (None, None) => format!("{kind} {parent_ns}/{} has no listeners", parent.name),
                 },
             ))
         } else {
@@ -366,7 +402,12 @@ pub(crate) fn attach<'a>(
                 .filter(|&l| {
                     let listener = &view.listeners[l];
                     listener.accepts_http_routes
-                        && namespace_allowed(&listener.namespaces, &view.namespace, ns, labels)
+                        && namespace_allowed(
+                            &listener.namespaces,
+                            view.listener_namespace(l),
+                            ns,
+                            labels,
+                        )
                 })
                 .collect();
             if allowed.is_empty() {
@@ -377,12 +418,12 @@ pub(crate) fn attach<'a>(
                     "NotAllowedByListeners",
                     if kind_ok {
                         format!(
-                            "no listener of Gateway {gw_ns}/{} that the parentRef selects allows HTTPRoutes from namespace {ns}",
+                            "no listener of {kind} {parent_ns}/{} that the parentRef selects allows HTTPRoutes from namespace {ns}",
                             parent.name
                         )
                     } else {
                         format!(
-                            "no listener of Gateway {gw_ns}/{} that the parentRef selects allows the HTTPRoute kind",
+                            "no listener of {kind} {parent_ns}/{} that the parentRef selects allows the HTTPRoute kind",
                             parent.name
                         )
                     },

@@ -14,6 +14,7 @@ mod hardening;
 mod hostnames;
 mod https;
 mod inputs;
+mod listenerset;
 mod matching;
 mod precedence;
 mod protocols;

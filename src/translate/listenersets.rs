@@ -1,0 +1,567 @@
+//! ListenerSets (GEP-1713): listeners defined in their own object, merged
+//! into a Gateway that allows them.
+//!
+//! Per the spec: a Gateway admits ListenerSets through
+//! `spec.allowedListeners.namespaces.from` (`None`, the default, admits
+//! none; `Same`; `All`; `Selector` on the ListenerSet's namespace labels).
+//! "Implementations MUST treat the parent Gateway as having the merged list
+//! of all listeners from itself and attached ListenerSets", in the order:
+//! the parent Gateway, then ListenerSets oldest first, then by
+//! `{namespace}/{name}`. A ListenerSet listener that conflicts with an
+//! earlier one is `Conflicted` and not served; the earlier one keeps
+//! serving. Routes reach a ListenerSet's listeners only through a parentRef
+//! of kind ListenerSet, and a ListenerSet is `Accepted` while at least one
+//! of its listeners is. Its TLS certificateRefs resolve from its own
+//! namespace: "ReferenceGrants applied to a Gateway are not inherited by
+//! child ListenerSets".
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use gateway_api::experimental::gateways::{
+    GatewayAllowedListenersNamespacesFrom, GatewayListeners,
+    GatewayListenersAllowedRoutesNamespacesSelector, GatewayListenersTlsCertificateRefs,
+    GatewayListenersTlsMode,
+};
+use gateway_api::experimental::listenersets::{ListenerSet, ListenerSetStatus};
+use k8s_openapi::jiff::Timestamp;
+use rustls::sign::CertifiedKey;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::conditions::ConditionMaker;
+use super::gateways::{
+    AllowedNamespaces, GatewayView, ListenerTls, certified_key, listener_status, listener_view,
+    namespace_allowed,
+};
+use super::{ObjectStatus, StatusMetadata, api_version, sort_key};
+use crate::resources::{DEFAULT_NAMESPACE, GATEWAY_GROUP, Gateway, Snapshot};
+
+/// One ListenerSet whose parentRef names one of our Gateways.
+#[derive(Debug)]
+pub(crate) struct ListenerSetView {
+    pub namespace: String,
+    pub name: String,
+    /// Its index in its Gateway's `listener_sets` (the listeners' `owner`).
+    pub index: usize,
+    pub cond: ConditionMaker,
+    /// `(reason, message)` of `Accepted=False` when the Gateway does not
+    /// take it (`NotAllowed`, `ParentNotAccepted`): none of its listeners
+    /// are merged.
+    pub rejected: Option<(&'static str, String)>,
+}
+
+impl ListenerSetView {
+    /// Can this listener of the set be served: accepted, and an HTTPS
+    /// listener has a certificate.
+    fn listener_valid(view: &GatewayView, l: usize) -> bool {
+        let l = &view.listeners[l];
+        l.valid() && !l.lacks_certificate()
+    }
+
+    /// Admitted by its Gateway with at least one valid listener: what the
+    /// Gateway's `attachedListenerSets` counts.
+    pub fn accepted(&self, view: &GatewayView) -> bool {
+        self.rejected.is_none()
+            && view
+                .listeners_of(Some(self.index))
+                .any(|l| Self::listener_valid(view, l))
+    }
+}
+
+/// The same JSON under another generated type (the ListenerSet types
+/// repeat the Gateway's field for field).
+fn convert<A: Serialize, B: DeserializeOwned>(a: &A) -> Result<B, String> {
+    serde_json::to_value(a)
+        .and_then(serde_json::from_value)
+        .map_err(|e| e.to_string())
+}
+
+/// Take every ListenerSet whose parentRef names one of our Gateways into
+/// that Gateway's view: admitted ones add their listeners (after those
+/// already there, so in precedence order), the others are recorded with
+/// the reason.
+pub(crate) fn admit(
+    snapshot: &Snapshot,
+    views: &mut [GatewayView],
+    labels: &dyn Fn(&str) -> BTreeMap<String, String>,
+    now: Timestamp,
+    warnings: &mut Vec<String>,
+) {
+    let mut sets: Vec<&ListenerSet> = snapshot.listener_sets.iter().collect();
+    sets.sort_by_key(|s| sort_key(&s.metadata));
+    for set in sets {
+        let ns = set
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or(DEFAULT_NAMESPACE);
+        let name = set.metadata.name.as_deref().unwrap_or("");
+        let parent = &set.spec.parent_ref;
+        let group = parent.group.as_deref().unwrap_or(GATEWAY_GROUP);
+        let kind = parent.kind.as_deref().unwrap_or("Gateway");
+        if group != GATEWAY_GROUP || kind != "Gateway" {
+            warnings.push(format!(
+                "ListenerSet {ns}/{name}: spec.parentRef names a {kind}.{group}, not a Gateway; the ListenerSet is ignored"
+            ));
+            continue;
+        }
+        let gw_ns = parent.namespace.as_deref().unwrap_or(ns);
+        let Some(view) = views
+            .iter_mut()
+            .find(|v| v.namespace == gw_ns && v.name == parent.name)
+        else {
+            // Not one of our Gateways: not ours to report on.
+            continue;
+        };
+        let gateway = snapshot.gateways.iter().find(|g| {
+            g.metadata.name.as_deref() == Some(parent.name.as_str())
+                && g.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE) == gw_ns
+        });
+        let index = view.listener_sets.len();
+        let cond = ConditionMaker {
+            generation: set.metadata.generation.unwrap_or(0),
+            now,
+        };
+        let rejected = if let Some((reason, _)) = &view.rejected {
+            Some((
+                "ParentNotAccepted",
+                format!("Gateway {gw_ns}/{} is not accepted ({reason})", parent.name),
+            ))
+        } else {
+            not_allowed(gateway, gw_ns, &parent.name, ns, labels).map(|m| ("NotAllowed", m))
+        };
+        if rejected.is_none() {
+            for (i, l) in set.spec.listeners.iter().enumerate() {
+                let listener = match convert::<_, GatewayListeners>(l) {
+                    Ok(listener) => listener,
+                    Err(e) => {
+                        // The fields are the Gateway's; this cannot fail for
+                        // a parsed ListenerSet, but say so if it does.
+                        warnings.push(format!(
+                            "ListenerSet {ns}/{name}: spec.listeners[{i}] cannot be read as a listener ({e}); it is ignored"
+                        ));
+                        continue;
+                    }
+                };
+                let tls = match (listener.protocol.as_str(), gateway) {
+                    // Client certificate validation is the Gateway's, per
+                    // port (`spec.tls.frontend`), whoever defines the
+                    // listener.
+                    ("HTTPS", Some(gw)) => resolve_tls(snapshot, ns, &listener)
+                        .with_frontend(snapshot, gw, gw_ns, &listener),
+                    ("HTTPS", None) => resolve_tls(snapshot, ns, &listener),
+                    _ => ListenerTls::default(),
+                };
+                let addresses = view.addresses.clone();
+                view.listeners
+                    .push(listener_view(&listener, &addresses, tls, Some(index)));
+            }
+        }
+        view.listener_sets.push(ListenerSetView {
+            namespace: ns.to_string(),
+            name: name.to_string(),
+            index,
+            cond,
+            rejected,
+        });
+    }
+}
+
+/// Why Gateway `gw_ns/gw_name` (`gateway`, its object) does not take
+/// ListenerSets from `set_ns` (`None` when it does), per its
+/// `spec.allowedListeners`.
+fn not_allowed(
+    gateway: Option<&Gateway>,
+    gw_ns: &str,
+    gw_name: &str,
+    set_ns: &str,
+    labels: &dyn Fn(&str) -> BTreeMap<String, String>,
+) -> Option<String> {
+    let namespaces = gateway
+        .and_then(|g| g.spec.allowed_listeners.as_ref())
+        .and_then(|a| a.namespaces.as_ref());
+    let gateway = format!("Gateway {gw_ns}/{gw_name}");
+    let Some(namespaces) = namespaces else {
+        return Some(format!(
+            "{gateway} allows no ListenerSets (spec.allowedListeners is not set)"
+        ));
+    };
+    let allowed = match &namespaces.from {
+        None | Some(GatewayAllowedListenersNamespacesFrom::None) => {
+            return Some(format!(
+                "{gateway} allows no ListenerSets (spec.allowedListeners.namespaces.from is None)"
+            ));
+        }
+        Some(GatewayAllowedListenersNamespacesFrom::Same) => AllowedNamespaces::Same,
+        Some(GatewayAllowedListenersNamespacesFrom::All) => AllowedNamespaces::All,
+        Some(GatewayAllowedListenersNamespacesFrom::Selector) => {
+            AllowedNamespaces::Selector(namespaces.selector.as_ref().and_then(|s| {
+                convert::<_, GatewayListenersAllowedRoutesNamespacesSelector>(s).ok()
+            }))
+        }
+    };
+    (!namespace_allowed(&allowed, gw_ns, set_ns, labels)).then(|| match allowed {
+        AllowedNamespaces::Same => format!(
+            "{gateway} allows ListenerSets from its own namespace only, not from {set_ns}"
+        ),
+        _ => format!(
+            "{gateway} allows ListenerSets from the namespaces its selector matches; {set_ns} does not match"
+        ),
+    })
+}
+
+/// The status of one ListenerSet, once routes are attached.
+pub(crate) fn listener_set_status(view: &GatewayView, set: &ListenerSetView) -> ObjectStatus {
+    let c = &set.cond;
+    let mut status = ListenerSetStatus::default();
+    match &set.rejected {
+        Some((reason, message)) => {
+            let programmed = if *reason == "ParentNotAccepted" {
+                "ParentNotProgrammed"
+            } else {
+                reason
+            };
+            status.conditions = Some(vec![
+                c.make("Accepted", false, reason, message.clone()),
+                c.make(
+                    "Programmed",
+                    false,
+                    programmed,
+                    format!("not merged into its Gateway: {message}"),
+                ),
+            ]);
+        }
+        None => {
+            let own: Vec<usize> = view.listeners_of(Some(set.index)).collect();
+            let invalid: Vec<&str> = own
+                .iter()
+                .filter(|&&l| !ListenerSetView::listener_valid(view, l))
+                .map(|&l| view.listeners[l].name.as_str())
+                .collect();
+            let any_served = own.iter().any(|&l| view.serves(l));
+            let gateway = format!("Gateway {}/{}", view.namespace, view.name);
+            status.conditions = Some(if invalid.len() == own.len() {
+                let message = format!("no listener is valid: {}", invalid.join(", "));
+                vec![
+                    c.make("Accepted", false, "ListenersNotValid", message.clone()),
+                    c.make("Programmed", false, "ListenersNotValid", message),
+                ]
+            } else {
+                vec![
+                    if invalid.is_empty() {
+                        c.make(
+                            "Accepted",
+                            true,
+                            "Accepted",
+                            format!("merged into {gateway}"),
+                        )
+                    } else {
+                        c.make(
+                            "Accepted",
+                            true,
+                            "ListenersNotValid",
+                            format!(
+                                "merged into {gateway}; listeners not valid: {}; the others are served",
+                                invalid.join(", ")
+                            ),
+                        )
+                    },
+                    if any_served {
+                        c.make("Programmed", true, "Programmed", "ListenerSet programmed")
+                    } else {
+                        c.make("Programmed", false, "Invalid", "no listener can be served")
+                    },
+                ]
+            });
+            let listeners: Vec<_> = own
+                .iter()
+                .map(|&l| listener_status(view, l, c, true))
+                .collect();
+            status.listeners = convert(&listeners).ok();
+        }
+    }
+    ObjectStatus {
+        api_version: api_version(),
+        kind: "ListenerSet".into(),
+        metadata: StatusMetadata {
+            name: set.name.clone(),
+            namespace: Some(set.namespace.clone()),
+            generation: c.generation,
+        },
+        status: serde_json::to_value(status).unwrap_or_default(),
+    }
+}
+
+/// Resolve the TLS settings of an HTTPS listener of a ListenerSet in
+/// `set_ns`: as a Gateway's, but a Secret in another namespace needs a
+/// ReferenceGrant from ListenerSets (not Gateways) of `set_ns`.
+fn resolve_tls(snapshot: &Snapshot, set_ns: &str, listener: &GatewayListeners) -> ListenerTls {
+    let mut out = ListenerTls::default();
+    let Some(tls) = &listener.tls else {
+        out.unresolved = Some((
+            "InvalidCertificateRef",
+            "an HTTPS listener needs tls.certificateRefs".into(),
+        ));
+        return out;
+    };
+    if matches!(tls.mode, Some(GatewayListenersTlsMode::Passthrough)) {
+        out.unsupported = Some(
+            "tls.mode Passthrough is not supported on an HTTPS listener: HTTPS terminates TLS (mode Terminate)"
+                .into(),
+        );
+        return out;
+    }
+    let refs = tls.certificate_refs.as_deref().unwrap_or_default();
+    if refs.is_empty() {
+        out.unresolved = Some((
+            "InvalidCertificateRef",
+            "tls.certificateRefs is empty; mode Terminate needs a certificate".into(),
+        ));
+        return out;
+    }
+    let mut failures: Vec<(&'static str, String)> = Vec::new();
+    for (i, r) in refs.iter().enumerate() {
+        match resolve_certificate_ref(snapshot, set_ns, r) {
+            Ok(key) => {
+                out.certificate.get_or_insert(key);
+            }
+            Err((reason, message)) => {
+                failures.push((reason, format!("tls.certificateRefs[{i}]: {message}")))
+            }
+        }
+    }
+    if let Some((first, _)) = failures.first() {
+        let reason = if failures.iter().any(|f| f.0 == "RefNotPermitted") {
+            "RefNotPermitted"
+        } else {
+            first
+        };
+        let message = failures
+            .iter()
+            .map(|f| f.1.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        out.unresolved = Some((reason, message));
+    }
+    out
+}
+
+fn resolve_certificate_ref(
+    snapshot: &Snapshot,
+    set_ns: &str,
+    r: &GatewayListenersTlsCertificateRefs,
+) -> Result<Arc<CertifiedKey>, (&'static str, String)> {
+    let group = r.group.as_deref().unwrap_or("");
+    let kind = r.kind.as_deref().unwrap_or("Secret");
+    if !group.is_empty() || kind != "Secret" {
+        let what = if group.is_empty() {
+            kind.to_string()
+        } else {
+            format!("{kind}.{group}")
+        };
+        return Err((
+            "InvalidCertificateRef",
+            format!(
+                "{what} {} is not supported; sluice reads core Secrets",
+                r.name
+            ),
+        ));
+    }
+    let ns = r.namespace.as_deref().unwrap_or(set_ns);
+    if ns != set_ns && !secret_granted(snapshot, set_ns, ns, &r.name) {
+        return Err((
+            "RefNotPermitted",
+            format!(
+                "Secret {ns}/{}: no ReferenceGrant in namespace {ns} allows ListenerSets from namespace {set_ns} to refer to it",
+                r.name
+            ),
+        ));
+    }
+    let secret = snapshot
+        .secrets
+        .iter()
+        .find(|s| {
+            s.metadata.name.as_deref() == Some(r.name.as_str())
+                && s.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE) == ns
+        })
+        .ok_or_else(|| {
+            (
+                "InvalidCertificateRef",
+                format!("Secret {ns}/{} not found", r.name),
+            )
+        })?;
+    certified_key(secret).map_err(|message| {
+        (
+            "InvalidCertificateRef",
+            format!("Secret {ns}/{}: {message}", r.name),
+        )
+    })
+}
+
+/// Does a ReferenceGrant in `to_ns` let ListenerSets of `from_ns` refer to
+/// Secret `name`?
+fn secret_granted(snapshot: &Snapshot, from_ns: &str, to_ns: &str, name: &str) -> bool {
+    snapshot
+        .reference_grants
+        .iter()
+        .filter(|g| g.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE) == to_ns)
+        .any(|g| {
+            g.spec.from.iter().any(|f| {
+                f.group == GATEWAY_GROUP && f.kind == "ListenerSet" && f.namespace == from_ns
+            }) && g.spec.to.iter().any(|t| {
+                t.group.is_empty()
+                    && t.kind == "Secret"
+                    && t.name.as_deref().is_none_or(|n| n == name)
+            })
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+    use super::*;
+    use crate::resources::{Generations, Object, parse_manifests};
+    use crate::translate::{TranslateOptions, Translation, translate_at};
+
+    const GATEWAY: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: sluice}
+spec: {controllerName: sluice.dev/gateway-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw}
+spec:
+  gatewayClassName: sluice
+  allowedListeners: {namespaces: {from: Same}}
+  listeners: [{name: http, port: 8080, protocol: HTTP, hostname: gw.example.com}]
+";
+
+    fn translate_yaml(yaml: &str) -> Translation {
+        let parsed = parse_manifests(&format!("{GATEWAY}---\n{yaml}"), "t.yaml");
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        let mut objects: Vec<Object> = parsed.objects.into_iter().map(|o| o.object).collect();
+        Generations::new().assign(&mut objects, Timestamp::UNIX_EPOCH);
+        let options = TranslateOptions {
+            default_bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        };
+        translate_at(
+            &Snapshot::from_objects(objects),
+            &options,
+            Timestamp::UNIX_EPOCH,
+        )
+    }
+
+    fn status<'a>(t: &'a Translation, kind: &str, name: &str) -> &'a serde_json::Value {
+        &t.status
+            .objects
+            .iter()
+            .find(|o| o.kind == kind && o.metadata.name == name)
+            .unwrap_or_else(|| panic!("{kind} {name} has a status"))
+            .status
+    }
+
+    fn condition(conditions: &serde_json::Value, ty: &str) -> (String, String) {
+        let c = conditions
+            .as_array()
+            .expect("conditions")
+            .iter()
+            .find(|c| c["type"] == ty)
+            .unwrap_or_else(|| panic!("no {ty} in {conditions}"));
+        (
+            c["status"].as_str().unwrap_or("").into(),
+            c["reason"].as_str().unwrap_or("").into(),
+        )
+    }
+
+    const TWO_PORTS: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {name: set}
+spec:
+  parentRef: {name: gw}
+  listeners:
+  - {name: a, port: 9090, protocol: HTTP}
+  - {name: b, port: 9091, protocol: HTTP}
+";
+
+    #[test]
+    fn bind_failures_mark_the_listener_set_that_defines_the_listener() {
+        let mut t = translate_yaml(TWO_PORTS);
+        let bind = |port| SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port);
+        t.status
+            .apply_bind_failures(&[(bind(9090), "Address already in use".into())]);
+        let set = status(&t, "ListenerSet", "set").clone();
+        let listener = |name: &str| {
+            set["listeners"]
+                .as_array()
+                .expect("listeners")
+                .iter()
+                .find(|l| l["name"] == name)
+                .expect("listener")
+                .clone()
+        };
+        assert_eq!(
+            condition(&listener("a")["conditions"], "Accepted"),
+            ("False".into(), "PortUnavailable".into())
+        );
+        assert_eq!(
+            condition(&listener("b")["conditions"], "Programmed"),
+            ("True".into(), "Programmed".into())
+        );
+        assert_eq!(
+            condition(&set["conditions"], "Programmed"),
+            ("True".into(), "Programmed".into())
+        );
+        // The Gateway's own listener is another one and keeps serving.
+        let gw = status(&t, "Gateway", "gw");
+        assert_eq!(
+            condition(&gw["listeners"][0]["conditions"], "Programmed"),
+            ("True".into(), "Programmed".into())
+        );
+
+        t.status
+            .apply_bind_failures(&[(bind(9091), "Address already in use".into())]);
+        let set = status(&t, "ListenerSet", "set");
+        assert_eq!(
+            condition(&set["conditions"], "Programmed"),
+            ("False".into(), "PortUnavailable".into())
+        );
+        assert_eq!(
+            condition(&status(&t, "Gateway", "gw")["conditions"], "Programmed"),
+            ("True".into(), "Programmed".into())
+        );
+    }
+
+    #[test]
+    fn listener_names_may_repeat_across_the_gateway_and_its_listener_sets() {
+        // Both define a listener named http; a route to the ListenerSet's
+        // http attaches there only, and each counts its own routes.
+        let t = translate_yaml(
+            "apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {name: set}
+spec:
+  parentRef: {name: gw}
+  listeners: [{name: http, port: 8080, protocol: HTTP, hostname: set.example.com}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: r}
+spec:
+  parentRefs: [{kind: ListenerSet, name: set, sectionName: http}]
+  rules: [{}]
+",
+        );
+        assert_eq!(
+            status(&t, "ListenerSet", "set")["listeners"][0]["attachedRoutes"],
+            1
+        );
+        assert_eq!(
+            status(&t, "Gateway", "gw")["listeners"][0]["attachedRoutes"],
+            0
+        );
+        assert_eq!(status(&t, "Gateway", "gw")["attachedListenerSets"], 1);
+    }
+}
