@@ -4,8 +4,12 @@
 //! rule's `matches` are ORed (each becomes its own candidate in the table);
 //! "If no matches are specified, the default is a prefix path match on '/'".
 
+use std::sync::Arc;
+
 use http::{HeaderMap, HeaderName, Method};
-use regex::Regex;
+use regex_automata::meta;
+use regex_automata::nfa::thompson::WhichCaptures;
+use regex_syntax::hir::{Hir, Look};
 
 /// A path condition.
 #[derive(Debug, Clone)]
@@ -15,7 +19,7 @@ pub enum PathMatch {
     /// never `/foobar`. Stored without a trailing slash (except `/`).
     Prefix(String),
     /// Anchored at both ends: the whole path must match.
-    RegularExpression(Regex),
+    RegularExpression(AnchoredRegex),
 }
 
 impl PathMatch {
@@ -30,8 +34,8 @@ impl PathMatch {
     }
 
     /// A `RegularExpression` match over the whole path.
-    pub fn regex(pattern: &str) -> Result<Self, regex::Error> {
-        anchored(pattern).map(PathMatch::RegularExpression)
+    pub fn regex(pattern: &str) -> Result<Self, RegexError> {
+        AnchoredRegex::new(pattern).map(PathMatch::RegularExpression)
     }
 
     pub fn matches(&self, path: &str) -> bool {
@@ -52,12 +56,12 @@ impl PathMatch {
 pub enum ValueMatch {
     Exact(String),
     /// Anchored at both ends: the whole value must match.
-    RegularExpression(Regex),
+    RegularExpression(AnchoredRegex),
 }
 
 impl ValueMatch {
-    pub fn regex(pattern: &str) -> Result<Self, regex::Error> {
-        anchored(pattern).map(ValueMatch::RegularExpression)
+    pub fn regex(pattern: &str) -> Result<Self, RegexError> {
+        AnchoredRegex::new(pattern).map(ValueMatch::RegularExpression)
     }
 
     pub fn matches(&self, value: &[u8]) -> bool {
@@ -70,8 +74,85 @@ impl ValueMatch {
     }
 }
 
-fn anchored(pattern: &str) -> Result<Regex, regex::Error> {
-    Regex::new(&format!("^(?:{pattern})$"))
+/// A `RegularExpression` match value, compiled to match whole values only
+/// (the spec's path, header and query regexes are full matches).
+///
+/// Built with `regex-automata`'s meta engine directly, with the syntax and
+/// limits of the `regex` crate but without its fully compiled DFA: that
+/// DFA is built eagerly for every small pattern and made up most of the
+/// cost of translating a table with thousands of regexes (and tens of KiB
+/// of memory each). Searches use the lazy DFA, built as paths are seen.
+#[derive(Clone)]
+pub struct AnchoredRegex {
+    regex: meta::Regex,
+    /// The pattern as the route gave it (without the anchors).
+    source: Arc<str>,
+}
+
+/// Why a `RegularExpression` value does not compile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegexError(String);
+
+impl std::fmt::Display for RegexError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RegexError {}
+
+/// The `regex` crate's limits: compiled program size and lazy DFA cache.
+const NFA_SIZE_LIMIT: usize = 10 << 20;
+const LAZY_DFA_CACHE_CAPACITY: usize = 2 << 20;
+
+impl AnchoredRegex {
+    /// Compile `pattern` (the `regex` crate's syntax, Unicode on) to match
+    /// whole values. The pattern is parsed on its own and anchored as a
+    /// syntax tree, so a pattern such as `a)|(b` cannot escape the anchors.
+    pub fn new(pattern: &str) -> Result<Self, RegexError> {
+        let hir = regex_syntax::ParserBuilder::new()
+            .build()
+            .parse(pattern)
+            .map_err(|e| RegexError(e.to_string()))?;
+        let anchored = Hir::concat(vec![Hir::look(Look::Start), hir, Hir::look(Look::End)]);
+        let config = meta::Config::new()
+            .match_kind(regex_automata::MatchKind::LeftmostFirst)
+            .utf8_empty(true)
+            .nfa_size_limit(Some(NFA_SIZE_LIMIT))
+            .hybrid_cache_capacity(LAZY_DFA_CACHE_CAPACITY)
+            .which_captures(WhichCaptures::None)
+            .dfa(false)
+            .onepass(false);
+        let regex = meta::Builder::new()
+            .configure(config)
+            .build_from_hir(&anchored)
+            .map_err(|e| match e.size_limit() {
+                Some(limit) => RegexError(format!(
+                    "the compiled expression exceeds the size limit of {limit} bytes"
+                )),
+                None => RegexError(e.to_string()),
+            })?;
+        Ok(AnchoredRegex {
+            regex,
+            source: Arc::from(pattern),
+        })
+    }
+
+    /// The pattern as the route gave it.
+    pub fn as_str(&self) -> &str {
+        &self.source
+    }
+
+    /// Does the whole of `value` match?
+    pub fn is_match(&self, value: &str) -> bool {
+        self.regex.is_match(value)
+    }
+}
+
+impl std::fmt::Debug for AnchoredRegex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("AnchoredRegex").field(&self.source).finish()
+    }
 }
 
 /// A header condition. Header names are case-insensitive (`HeaderName` is
@@ -185,6 +266,24 @@ mod tests {
         let re = PathMatch::regex("/v[0-9]+/.*").unwrap();
         assert!(re.matches("/v2/users"));
         assert!(!re.matches("/api/v2/users"));
+    }
+
+    #[test]
+    fn a_regex_cannot_escape_its_anchors() {
+        // Wrapped as text (`^(?:a)|(b)$`) this pattern would compile into
+        // two unanchored halves; parsed on its own it is unbalanced.
+        assert!(PathMatch::regex("a)|(b").is_err());
+        let re = PathMatch::regex("/a|/b").unwrap();
+        assert!(re.matches("/a") && re.matches("/b"));
+        assert!(!re.matches("/a/x") && !re.matches("/x/b"));
+        assert!(
+            PathMatch::regex("/a(")
+                .unwrap_err()
+                .to_string()
+                .contains("unclosed")
+        );
+        let v = ValueMatch::regex("v[0-9]+").unwrap();
+        assert!(v.matches(b"v12") && !v.matches(b"xv12") && !v.matches(b"v1\xff"));
     }
 
     #[test]
