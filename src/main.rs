@@ -242,11 +242,18 @@ fn main() -> ExitCode {
     }
 }
 
+/// The async runtime: one worker thread per core the process may run on
+/// (`available_parallelism` honours CPU affinity, e.g. `taskset`). On one
+/// core, a current-thread runtime: the same work without the work-stealing
+/// scheduler's cross-thread bookkeeping on every wake-up.
 fn runtime() -> Option<tokio::runtime::Runtime> {
-    match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut builder = if cores == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    match builder.enable_all().build() {
         Ok(rt) => Some(rt),
         Err(e) => {
             eprintln!("sluice: cannot start the runtime: {e}");
