@@ -12,32 +12,39 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::body::ResponseBody;
 
 /// Requests in flight on one connection: counted from when the request
-/// arrives until its response body has been sent (or dropped).
+/// arrives until its response body has been sent (or dropped), and when the
+/// last one ended.
+///
+/// Nothing here wakes anyone or touches a timer per request: the idle
+/// timer ([`InFlight::idle_for`]) is one sleep per idle period that, when it
+/// fires, looks at these two numbers and sleeps again if the connection
+/// was busy meanwhile.
 #[derive(Debug)]
 pub(super) struct InFlight {
     active: AtomicUsize,
-    /// Woken when the count drops to zero.
-    idle: Notify,
+    /// When the last request ended, in nanoseconds after `since`.
+    last_end: AtomicU64,
+    since: Instant,
 }
 
 impl InFlight {
     pub fn new() -> Arc<Self> {
         Arc::new(InFlight {
             active: AtomicUsize::new(0),
-            idle: Notify::new(),
+            last_end: AtomicU64::new(0),
+            since: Instant::now(),
         })
     }
 
@@ -46,26 +53,29 @@ impl InFlight {
         RequestGuard(self.clone())
     }
 
+    fn last_end(&self) -> Instant {
+        self.since + Duration::from_nanos(self.last_end.load(Ordering::Acquire))
+    }
+
     /// Resolves once the connection has had no request in flight for
     /// `idle` without interruption.
     pub async fn idle_for(&self, idle: Duration) {
+        let sleep = tokio::time::sleep(idle);
+        tokio::pin!(sleep);
         loop {
-            // Register before checking, so a drop to zero in between wakes us.
-            let notified = self.idle.notified();
-            if self.active.load(Ordering::Acquire) > 0 {
-                notified.await;
-                continue;
-            }
-            let deadline = Instant::now() + idle;
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => {
-                    if self.active.load(Ordering::Acquire) == 0 {
-                        return;
-                    }
+            sleep.as_mut().await;
+            let now = Instant::now();
+            let next = if self.active.load(Ordering::Acquire) > 0 {
+                // Busy now: it cannot be idle for `idle` before then.
+                now + idle
+            } else {
+                let deadline = self.last_end() + idle;
+                if deadline <= now {
+                    return;
                 }
-                // A request arrived and finished meanwhile: start again.
-                _ = notified => {}
-            }
+                deadline
+            };
+            sleep.as_mut().reset(next);
         }
     }
 }
@@ -76,9 +86,13 @@ pub(super) struct RequestGuard(Arc<InFlight>);
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
-        if self.0.active.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.idle.notify_waiters();
-        }
+        let flight = &self.0;
+        // Saturates after ~584 years of one connection.
+        let at = u64::try_from(flight.since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        // Stored before the count drops, so a timer that sees the count at
+        // zero also sees this end.
+        flight.last_end.fetch_max(at, Ordering::AcqRel);
+        flight.active.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -387,6 +401,42 @@ mod tests {
             watch.feed(std::slice::from_ref(b))?;
         }
         Ok(())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_is_the_period_after_the_last_request_ended() {
+        let idle = Duration::from_secs(10);
+        // No request at all: idle after one period.
+        let quiet = InFlight::new();
+        let start = Instant::now();
+        quiet.idle_for(idle).await;
+        assert_eq!(start.elapsed(), idle);
+
+        // A request in flight through the first period, then another that
+        // starts and ends within the next one: idle one period after the
+        // last end, not before.
+        let flight = InFlight::new();
+        let first = flight.begin();
+        let start = Instant::now();
+        let timer = tokio::spawn({
+            let flight = flight.clone();
+            async move {
+                flight.idle_for(idle).await;
+                Instant::now()
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        drop(first);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        drop(flight.begin());
+        let last_end = Instant::now();
+        let fired = timer.await.expect("the timer task ends");
+        assert!(
+            fired >= last_end + idle,
+            "fired {:?} after start",
+            fired - start
+        );
+        assert!(fired <= last_end + idle + Duration::from_millis(2));
     }
 
     #[test]

@@ -2,13 +2,17 @@
 //! arrived: lookup, rule filters, mirrors, weighted backend, endpoint,
 //! forward, response filters, metrics.
 
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use http::header::{HOST, LOCATION};
 use http::request::Parts;
-use http::{HeaderValue, Request, Response, Uri, Version};
+use http::uri::{Authority, Scheme};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version};
 use http_body::Body;
 use hyper::body::Incoming;
 
@@ -29,6 +33,27 @@ use crate::route::{
 /// How long a mirrored request may take before it is abandoned.
 const MIRROR_TIMEOUT: Duration = Duration::from_secs(30);
 
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
+/// The client at the other end of a connection, as its requests are
+/// forwarded: its address, and that address as a header value, made once
+/// per connection rather than formatted for every request.
+#[derive(Debug, Clone)]
+pub(super) struct Peer {
+    pub addr: SocketAddr,
+    ip: HeaderValue,
+}
+
+impl Peer {
+    pub fn new(addr: SocketAddr) -> Self {
+        let ip = HeaderValue::from_str(&addr.ip().to_string())
+            .expect("an IP address is a valid header value");
+        Peer { addr, ip }
+    }
+}
+
 /// Where a request got to, for its metrics labels.
 #[derive(Default)]
 struct Outcome<'t> {
@@ -38,10 +63,10 @@ struct Outcome<'t> {
 
 /// Serve one request that arrived on the socket bound at `bind` from
 /// `client`. Never fails: every error becomes its response.
-pub async fn handle(
+pub(super) async fn handle(
     shared: &Shared,
     req: Request<Incoming>,
-    client: SocketAddr,
+    client: &Peer,
     bind: SocketAddr,
 ) -> Response<ResponseBody> {
     let start = Instant::now();
@@ -71,7 +96,7 @@ async fn route<'t>(
     shared: &Shared,
     table: &'t RouteTable,
     req: Request<Incoming>,
-    client: SocketAddr,
+    client: &Peer,
     bind: SocketAddr,
     outcome: &mut Outcome<'t>,
 ) -> Result<Response<ResponseBody>, ProxyError> {
@@ -97,6 +122,12 @@ async fn route<'t>(
     let matched_prefix = match &found.matched.path {
         PathMatch::Prefix(p) => Some(p.as_str()),
         _ => None,
+    };
+    // Only redirects need the host after this point: keep a copy for them.
+    let host = if has_redirect(rule) {
+        host.into_owned()
+    } else {
+        String::new()
     };
     let request = Forwarding {
         shared,
@@ -152,7 +183,7 @@ fn check_request_head<B>(req: &Request<B>) -> Result<(), ProxyError> {
 
 /// The request's host as hostnames are matched: the Host header, or the
 /// URI authority (HTTP/2, absolute-form).
-fn request_host<B>(req: &Request<B>) -> String {
+fn request_host<B>(req: &Request<B>) -> Cow<'_, str> {
     match req.headers().get(HOST).and_then(|h| h.to_str().ok()) {
         Some(h) => normalize_host(h),
         None => req
@@ -163,14 +194,47 @@ fn request_host<B>(req: &Request<B>) -> String {
     }
 }
 
+/// Whether the rule can answer with a redirect (only rule filters can:
+/// backends' redirects are ignored).
+fn has_redirect(rule: &Rule) -> bool {
+    rule.filters
+        .iter()
+        .any(|f| matches!(f, Filter::RequestRedirect(_)))
+}
+
+/// `X-Forwarded-For` (the client appended), `X-Forwarded-Proto` and
+/// `X-Real-IP`, as [`add_forwarded`] and
+/// [`ForwardedTrust::set_real_ip`](super::ForwardedTrust::set_real_ip) set
+/// them; without an incoming `X-Forwarded-For` or trusted hops (the usual
+/// case) from the connection's ready-made value, with no formatting.
+fn set_forwarded_headers(
+    headers: &mut HeaderMap,
+    client: &Peer,
+    scheme: &'static str,
+    trust: &super::ForwardedTrust,
+) {
+    if headers.contains_key(&X_FORWARDED_FOR) {
+        add_forwarded(headers, client.addr.ip(), scheme);
+    } else {
+        headers.insert(X_FORWARDED_FOR.clone(), client.ip.clone());
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(scheme));
+    }
+    if trust.trusted_hops == 0 && trust.trusted_cidrs.is_empty() {
+        headers.insert(X_REAL_IP.clone(), client.ip.clone());
+    } else {
+        trust.set_real_ip(headers, client.addr.ip());
+    }
+}
+
 /// A matched request on its way through the rule.
 struct Forwarding<'a, 't> {
     shared: &'a Shared,
     rule: &'t Rule,
     matched_prefix: Option<&'t str>,
-    /// Normalized request host (for redirects).
+    /// Normalized request host (for redirects; empty when the rule has
+    /// none).
     host: String,
-    client: SocketAddr,
+    client: &'a Peer,
     bind: SocketAddr,
 }
 
@@ -191,11 +255,12 @@ impl<'t> Forwarding<'_, 't> {
             parts.headers.insert(HOST, v);
         }
         strip_hop_by_hop(&mut parts.headers);
-        add_forwarded(&mut parts.headers, self.client.ip(), scheme);
-        self.shared
-            .limits
-            .forwarded
-            .set_real_ip(&mut parts.headers, self.client.ip());
+        set_forwarded_headers(
+            &mut parts.headers,
+            self.client,
+            scheme,
+            &self.shared.limits.forwarded,
+        );
         if let Some(u) = &upgrade {
             u.restore_request_headers(&mut parts.headers);
         }
@@ -444,6 +509,30 @@ fn set_host(parts: &mut Parts, host: &str) -> Result<(), ProxyError> {
     Ok(())
 }
 
+/// Endpoint addresses as URI authorities, made once per address and
+/// thread (formatting an address is a good part of building the URI).
+const MAX_CACHED_AUTHORITIES: usize = 4096;
+
+thread_local! {
+    static AUTHORITIES: RefCell<HashMap<SocketAddr, Authority>> = RefCell::new(HashMap::new());
+}
+
+fn endpoint_authority(endpoint: SocketAddr) -> Option<Authority> {
+    AUTHORITIES.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if let Some(a) = cache.get(&endpoint) {
+            return Some(a.clone());
+        }
+        let authority = Authority::try_from(endpoint.to_string()).ok()?;
+        if cache.len() >= MAX_CACHED_AUTHORITIES {
+            // Endpoints come and go over reloads: start afresh.
+            cache.clear();
+        }
+        cache.insert(endpoint, authority.clone());
+        Some(authority)
+    })
+}
+
 /// The absolute URI the pooled client needs (it connects to the authority
 /// and sends the request in origin-form).
 fn upstream_uri(
@@ -451,6 +540,21 @@ fn upstream_uri(
     path: Option<&str>,
     original: &Uri,
 ) -> Result<Uri, ProxyError> {
+    // The usual case: the path is not rewritten, so the request's own path
+    // and query are reused as they are (no copy, no parse).
+    if path.is_none()
+        && let Some(pq) = original.path_and_query()
+        && pq.path().starts_with('/')
+        && let Some(authority) = endpoint_authority(endpoint)
+    {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(Scheme::HTTP);
+        parts.authority = Some(authority);
+        parts.path_and_query = Some(pq.clone());
+        if let Ok(uri) = Uri::from_parts(parts) {
+            return Ok(uri);
+        }
+    }
     let path = path.unwrap_or(original.path());
     let path = if path.is_empty() { "/" } else { path };
     let mut s = String::with_capacity(path.len() + 32);

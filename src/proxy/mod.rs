@@ -361,16 +361,18 @@ async fn serve<S>(
     let in_flight = InFlight::new();
     let for_requests = shared.clone();
     let requests = in_flight.clone();
+    let peer = handler::Peer::new(client);
     let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         let guard = requests.begin();
         let shared = for_requests.clone();
+        let peer = peer.clone();
         if let Some(tls) = &tls {
             req.extensions_mut().insert(tls.clone());
         }
         async move {
             let resp = match limits::refuse(&shared.limits, &req) {
                 Some(refused) => refused,
-                None => handler::handle(&shared, req, client, bind).await,
+                None => handler::handle(&shared, req, &peer, bind).await,
             };
             Ok::<_, Infallible>(resp.map(|body| TrackedBody::new(body, guard)))
         }
@@ -387,6 +389,9 @@ async fn serve<S>(
     let mut closing = false;
     loop {
         tokio::select! {
+            // The connection first: it is what wakes this task for nearly
+            // every request, and its end ends the loop.
+            biased;
             ended = conn.as_mut() => {
                 if let Err(e) = ended {
                     tracing::debug!(%client, error = %e, "connection ended with an error");

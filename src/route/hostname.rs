@@ -4,6 +4,7 @@
 //! Per the spec: "`*.example.com` would match both `test.example.com`, and
 //! `foo.test.example.com`, but not `example.com`."
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 
 /// A hostname pattern of a listener or of an HTTPRoute.
@@ -87,7 +88,10 @@ impl std::fmt::Display for HostPattern {
 /// The host a request is for, as hostnames are matched: without the port,
 /// lower case, without a trailing dot. Per the spec, "Implementations MUST
 /// ignore any port value specified in the HTTP Host header".
-pub fn normalize_host(host: &str) -> String {
+///
+/// Borrowed when the host is already in that form (the usual case), so
+/// that matching a request allocates nothing.
+pub fn normalize_host(host: &str) -> Cow<'_, str> {
     let without_port = if host.starts_with('[') {
         // IPv6 literal: keep up to the closing bracket.
         match host.find(']') {
@@ -100,7 +104,12 @@ pub fn normalize_host(host: &str) -> String {
             _ => host,
         }
     };
-    without_port.trim_end_matches('.').to_ascii_lowercase()
+    let trimmed = without_port.trim_end_matches('.');
+    if trimmed.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(trimmed.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(trimmed)
+    }
 }
 
 #[cfg(test)]
@@ -175,5 +184,11 @@ mod tests {
         assert_eq!(normalize_host("example.com."), "example.com");
         assert_eq!(normalize_host("[::1]:80"), "[::1]");
         assert_eq!(normalize_host("10.0.0.1"), "10.0.0.1");
+        // Already normalized but for the port: borrowed, nothing allocated.
+        assert!(matches!(
+            normalize_host("example.com:8080"),
+            Cow::Borrowed("example.com")
+        ));
+        assert!(matches!(normalize_host("Example.com"), Cow::Owned(_)));
     }
 }
