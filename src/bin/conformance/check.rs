@@ -925,7 +925,7 @@ impl ParentExpect {
 }
 
 impl Ctx<'_> {
-    fn require(&self, kind: &str, id: &str) -> anyhow::Result<Status> {
+    pub fn require(&self, kind: &str, id: &str) -> anyhow::Result<Status> {
         self.status_of(kind, id)
             .ok_or_else(|| anyhow!("no status for {kind} {id}"))
     }

@@ -60,10 +60,9 @@ impl Totals {
 
 /// The extended features a test exercises beyond Gateway/HTTPRoute/ReferenceGrant.
 fn extended_features(info: &TestInfo) -> impl Iterator<Item = &'static str> {
-    info.features
-        .iter()
-        .copied()
-        .filter(|f| !crate::suite::CORE_FEATURES.contains(f))
+    info.features.iter().copied().filter(|f| {
+        !crate::suite::CORE_FEATURES.contains(f) && !crate::suite::UNCLAIMED_FEATURES.contains(f)
+    })
 }
 
 fn section(results: &[&TestResult], extended: bool) -> serde_json::Value {
@@ -216,11 +215,15 @@ pub fn markdown(results: &[TestResult]) -> String {
          `ShortName`s.\n\n\
          Scope: the GATEWAY-HTTP tests whose manifests are in the v1.6.1\n\
          `conformance/tests/` folder for Gateway, GatewayClass, HTTPRoute,\n\
-         ReferenceGrant and ListenerSet. Not listed: `HTTPRouteDisallowedKind`\n\
-         (it needs TLSRoute, so it belongs to GATEWAY-TLS, not GATEWAY-HTTP)\n\
-         and the BackendTLSPolicy tests (GATEWAY-HTTP extended; sluice does not\n\
-         implement BackendTLSPolicy, and their manifests are not in the folder\n\
-         the runner reads).\n\n\
+         ReferenceGrant, ListenerSet and BackendTLSPolicy. Two tests also name\n\
+         TLSRoute (`HTTPRouteDisallowedKind`, `ListenerSetAllowedRoutesSupportedKinds`):\n\
+         they check that a listener allowing only TLSRoute takes no HTTPRoute,\n\
+         which holds for sluice (it serves no TLSRoute), so the runner runs them;\n\
+         an upstream run claiming only GATEWAY-HTTP features would skip them, and\n\
+         the report does not list TLSRoute as supported. The `BackendTLSPolicy*`\n\
+         tests of the upstream suite are not listed: their manifests are not in\n\
+         the folder the runner reads (sluice implements BackendTLSPolicy, and the\n\
+         two Gateway tests that use it are listed).\n\n\
          How the cluster is stood in for: the suite's TLS Secrets are issued\n\
          by a CA generated per run, which the runner's TLS client trusts (with\n\
          Go's server-name rules, as the suite's client); the static-address\n\
