@@ -9,6 +9,7 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName, Method};
 use regex_automata::meta;
 use regex_automata::nfa::thompson::WhichCaptures;
+use regex_syntax::hir::literal::{ExtractKind, Extractor};
 use regex_syntax::hir::{Hir, Look};
 
 /// A path condition.
@@ -49,6 +50,45 @@ impl PathMatch {
             PathMatch::RegularExpression(re) => re.is_match(path),
         }
     }
+
+    /// The first segments of every path this match accepts (`api` for
+    /// `/api/v1`), or `None` when it may accept paths with any first
+    /// segment (PathPrefix `/`, a regex without a literal first segment).
+    /// The route table indexes candidates by it.
+    pub(crate) fn first_segments(&self) -> Option<Vec<&str>> {
+        match self {
+            PathMatch::Exact(p) => first_segment(p).map(|s| vec![s]),
+            // `/a/b` and `/abc` accept only paths whose first segment is
+            // `a` or `abc`: the prefix ends at a segment boundary.
+            PathMatch::Prefix(p) if p != "/" => first_segment(p).map(|s| vec![s]),
+            PathMatch::Prefix(_) => None,
+            PathMatch::RegularExpression(re) => {
+                let mut segments = Vec::new();
+                for literal in re.prefixes()? {
+                    let text = std::str::from_utf8(&literal.bytes).ok()?;
+                    let rest = text.strip_prefix('/')?;
+                    let segment = match rest.find('/') {
+                        Some(end) => &rest[..end],
+                        // The literal is the whole match: its one segment.
+                        None if literal.exact => rest,
+                        // `/r1` may go on as `/r12`: the segment is open.
+                        None => return None,
+                    };
+                    if !segments.contains(&segment) {
+                        segments.push(segment);
+                    }
+                }
+                Some(segments)
+            }
+        }
+    }
+}
+
+/// The first segment of a path (`api` for `/api/v1`, `` for `/`), or
+/// `None` for a path that does not start with `/`.
+pub(crate) fn first_segment(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix('/')?;
+    Some(rest.find('/').map_or(rest, |end| &rest[..end]))
 }
 
 /// How a header or query parameter value is compared.
@@ -87,6 +127,17 @@ pub struct AnchoredRegex {
     regex: meta::Regex,
     /// The pattern as the route gave it (without the anchors).
     source: Arc<str>,
+    /// Every path this pattern matches starts with one of these literals
+    /// (`None` when no finite set of literal prefixes is known).
+    prefixes: Option<Box<[PrefixLiteral]>>,
+}
+
+/// A literal that starts every match of a regex; `exact` when it is the
+/// whole match.
+#[derive(Debug, Clone)]
+pub(crate) struct PrefixLiteral {
+    pub bytes: Box<[u8]>,
+    pub exact: bool,
 }
 
 /// Why a `RegularExpression` value does not compile.
@@ -104,6 +155,8 @@ impl std::error::Error for RegexError {}
 /// The `regex` crate's limits: compiled program size and lazy DFA cache.
 const NFA_SIZE_LIMIT: usize = 10 << 20;
 const LAZY_DFA_CACHE_CAPACITY: usize = 2 << 20;
+/// More literal prefixes than this are not worth indexing.
+const MAX_PREFIX_LITERALS: usize = 16;
 
 impl AnchoredRegex {
     /// Compile `pattern` (the `regex` crate's syntax, Unicode on) to match
@@ -114,6 +167,7 @@ impl AnchoredRegex {
             .build()
             .parse(pattern)
             .map_err(|e| RegexError(e.to_string()))?;
+        let prefixes = prefix_literals(&hir);
         let anchored = Hir::concat(vec![Hir::look(Look::Start), hir, Hir::look(Look::End)]);
         let config = meta::Config::new()
             .match_kind(regex_automata::MatchKind::LeftmostFirst)
@@ -135,6 +189,7 @@ impl AnchoredRegex {
         Ok(AnchoredRegex {
             regex,
             source: Arc::from(pattern),
+            prefixes,
         })
     }
 
@@ -147,12 +202,34 @@ impl AnchoredRegex {
     pub fn is_match(&self, value: &str) -> bool {
         self.regex.is_match(value)
     }
+
+    pub(crate) fn prefixes(&self) -> Option<&[PrefixLiteral]> {
+        self.prefixes.as_deref()
+    }
 }
 
 impl std::fmt::Debug for AnchoredRegex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("AnchoredRegex").field(&self.source).finish()
     }
+}
+
+/// The literals every match of `hir` starts with, when they are few.
+fn prefix_literals(hir: &Hir) -> Option<Box<[PrefixLiteral]>> {
+    let seq = Extractor::new().kind(ExtractKind::Prefix).extract(hir);
+    let literals = seq.literals()?;
+    if literals.is_empty() || literals.len() > MAX_PREFIX_LITERALS {
+        return None;
+    }
+    Some(
+        literals
+            .iter()
+            .map(|l| PrefixLiteral {
+                bytes: l.as_bytes().into(),
+                exact: l.is_exact(),
+            })
+            .collect(),
+    )
 }
 
 /// A header condition. Header names are case-insensitive (`HeaderName` is

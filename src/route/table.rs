@@ -16,6 +16,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::sync::Arc;
 
 use http::{HeaderMap, Method};
@@ -23,7 +24,7 @@ use rustls::sign::CertifiedKey;
 
 use super::Rule;
 use super::hostname::HostPattern;
-use super::matching::{PathMatch, RequestMatch};
+use super::matching::{PathMatch, RequestMatch, first_segment};
 
 /// What identifies a route for the precedence tie-breaks.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -34,10 +35,11 @@ pub struct RouteOrder {
     pub name: String,
 }
 
-/// The one sort key that ranks every (rule, match) on a listener.
+/// The sort key that ranks every (rule, match) on a listener, after the
+/// route hostname (which depends on the request's host: see
+/// [`HostRoutes`]).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct PrecedenceKey {
-    host: (Reverse<usize>, Reverse<usize>),
     path_kind: u8,
     path_len: Reverse<usize>,
     method: Reverse<bool>,
@@ -50,7 +52,6 @@ struct PrecedenceKey {
 
 impl PrecedenceKey {
     fn new(
-        host: &HostPattern,
         m: &RequestMatch,
         route: &Arc<RouteOrder>,
         rule_index: usize,
@@ -62,7 +63,6 @@ impl PrecedenceKey {
             PathMatch::Prefix(p) => (2, p.len()),
         };
         PrecedenceKey {
-            host: host.precedence(),
             path_kind,
             path_len: Reverse(path_len),
             method: Reverse(m.method.is_some()),
@@ -75,17 +75,136 @@ impl PrecedenceKey {
     }
 }
 
-/// One (rule, match) pair on a listener, for one route hostname.
-#[derive(Debug, Clone)]
+/// One (rule, match) pair on a listener, as a request tries it.
+#[derive(Debug)]
 struct Candidate {
-    host: HostPattern,
     matcher: RequestMatch,
     rule: Arc<Rule>,
-    key_without_host: PrecedenceKey,
 }
 
-/// The candidates that apply to one host, already in precedence order.
-type Candidates = Arc<[Candidate]>;
+/// A candidate while the table is built: under which route hostname, and
+/// its precedence among the others.
+struct CandidateBuild {
+    host: HostPattern,
+    key: PrecedenceKey,
+    candidate: Candidate,
+}
+
+/// Host lists shorter than this are scanned in full: cheaper than an
+/// index lookup.
+const INDEX_MIN_CANDIDATES: usize = 8;
+
+/// The candidates that apply to one request host, in precedence order, and
+/// an index of them by the request path's first segment.
+///
+/// The index never changes the answer, only how many candidates are tried:
+/// every candidate whose path match can only accept paths starting with
+/// `/<segment>` (Exact, PathPrefix other than `/`, a RegularExpression
+/// with a literal first segment) is listed under that segment, every other
+/// one in `fallback`. A request tries the candidates of its segment's list
+/// and of `fallback` merged in precedence order, and takes the first that
+/// matches: the first in the full order that can match at all.
+#[derive(Debug)]
+struct HostRoutes {
+    /// Indexes into the listener's candidates, in precedence order.
+    order: Box<[u32]>,
+    index: Option<Box<PathIndex>>,
+}
+
+#[derive(Debug)]
+struct PathIndex {
+    /// Range of `listed` holding the positions (in `order`) of the
+    /// candidates under each first segment, ascending.
+    by_segment: HashMap<Box<str>, Range<u32>>,
+    listed: Box<[u32]>,
+    /// Positions (in `order`) of the candidates that may accept any
+    /// first segment, ascending.
+    fallback: Box<[u32]>,
+}
+
+impl HostRoutes {
+    fn empty() -> Self {
+        HostRoutes {
+            order: Box::new([]),
+            index: None,
+        }
+    }
+
+    /// The first candidate, in precedence order, that matches the request.
+    fn first_match<'a>(
+        &self,
+        candidates: &'a [Candidate],
+        method: &Method,
+        path: &str,
+        query: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Option<&'a Candidate> {
+        let at = |position: u32| &candidates[self.order[position as usize] as usize];
+        let matches = |c: &Candidate| c.matcher.matches(method, path, query, headers);
+        let Some(index) = &self.index else {
+            return self
+                .order
+                .iter()
+                .map(|&i| &candidates[i as usize])
+                .find(|c| matches(c));
+        };
+        let listed: &[u32] = first_segment(path)
+            .and_then(|segment| index.by_segment.get(segment))
+            .map_or(&[], |r| &index.listed[r.start as usize..r.end as usize]);
+        // Merge the two ascending position lists.
+        let (mut a, mut b) = (listed.iter().peekable(), index.fallback.iter().peekable());
+        loop {
+            let next = match (a.peek(), b.peek()) {
+                (Some(&&x), Some(&&y)) if x < y => a.next(),
+                (Some(_), Some(_)) | (None, Some(_)) => b.next(),
+                (Some(_), None) => a.next(),
+                (None, None) => return None,
+            };
+            let c = at(*next.expect("peeked"));
+            if matches(c) {
+                return Some(c);
+            }
+        }
+    }
+
+    /// The precedence-ordered list `order` (indexes into `candidates`),
+    /// with its index when it is long enough to pay for one.
+    fn new(order: Vec<u32>, segments: &[Option<Vec<&str>>]) -> Self {
+        let index = (order.len() >= INDEX_MIN_CANDIDATES).then(|| {
+            let mut by_segment: HashMap<&str, Vec<u32>> = HashMap::new();
+            let mut fallback = Vec::new();
+            for (position, &i) in order.iter().enumerate() {
+                let position = u32::try_from(position).expect("fewer than 2^32 candidates");
+                match &segments[i as usize] {
+                    Some(list) => {
+                        for segment in list {
+                            by_segment.entry(segment).or_default().push(position);
+                        }
+                    }
+                    None => fallback.push(position),
+                }
+            }
+            let mut listed = Vec::new();
+            let by_segment = by_segment
+                .into_iter()
+                .map(|(segment, positions)| {
+                    let start = listed.len() as u32;
+                    listed.extend(positions);
+                    (Box::from(segment), start..listed.len() as u32)
+                })
+                .collect();
+            Box::new(PathIndex {
+                by_segment,
+                listed: listed.into(),
+                fallback: fallback.into(),
+            })
+        });
+        HostRoutes {
+            order: order.into(),
+            index,
+        }
+    }
+}
 
 /// The routes attached to one Gateway listener.
 #[derive(Debug)]
@@ -96,14 +215,19 @@ pub struct ListenerRoutes {
     /// The certificate of an HTTPS listener (TLS terminated here); `None`
     /// for a cleartext HTTP listener.
     pub tls: Option<Arc<CertifiedKey>>,
-    exact: HashMap<String, Candidates>,
+    /// Every (rule, match) attached to the listener, once per route
+    /// hostname; the lists below index into it.
+    candidates: Box<[Candidate]>,
+    exact: HashMap<String, HostRoutes>,
     /// Keyed by the wildcard's suffix (`.example.com`).
-    wildcard: HashMap<String, Candidates>,
-    any: Candidates,
+    wildcard: HashMap<String, HostRoutes>,
+    any: HostRoutes,
 }
 
 impl ListenerRoutes {
-    fn candidates(&self, host: &str) -> &[Candidate] {
+    /// The candidates for a request host: those of the most specific
+    /// route hostname that matches it, and of every less specific one.
+    fn host_routes(&self, host: &str) -> &HostRoutes {
         if let Some(c) = self.exact.get(host) {
             return c;
         }
@@ -121,9 +245,9 @@ impl ListenerRoutes {
         &self.any
     }
 
-    /// Number of (rule, match) candidates, over all hostnames.
+    /// Does no (rule, match) candidate apply to any hostname?
     pub fn is_empty(&self) -> bool {
-        self.exact.is_empty() && self.wildcard.is_empty() && self.any.is_empty()
+        self.candidates.is_empty()
     }
 }
 
@@ -249,16 +373,20 @@ impl RouteTable {
         let Some(listener) = port.listeners.iter().find(|l| l.hostname.matches(host)) else {
             return Lookup::NoListener;
         };
-        for c in listener.candidates(host) {
-            if c.matcher.matches(method, path, query, headers) {
-                return Lookup::Matched(RouteMatch {
-                    listener,
-                    rule: &c.rule,
-                    matched: &c.matcher,
-                });
-            }
+        match listener.host_routes(host).first_match(
+            &listener.candidates,
+            method,
+            path,
+            query,
+            headers,
+        ) {
+            Some(c) => Lookup::Matched(RouteMatch {
+                listener,
+                rule: &c.rule,
+                matched: &c.matcher,
+            }),
+            None => Lookup::NoRoute { listener },
         }
-        Lookup::NoRoute { listener }
     }
 }
 
@@ -273,7 +401,7 @@ struct ListenerBuild {
     id: String,
     hostname: HostPattern,
     tls: Option<Arc<CertifiedKey>>,
-    candidates: Vec<Candidate>,
+    candidates: Vec<CandidateBuild>,
 }
 
 /// Collects listeners and rules, then sorts everything once in [`build`].
@@ -349,17 +477,13 @@ impl RouteTableBuilder {
         };
         for host in hostnames {
             for (match_index, m) in matches.iter().enumerate() {
-                listener.candidates.push(Candidate {
+                listener.candidates.push(CandidateBuild {
                     host: host.clone(),
-                    key_without_host: PrecedenceKey::new(
-                        &HostPattern::Any,
-                        m,
-                        &route,
-                        rule.id.index,
-                        match_index,
-                    ),
-                    matcher: m.clone(),
-                    rule: rule.clone(),
+                    key: PrecedenceKey::new(m, &route, rule.id.index, match_index),
+                    candidate: Candidate {
+                        matcher: m.clone(),
+                        rule: rule.clone(),
+                    },
                 });
             }
         }
@@ -388,51 +512,62 @@ impl RouteTableBuilder {
 }
 
 fn build_listener(l: ListenerBuild) -> ListenerRoutes {
+    let count = u32::try_from(l.candidates.len()).expect("fewer than 2^32 candidates");
+    // Rank every candidate once by everything but the route hostname; a
+    // host's list is then sorted by (hostname precedence, rank): integers.
+    let mut by_key: Vec<u32> = (0..count).collect();
+    by_key.sort_by(|&a, &b| {
+        l.candidates[a as usize]
+            .key
+            .cmp(&l.candidates[b as usize].key)
+    });
+    let mut rank = vec![0u32; by_key.len()];
+    for (r, &i) in by_key.iter().enumerate() {
+        rank[i as usize] = r as u32;
+    }
+    let segments: Vec<Option<Vec<&str>>> = l
+        .candidates
+        .iter()
+        .map(|c| c.candidate.matcher.path.first_segments())
+        .collect();
+
     // Group the candidates by route hostname first, so that each host's
     // list is assembled from the groups that apply to it: linear in the
     // candidates (times the few wildcard groups), not hosts x candidates.
-    let mut groups: HashMap<&HostPattern, Vec<&Candidate>> = HashMap::new();
-    for c in &l.candidates {
-        groups.entry(&c.host).or_default().push(c);
+    let mut groups: HashMap<&HostPattern, Vec<u32>> = HashMap::new();
+    for (i, c) in l.candidates.iter().enumerate() {
+        groups.entry(&c.host).or_default().push(i as u32);
     }
-    let wildcards: Vec<(&HostPattern, &Vec<&Candidate>)> = groups
+    let wildcards: Vec<(&HostPattern, &Vec<u32>)> = groups
         .iter()
         .filter(|(p, _)| matches!(p, HostPattern::Wildcard(_)))
         .map(|(p, g)| (*p, g))
         .collect();
-    let any_group: &[&Candidate] = groups
+    let any_group: &[u32] = groups
         .get(&HostPattern::Any)
         .map(Vec::as_slice)
         .unwrap_or_default();
-    let sorted = |parts: Vec<&[&Candidate]>| -> Candidates {
-        let mut v: Vec<(PrecedenceKey, &Candidate)> = parts
-            .into_iter()
-            .flatten()
-            .map(|c| {
-                let mut key = c.key_without_host.clone();
-                key.host = c.host.precedence();
-                (key, *c)
-            })
-            .collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v.into_iter().map(|(_, c)| c.clone()).collect()
+    let host_routes = |parts: Vec<&[u32]>| -> HostRoutes {
+        let mut order: Vec<u32> = parts.into_iter().flatten().copied().collect();
+        order.sort_by_key(|&i| (l.candidates[i as usize].host.precedence(), rank[i as usize]));
+        HostRoutes::new(order, &segments)
     };
     let mut exact = HashMap::new();
     let mut wildcard = HashMap::new();
     for (pattern, group) in &groups {
         match pattern {
             HostPattern::Exact(h) => {
-                let mut parts: Vec<&[&Candidate]> = vec![group.as_slice(), any_group];
+                let mut parts: Vec<&[u32]> = vec![group.as_slice(), any_group];
                 parts.extend(
                     wildcards
                         .iter()
                         .filter(|(w, _)| w.matches(h))
                         .map(|(_, g)| g.as_slice()),
                 );
-                exact.insert(h.clone(), sorted(parts));
+                exact.insert(h.clone(), host_routes(parts));
             }
             HostPattern::Wildcard(suffix) => {
-                let mut parts: Vec<&[&Candidate]> = vec![any_group];
+                let mut parts: Vec<&[u32]> = vec![any_group];
                 parts.extend(
                     wildcards
                         .iter()
@@ -442,16 +577,23 @@ fn build_listener(l: ListenerBuild) -> ListenerRoutes {
                         })
                         .map(|(_, g)| g.as_slice()),
                 );
-                wildcard.insert(suffix.clone(), sorted(parts));
+                wildcard.insert(suffix.clone(), host_routes(parts));
             }
             HostPattern::Any => {}
         }
     }
-    let any = sorted(vec![any_group]);
+    let any = if any_group.is_empty() {
+        HostRoutes::empty()
+    } else {
+        host_routes(vec![any_group])
+    };
+    drop(segments);
+    drop(groups);
     ListenerRoutes {
         id: l.id,
         hostname: l.hostname,
         tls: l.tls,
+        candidates: l.candidates.into_iter().map(|c| c.candidate).collect(),
         exact,
         wildcard,
         any,
@@ -927,5 +1069,274 @@ mod tests {
             t.lookup(bind(), "a.example.com", &Method::GET, "/", None, &h),
             Lookup::NoRoute { .. }
         ));
+    }
+
+    /// Indexed lookup against the plain precedence order, on random
+    /// tables: every candidate whose route hostname matches the host,
+    /// ranked by the spec's key (computed here on its own), first match
+    /// wins. Segments, hosts and conditions are drawn from small pools so
+    /// that candidates collide often.
+    mod against_the_precedence_scan {
+        use super::*;
+
+        const SEGMENTS: &[&str] = &["", "a", "b", "ab", "api", "API", "v1", "x-y"];
+        const HOSTS: &[&str] = &[
+            "foo.example.com",
+            "bar.example.com",
+            "baz.example.com",
+            "a.b.example.com",
+            "x.com",
+            "other.org",
+        ];
+        const REGEXES: &[&str] = &[
+            "/a/[0-9]+",
+            "/(a|b)/.*",
+            "(?i)/api/.*",
+            ".*",
+            "/a.*",
+            "/ab?/x",
+            "/v1",
+            "/[ab]/v1",
+            "/api(/.*)?",
+            "/x-y/.*|/a",
+            "/",
+            "[/a]+",
+            "/a|/b/",
+        ];
+
+        fn pick<'a, T>(rng: &mut fastrand::Rng, from: &'a [T]) -> &'a T {
+            &from[rng.usize(..from.len())]
+        }
+
+        fn random_path(rng: &mut fastrand::Rng) -> String {
+            match rng.usize(..12) {
+                0 => "/".into(),
+                1 => pick(rng, &["", "*", "a/b", "//a", "/a/123", "/b/v1/"]).to_string(),
+                _ => {
+                    let mut p = String::new();
+                    for _ in 0..rng.usize(1..4) {
+                        p.push('/');
+                        p.push_str(*pick(rng, SEGMENTS));
+                    }
+                    if rng.bool() {
+                        p.push_str(*pick(rng, &["/", "/x", "/7", "x"]));
+                    }
+                    p
+                }
+            }
+        }
+
+        fn random_value(rng: &mut fastrand::Rng) -> ValueMatch {
+            if rng.usize(..4) == 0 {
+                ValueMatch::regex("[12]").unwrap()
+            } else {
+                ValueMatch::Exact(pick(rng, &["1", "2"]).to_string())
+            }
+        }
+
+        fn random_match(rng: &mut fastrand::Rng) -> RequestMatch {
+            let path = match rng.usize(..3) {
+                0 => PathMatch::Exact(random_path(rng)),
+                1 => PathMatch::prefix(&random_path(rng)),
+                _ => PathMatch::regex(*pick(rng, REGEXES)).unwrap(),
+            };
+            let method = match rng.usize(..4) {
+                0 => Some(Method::GET),
+                1 => Some(Method::POST),
+                _ => None,
+            };
+            let mut headers = Vec::new();
+            for name in ["x-a", "x-b"] {
+                if rng.usize(..3) == 0 {
+                    headers.push(HeaderMatch {
+                        name: HeaderName::from_static(name),
+                        value: random_value(rng),
+                    });
+                }
+            }
+            let query = if rng.usize(..4) == 0 {
+                vec![QueryMatch {
+                    name: "q".into(),
+                    value: random_value(rng),
+                }]
+            } else {
+                vec![]
+            };
+            RequestMatch {
+                path,
+                method,
+                headers,
+                query,
+            }
+        }
+
+        struct Entry {
+            hostnames: Vec<HostPattern>,
+            order: RouteOrder,
+            rule: Arc<Rule>,
+            matches: Vec<RequestMatch>,
+        }
+
+        /// The spec's order, spelled out independently of `PrecedenceKey`.
+        #[allow(clippy::type_complexity)]
+        fn reference(
+            entries: &[Entry],
+            host: &str,
+            method: &Method,
+            path: &str,
+            query: Option<&str>,
+            headers: &HeaderMap,
+        ) -> Option<String> {
+            let defaults = [RequestMatch::default()];
+            let mut ranked = Vec::new();
+            for e in entries {
+                let matches = if e.matches.is_empty() {
+                    &defaults[..]
+                } else {
+                    &e.matches[..]
+                };
+                for h in e.hostnames.iter().filter(|h| h.matches(host)) {
+                    let (exact_chars, chars) = match h {
+                        HostPattern::Exact(x) => (x.len(), x.len()),
+                        HostPattern::Wildcard(s) => (0, s.len() + 1),
+                        HostPattern::Any => (0, 0),
+                    };
+                    for (j, m) in matches.iter().enumerate() {
+                        let (kind, len) = match &m.path {
+                            PathMatch::Exact(p) => (0, p.len()),
+                            PathMatch::RegularExpression(r) => (1, r.as_str().len()),
+                            PathMatch::Prefix(p) => (2, p.len()),
+                        };
+                        let key = (
+                            (Reverse(exact_chars), Reverse(chars)),
+                            (kind, Reverse(len)),
+                            Reverse(m.method.is_some()),
+                            Reverse(m.headers.len()),
+                            Reverse(m.query.len()),
+                            (e.order.clone(), e.rule.id.index, j),
+                        );
+                        ranked.push((key, e, m));
+                    }
+                }
+            }
+            ranked.sort_by(|a, b| a.0.cmp(&b.0));
+            ranked
+                .into_iter()
+                .find(|(_, _, m)| m.matches(method, path, query, headers))
+                .map(|(_, e, m)| format!("{} {m:?}", e.rule.id))
+        }
+
+        #[test]
+        fn indexed_lookup_agrees_with_the_full_scan() {
+            let patterns = [
+                HostPattern::Any,
+                HostPattern::parse(Some("foo.example.com")),
+                HostPattern::parse(Some("bar.example.com")),
+                HostPattern::parse(Some("*.example.com")),
+                HostPattern::parse(Some("*.b.example.com")),
+                HostPattern::parse(Some("*.com")),
+            ];
+            let mut rng = fastrand::Rng::with_seed(0x5eed);
+            let (mut compared, mut matched, mut indexed) = (0, 0, 0);
+            for table_no in 0..300 {
+                let routes = 1 + rng.usize(..if table_no % 3 == 0 { 80 } else { 20 });
+                let mut entries = Vec::new();
+                for r in 0..routes {
+                    let name = format!("r{}", rng.usize(..routes));
+                    let mut hostnames: Vec<HostPattern> = patterns
+                        .iter()
+                        .filter(|_| rng.usize(..4) == 0)
+                        .cloned()
+                        .collect();
+                    if hostnames.is_empty() {
+                        hostnames.push(pick(&mut rng, &patterns).clone());
+                    }
+                    let matches = (0..rng.usize(..3))
+                        .map(|_| random_match(&mut rng))
+                        .collect();
+                    entries.push(Entry {
+                        hostnames,
+                        order: order(&name, rng.i128(0..4)),
+                        rule: rule(&name, r),
+                        matches,
+                    });
+                }
+                let mut b = RouteTableBuilder::new();
+                let l = b.add_listener(bind(), "gw/http".into(), HostPattern::Any);
+                for e in &entries {
+                    b.add_rule(l, &e.hostnames, &e.order, e.rule.clone(), e.matches.clone());
+                }
+                let t = b.build();
+                let listener = &t.port(bind()).unwrap().listeners[0];
+                for _ in 0..200 {
+                    let host = *pick(&mut rng, HOSTS);
+                    let method = if rng.bool() {
+                        Method::GET
+                    } else {
+                        Method::POST
+                    };
+                    let path = random_path(&mut rng);
+                    let query = match rng.usize(..3) {
+                        0 => Some(format!("q={}", pick(&mut rng, &["1", "2", "3"]))),
+                        _ => None,
+                    };
+                    let mut headers = HeaderMap::new();
+                    for name in ["x-a", "x-b"] {
+                        if rng.bool() {
+                            let v = *pick(&mut rng, &["1", "2"]);
+                            headers.insert(HeaderName::from_static(name), v.parse().unwrap());
+                        }
+                    }
+                    let want =
+                        reference(&entries, host, &method, &path, query.as_deref(), &headers);
+                    let got =
+                        match t.lookup(bind(), host, &method, &path, query.as_deref(), &headers) {
+                            Lookup::Matched(m) => Some(format!("{} {:?}", m.rule.id, m.matched)),
+                            _ => None,
+                        };
+                    assert_eq!(
+                        got, want,
+                        "table {table_no}, {method} {host}{path} ?{query:?} {headers:?}"
+                    );
+                    compared += 1;
+                    matched += usize::from(got.is_some());
+                    indexed += usize::from(listener.host_routes(host).index.is_some());
+                }
+            }
+            // The comparison means something only if both outcomes and both
+            // ways of looking up occurred often.
+            for (what, n) in [("matched", matched), ("indexed", indexed)] {
+                assert!(
+                    n > compared / 20 && n < compared * 19 / 20,
+                    "{what}: {n} of {compared}"
+                );
+            }
+        }
+
+        #[test]
+        fn first_segments_of_path_matches() {
+            let segs = |m: PathMatch| {
+                m.first_segments().map(|mut v| {
+                    v.sort();
+                    v.join(",")
+                })
+            };
+            assert_eq!(segs(PathMatch::Exact("/a/b".into())).as_deref(), Some("a"));
+            assert_eq!(segs(PathMatch::Exact("/".into())).as_deref(), Some(""));
+            assert_eq!(segs(PathMatch::Exact("a".into())), None);
+            assert_eq!(segs(PathMatch::prefix("/abc/")).as_deref(), Some("abc"));
+            assert_eq!(segs(PathMatch::prefix("/")), None);
+            let re = |p: &str| segs(PathMatch::regex(p).unwrap());
+            assert_eq!(re("/r1/[0-9]+").as_deref(), Some("r1"));
+            assert_eq!(re("/(a|b)/.*").as_deref(), Some("a,b"));
+            assert_eq!(re("/v1").as_deref(), Some("v1"));
+            assert_eq!(re("/x-y/.*|/a").as_deref(), Some("a,x-y"));
+            // The first segment is not closed by a literal `/`.
+            assert_eq!(re("/r1[0-9]*/x"), None);
+            assert_eq!(re("/a.*"), None);
+            assert_eq!(re(".*"), None);
+            assert_eq!(re("[/a]+"), None);
+            assert!(re("(?i)/api/.*").is_some_and(|s| s.contains("API") && s.contains("api")));
+        }
     }
 }
