@@ -98,24 +98,19 @@ fn rbac_grants_reads_status_patches_and_the_lease_only() {
             }
         }
     }
-    for kind in [
-        "gatewayclasses",
-        "gateways",
-        "httproutes",
-        "referencegrants",
-        "services",
-        "endpointslices",
-        "namespaces",
-        "secrets",
-    ] {
+    // Every kind the Kubernetes source watches, from the source itself.
+    for kind in sluice::source::kubernetes::WATCHED_KINDS {
         for verb in ["list", "watch"] {
-            assert!(grants.contains(&format!("{kind}:{verb}")), "{kind}:{verb}");
+            let grant = format!("{}:{verb}", kind.plural);
+            assert!(grants.contains(&grant), "{grant}");
         }
     }
     for status in [
         "gatewayclasses/status",
         "gateways/status",
+        "listenersets/status",
         "httproutes/status",
+        "backendtlspolicies/status",
     ] {
         assert!(grants.contains(&format!("{status}:patch")), "{status}");
     }

@@ -7,14 +7,17 @@
 //! [`lease`]); every replica serves traffic regardless.
 //!
 //! What is written:
-//! - our GatewayClasses, Gateways and HTTPRoutes get exactly translate's
-//!   status, computed after the proxy swapped in the table (so
-//!   `Programmed=True` means served);
+//! - our GatewayClasses, Gateways, the ListenerSets attached to our Gateways,
+//!   HTTPRoutes and BackendTLSPolicies get exactly translate's status,
+//!   computed after the proxy swapped in the table (so `Programmed=True`
+//!   means served);
 //! - Gateways get `status.addresses` from the gateway's own Service when one
 //!   is configured ([`gateway_addresses`]);
-//! - HTTPRoute `status.parents` is an atomic list in the CRD, so an apply
-//!   would replace other controllers' entries: the patch carries theirs as
-//!   they are, plus ours; a route no longer attached to us loses ours only;
+//! - HTTPRoute `status.parents` and BackendTLSPolicy `status.ancestors` are
+//!   atomic lists in the CRDs, each entry owned by the controller named in
+//!   its `controllerName`, so an apply would replace other controllers'
+//!   entries: the patch carries theirs as they are, plus ours; a route or
+//!   policy no longer attached to us loses ours only;
 //! - a condition whose status did not change keeps its
 //!   `lastTransitionTime`, which also makes an unchanged status compare
 //!   equal, so nothing is written for it.
@@ -24,6 +27,7 @@ pub mod lease;
 use std::collections::HashMap;
 
 use gateway_api::experimental::gateways::GatewayStatusAddresses;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -37,7 +41,8 @@ pub const FIELD_MANAGER: &str = CONTROLLER_NAME;
 /// One server-side apply of an object's status.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StatusPatch {
-    /// `GatewayClass`, `Gateway` or `HTTPRoute`.
+    /// `GatewayClass`, `Gateway`, `ListenerSet`, `HTTPRoute` or
+    /// `BackendTLSPolicy`.
     pub kind: &'static str,
     pub namespace: Option<String>,
     pub name: String,
@@ -57,6 +62,8 @@ impl StatusPatch {
         let plural = match self.kind {
             "GatewayClass" => "gatewayclasses",
             "Gateway" => "gateways",
+            "ListenerSet" => "listenersets",
+            "BackendTLSPolicy" => "backendtlspolicies",
             _ => "httproutes",
         };
         let resource = ApiResource {
@@ -78,41 +85,40 @@ impl StatusPatch {
 fn current(snapshot: &Snapshot, object: &ObjectStatus) -> Option<(Value, Option<String>)> {
     let ns = object.metadata.namespace.as_deref();
     let name = object.metadata.name.as_str();
-    let same = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
-        meta.name.as_deref() == Some(name) && meta.namespace.as_deref() == ns
-    };
-    let status = |s: Result<Value, serde_json::Error>| s.unwrap_or(Value::Null);
+    let same =
+        |meta: &ObjectMeta| meta.name.as_deref() == Some(name) && meta.namespace.as_deref() == ns;
+    fn found<S: serde::Serialize>(meta: &ObjectMeta, status: &S) -> (Value, Option<String>) {
+        (
+            serde_json::to_value(status).unwrap_or(Value::Null),
+            meta.resource_version.clone(),
+        )
+    }
     match object.kind.as_str() {
         "GatewayClass" => snapshot
             .gateway_classes
             .iter()
             .find(|o| same(&o.metadata))
-            .map(|o| {
-                (
-                    status(serde_json::to_value(&o.status)),
-                    o.metadata.resource_version.clone(),
-                )
-            }),
+            .map(|o| found(&o.metadata, &o.status)),
         "Gateway" => snapshot
             .gateways
             .iter()
             .find(|o| same(&o.metadata))
-            .map(|o| {
-                (
-                    status(serde_json::to_value(&o.status)),
-                    o.metadata.resource_version.clone(),
-                )
-            }),
+            .map(|o| found(&o.metadata, &o.status)),
+        "ListenerSet" => snapshot
+            .listener_sets
+            .iter()
+            .find(|o| same(&o.metadata))
+            .map(|o| found(&o.metadata, &o.status)),
         "HTTPRoute" => snapshot
             .http_routes
             .iter()
             .find(|o| same(&o.metadata))
-            .map(|o| {
-                (
-                    status(serde_json::to_value(&o.status)),
-                    o.metadata.resource_version.clone(),
-                )
-            }),
+            .map(|o| found(&o.metadata, &o.status)),
+        "BackendTLSPolicy" => snapshot
+            .backend_tls_policies
+            .iter()
+            .find(|o| same(&o.metadata))
+            .map(|o| found(&o.metadata, &o.status)),
         _ => None,
     }
 }
@@ -121,7 +127,20 @@ fn static_kind(kind: &str) -> Option<&'static str> {
     match kind {
         "GatewayClass" => Some("GatewayClass"),
         "Gateway" => Some("Gateway"),
+        "ListenerSet" => Some("ListenerSet"),
         "HTTPRoute" => Some("HTTPRoute"),
+        "BackendTLSPolicy" => Some("BackendTLSPolicy"),
+        _ => None,
+    }
+}
+
+/// The status list of `kind` whose entries belong to the controller each
+/// names (`controllerName`): HTTPRoute `parents`, BackendTLSPolicy
+/// `ancestors`.
+fn shared_list(kind: &str) -> Option<&'static str> {
+    match kind {
+        "HTTPRoute" => Some("parents"),
+        "BackendTLSPolicy" => Some("ancestors"),
         _ => None,
     }
 }
@@ -130,13 +149,30 @@ fn is_ours(parent: &Value) -> bool {
     parent.get("controllerName").and_then(Value::as_str) == Some(CONTROLLER_NAME)
 }
 
-/// The `status.parents` entries other controllers wrote.
-fn foreign_parents(current: &Value) -> Vec<Value> {
+/// The entries of `current.<list>` other controllers wrote.
+fn foreign_entries(current: &Value, list: &str) -> Vec<Value> {
     current
-        .get("parents")
+        .get(list)
         .and_then(Value::as_array)
         .map(|ps| ps.iter().filter(|p| !is_ours(p)).cloned().collect())
         .unwrap_or_default()
+}
+
+/// Every object of a kind with a [`shared_list`]: kind, metadata and
+/// current status.
+fn with_shared_lists(snapshot: &Snapshot) -> Vec<(&'static str, &ObjectMeta, Value)> {
+    fn status<S: serde::Serialize>(s: &S) -> Value {
+        serde_json::to_value(s).unwrap_or(Value::Null)
+    }
+    let routes = snapshot
+        .http_routes
+        .iter()
+        .map(|r| ("HTTPRoute", &r.metadata, status(&r.status)));
+    let policies = snapshot
+        .backend_tls_policies
+        .iter()
+        .map(|p| ("BackendTLSPolicy", &p.metadata, status(&p.status)));
+    routes.chain(policies).collect()
 }
 
 /// The patches that bring the cluster's status to what translate computed,
@@ -161,15 +197,15 @@ pub fn plan(
         if let (Some(addresses), "Gateway", Value::Object(map)) = (addresses, kind, &mut desired) {
             map.insert("addresses".into(), json!(addresses));
         }
-        if kind == "HTTPRoute" {
+        if let Some(list) = shared_list(kind) {
             let ours = desired
-                .get("parents")
+                .get(list)
                 .and_then(Value::as_array)
                 .cloned()
                 .unwrap_or_default();
-            let mut parents = foreign_parents(&current);
-            parents.extend(ours);
-            desired["parents"] = Value::Array(parents);
+            let mut entries = foreign_entries(&current, list);
+            entries.extend(ours);
+            desired[list] = Value::Array(entries);
         }
         keep_transition_times(&mut desired, &current);
         if desired == current {
@@ -177,21 +213,20 @@ pub fn plan(
         }
         patches.push(patch(kind, object, resource_version, desired));
     }
-    // Routes that no longer attach to a Gateway of ours: withdraw our
-    // entries (and only ours) from their parents.
-    for route in &snapshot.http_routes {
-        let ns = route.metadata.namespace.as_deref();
-        let name = route.metadata.name.as_deref().unwrap_or("");
-        let reported = report.objects.iter().any(|o| {
-            o.kind == "HTTPRoute"
-                && o.metadata.name == name
-                && o.metadata.namespace.as_deref() == ns
-        });
-        let Ok(current) = serde_json::to_value(&route.status) else {
+    // Routes that no longer attach to a Gateway of ours, policies whose
+    // Service no Gateway of ours uses any more: withdraw our entries (and
+    // only ours) from their lists.
+    for (kind, meta, current) in with_shared_lists(snapshot) {
+        let Some(list) = shared_list(kind) else {
             continue;
         };
+        let ns = meta.namespace.as_deref();
+        let name = meta.name.as_deref().unwrap_or("");
+        let reported = report.objects.iter().any(|o| {
+            o.kind == kind && o.metadata.name == name && o.metadata.namespace.as_deref() == ns
+        });
         let has_ours = current
-            .get("parents")
+            .get(list)
             .and_then(Value::as_array)
             .is_some_and(|ps| ps.iter().any(is_ours));
         if reported || !has_ours {
@@ -199,21 +234,16 @@ pub fn plan(
         }
         let object = ObjectStatus {
             api_version: format!("{GATEWAY_GROUP}/v1"),
-            kind: "HTTPRoute".into(),
+            kind: kind.into(),
             metadata: crate::translate::StatusMetadata {
                 name: name.to_string(),
                 namespace: ns.map(str::to_string),
-                generation: route.metadata.generation.unwrap_or(0),
+                generation: meta.generation.unwrap_or(0),
             },
             status: Value::Null,
         };
-        let desired = json!({ "parents": foreign_parents(&current) });
-        patches.push(patch(
-            "HTTPRoute",
-            &object,
-            route.metadata.resource_version.clone(),
-            desired,
-        ));
+        let desired = json!({ list: foreign_entries(&current, list) });
+        patches.push(patch(kind, &object, meta.resource_version.clone(), desired));
     }
     patches
 }
@@ -247,7 +277,8 @@ fn patch(
 /// changed, not when sluice last computed it.
 ///
 /// Lists are matched by identity: conditions by `type`, listeners by
-/// `name`, route parents by `parentRef` and `controllerName`.
+/// `name`, route parents by `parentRef` and policy ancestors by
+/// `ancestorRef`, each with `controllerName`.
 pub fn keep_transition_times(new: &mut Value, old: &Value) {
     match (new, old) {
         (Value::Object(n), Value::Object(o)) => {
@@ -280,9 +311,11 @@ pub fn keep_transition_times(new: &mut Value, old: &Value) {
 
 fn same_entry(a: &Value, b: &Value) -> bool {
     let field = |v: &Value, k: &str| v.get(k).cloned();
-    if a.get("parentRef").is_some() {
-        return field(a, "parentRef") == field(b, "parentRef")
-            && field(a, "controllerName") == field(b, "controllerName");
+    for key in ["parentRef", "ancestorRef"] {
+        if a.get(key).is_some() {
+            return field(a, key) == field(b, key)
+                && field(a, "controllerName") == field(b, "controllerName");
+        }
     }
     for key in ["type", "name"] {
         if a.get(key).is_some() {

@@ -79,6 +79,20 @@ fn applied(snapshot: &Snapshot, patches: &[StatusPatch]) -> Snapshot {
                     o.status = serde_json::from_value(status.clone()).expect("valid status");
                 }
             }
+            "ListenerSet" => {
+                for o in s.listener_sets.iter_mut().filter(|o| is(&o.metadata)) {
+                    o.status = serde_json::from_value(status.clone()).expect("valid status");
+                }
+            }
+            "BackendTLSPolicy" => {
+                for o in s
+                    .backend_tls_policies
+                    .iter_mut()
+                    .filter(|o| is(&o.metadata))
+                {
+                    o.status = serde_json::from_value(status.clone()).expect("valid status");
+                }
+            }
             _ => {
                 for o in s.http_routes.iter_mut().filter(|o| is(&o.metadata)) {
                     o.status = serde_json::from_value(status.clone()).expect("valid status");
@@ -230,6 +244,179 @@ fn gateway_addresses_prefer_load_balancer_ingress_over_cluster_ip() {
         json!([{"type": "IPAddress", "value": "203.0.113.9"},
                {"type": "Hostname", "value": "lb.example.com"}])
     );
+}
+
+/// [`CLUSTER`] plus a ListenerSet the Gateway admits and a
+/// BackendTLSPolicy on the route's Service that another controller also
+/// reports on. The CA ConfigMap is missing, so the policy is not accepted:
+/// its status is still ours to write.
+fn cluster_with_listener_set_and_policy() -> String {
+    let gateway = "  listeners: [{name: http, protocol: HTTP, port: 8080}]\n";
+    let admitting = "  allowedListeners: {namespaces: {from: Same}}\n  listeners: [{name: http, protocol: HTTP, port: 8080}]\n";
+    assert!(CLUSTER.contains(gateway));
+    CLUSTER.replacen(gateway, admitting, 1)
+        + "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {name: extra, namespace: default, generation: 3, resourceVersion: '13'}
+spec:
+  parentRef: {name: gw}
+  listeners: [{name: admin, protocol: HTTP, port: 9090}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: BackendTLSPolicy
+metadata: {name: web-tls, namespace: default, generation: 4, resourceVersion: '14'}
+spec:
+  targetRefs: [{group: '', kind: Service, name: web}]
+  validation:
+    hostname: web.default
+    caCertificateRefs: [{group: '', kind: ConfigMap, name: web-ca}]
+status:
+  ancestors:
+  - ancestorRef: {group: gateway.networking.k8s.io, kind: Gateway, name: mesh, namespace: default}
+    controllerName: example.com/other
+    conditions:
+    - {type: Accepted, status: 'True', reason: Accepted, message: theirs,
+       observedGeneration: 4, lastTransitionTime: '2020-01-01T00:00:00Z'}
+"
+}
+
+#[test]
+fn listener_sets_and_policy_ancestors_are_written_keeping_other_controllers_ancestors() {
+    let s = snapshot(&cluster_with_listener_set_and_policy());
+    let patches = plan(&s, &report(&s, 1000), None);
+    let find = |kind: &str| {
+        patches
+            .iter()
+            .find(|p| p.kind == kind)
+            .unwrap_or_else(|| panic!("a {kind} patch in {patches:#?}"))
+    };
+
+    let set = find("ListenerSet");
+    assert_eq!(set.id(), "ListenerSet default/extra");
+    assert_eq!(set.resource_version.as_deref(), Some("13"));
+    assert_eq!(set.body["apiVersion"], "gateway.networking.k8s.io/v1");
+    assert_eq!(set.body["kind"], "ListenerSet");
+    let conditions = set.body["status"]["conditions"]
+        .as_array()
+        .expect("ListenerSet conditions");
+    let accepted = conditions
+        .iter()
+        .find(|c| c["type"] == "Accepted")
+        .expect("Accepted");
+    assert_eq!(accepted["status"], "True", "{accepted}");
+    assert_eq!(accepted["observedGeneration"], 3);
+    assert_eq!(set.body["status"]["listeners"][0]["name"], "admin");
+
+    let policy = find("BackendTLSPolicy");
+    assert_eq!(policy.id(), "BackendTLSPolicy default/web-tls");
+    let ancestors = policy.body["status"]["ancestors"]
+        .as_array()
+        .expect("ancestors is a list");
+    assert_eq!(ancestors.len(), 2, "{ancestors:#?}");
+    assert_eq!(ancestors[0]["controllerName"], "example.com/other");
+    assert_eq!(ancestors[0]["conditions"][0]["message"], "theirs");
+    assert_eq!(ancestors[1]["controllerName"], CONTROLLER_NAME);
+    assert_eq!(ancestors[1]["ancestorRef"]["name"], "gw");
+    for c in ancestors[1]["conditions"].as_array().expect("conditions") {
+        assert_eq!(c["observedGeneration"], 4, "{c}");
+    }
+
+    // Written once, the same status is not written again.
+    let written = applied(&s, &patches);
+    let again = plan(&written, &report(&written, 2000), None);
+    assert!(again.is_empty(), "{again:#?}");
+}
+
+#[test]
+fn a_policy_no_gateway_of_ours_uses_loses_only_our_ancestors() {
+    let s = snapshot(&cluster_with_listener_set_and_policy());
+    let mut written = applied(&s, &plan(&s, &report(&s, 1000), None));
+    // The route stops using the Service the policy targets.
+    for policy in &mut written.backend_tls_policies {
+        policy.spec.target_refs[0].name = "elsewhere".into();
+    }
+    let patches = plan(&written, &report(&written, 2000), None);
+    let policy = patches
+        .iter()
+        .find(|p| p.kind == "BackendTLSPolicy")
+        .unwrap_or_else(|| panic!("a policy patch in {patches:#?}"));
+    assert_eq!(
+        policy.body["status"]["ancestors"].as_array().map(|a| a
+            .iter()
+            .map(|e| e["controllerName"].clone())
+            .collect::<Vec<_>>()),
+        Some(vec![json!("example.com/other")])
+    );
+}
+
+#[test]
+fn ancestors_keep_their_transition_times_by_ancestor_and_controller() {
+    let old = json!({"ancestors": [
+        {"ancestorRef": {"name": "gw"}, "controllerName": CONTROLLER_NAME,
+         "conditions": [{"type": "Accepted", "status": "True", "lastTransitionTime": "old"}]},
+        {"ancestorRef": {"name": "gw"}, "controllerName": "example.com/other",
+         "conditions": [{"type": "Accepted", "status": "True", "lastTransitionTime": "theirs"}]},
+    ]});
+    let mut new = json!({"ancestors": [
+        {"ancestorRef": {"name": "gw"}, "controllerName": CONTROLLER_NAME,
+         "conditions": [{"type": "Accepted", "status": "True", "lastTransitionTime": "new"}]},
+        {"ancestorRef": {"name": "other"}, "controllerName": CONTROLLER_NAME,
+         "conditions": [{"type": "Accepted", "status": "True", "lastTransitionTime": "new"}]},
+    ]});
+    keep_transition_times(&mut new, &old);
+    assert_eq!(
+        new["ancestors"][0]["conditions"][0]["lastTransitionTime"],
+        "old"
+    );
+    assert_eq!(
+        new["ancestors"][1]["conditions"][0]["lastTransitionTime"], "new",
+        "another ancestor is another entry"
+    );
+}
+
+#[tokio::test]
+async fn listener_set_and_policy_status_go_to_their_status_subresources() {
+    let (client, mut handle) = mock_client();
+    let s = snapshot(&cluster_with_listener_set_and_policy());
+    let report = report(&s, 1000);
+    let expected: Vec<StatusPatch> = plan(&s, &report, None)
+        .into_iter()
+        .filter(|p| matches!(p.kind, "ListenerSet" | "BackendTLSPolicy"))
+        .collect();
+    assert_eq!(expected.len(), 2);
+    let writer = StatusWriter::new(client);
+    let verifier = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            let (request, respond) = handle.next_request().await.expect("a request");
+            assert_eq!(request.method(), Method::PATCH);
+            let uri = request.uri().to_string();
+            let body = body_json(request).await;
+            respond.send_response(
+                Response::builder()
+                    .body(Body::from(serde_json::to_vec(&body).expect("json")))
+                    .expect("a response"),
+            );
+            seen.push((uri, body));
+        }
+        seen
+    });
+    for patch in &expected {
+        writer.apply(patch).await.expect("the patch is applied");
+    }
+    let seen = verifier.await.expect("the verifier does not panic");
+    let uris: Vec<&str> = seen.iter().map(|(u, _)| u.as_str()).collect();
+    assert_eq!(
+        uris,
+        [
+            "/apis/gateway.networking.k8s.io/v1/namespaces/default/listenersets/extra/status?&force=true&fieldManager=sluice.dev%2Fgateway-controller",
+            "/apis/gateway.networking.k8s.io/v1/namespaces/default/backendtlspolicies/web-tls/status?&force=true&fieldManager=sluice.dev%2Fgateway-controller",
+        ]
+    );
+    for ((_, body), patch) in seen.iter().zip(&expected) {
+        assert_eq!(body, &patch.body);
+    }
 }
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;

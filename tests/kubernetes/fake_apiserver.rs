@@ -8,9 +8,13 @@
 //!   as the real server sends it) for versions older than the last
 //!   [`FakeApiServer::expire_watches`];
 //! - `PATCH .../status` with `application/apply-patch+yaml` for
-//!   GatewayClasses, Gateways and HTTPRoutes, recorded with the caller's
-//!   bearer token so tests can tell replicas apart; the patch's `status`
-//!   replaces the object's (no field ownership is tracked);
+//!   GatewayClasses, Gateways, ListenerSets, HTTPRoutes and
+//!   BackendTLSPolicies, recorded with the caller's bearer token so tests can
+//!   tell replicas apart; the patch's `status` replaces the object's (no
+//!   field ownership is tracked);
+//! - CRDs that are not installed ([`FakeApiServer::uninstall`]): every
+//!   request for that resource gets the `404 NotFound` Status the real
+//!   server sends for a resource it does not serve;
 //! - Lease get / create / replace with optimistic concurrency (409).
 //!
 //! It does not validate against CRD schemas, track managed fields, page
@@ -70,6 +74,10 @@ struct Store {
     lists: BTreeMap<String, usize>,
     /// Lists of these plurals wait until released.
     held: Vec<String>,
+    /// Plurals whose CRD is not installed: 404 for every request.
+    uninstalled: Vec<String>,
+    /// How many requests got a 404 because their CRD is not installed.
+    not_found: BTreeMap<String, usize>,
 }
 
 struct Shared {
@@ -99,6 +107,9 @@ fn type_of(plural: &str) -> Option<(&'static str, &'static str)> {
         "namespaces" => ("v1", "Namespace"),
         "secrets" => ("v1", "Secret"),
         "endpointslices" => ("discovery.k8s.io/v1", "EndpointSlice"),
+        "configmaps" => ("v1", "ConfigMap"),
+        "listenersets" => ("gateway.networking.k8s.io/v1", "ListenerSet"),
+        "backendtlspolicies" => ("gateway.networking.k8s.io/v1", "BackendTLSPolicy"),
         "leases" => ("coordination.k8s.io/v1", "Lease"),
         _ => return None,
     })
@@ -114,6 +125,9 @@ fn plural_of(kind: &str) -> &'static str {
         "Namespace" => "namespaces",
         "Secret" => "secrets",
         "EndpointSlice" => "endpointslices",
+        "ConfigMap" => "configmaps",
+        "ListenerSet" => "listenersets",
+        "BackendTLSPolicy" => "backendtlspolicies",
         other => panic!("the fake does not serve {other}"),
     }
 }
@@ -313,6 +327,25 @@ impl FakeApiServer {
         self.shared.released.notify_waiters();
     }
 
+    /// The CRD of `plural` is not installed (or is removed): every request
+    /// for it gets 404 until [`FakeApiServer::install`].
+    pub fn uninstall(&self, plural: &str) {
+        self.store().uninstalled.push(plural.to_string());
+        // Open watches of the kind end, as they do when a CRD is deleted.
+        self.shared.epoch.send_modify(|e| *e += 1);
+    }
+
+    /// The CRD of `plural` is installed (again).
+    pub fn install(&self, plural: &str) {
+        self.store().uninstalled.retain(|p| p != plural);
+    }
+
+    /// How many requests for `plural` got 404 because its CRD is not
+    /// installed.
+    pub fn not_found(&self, plural: &str) -> usize {
+        self.store().not_found.get(plural).copied().unwrap_or(0)
+    }
+
     /// The holder of a Lease.
     pub fn lease_holder(&self, namespace: &str, name: &str) -> Option<String> {
         let key = (
@@ -376,6 +409,17 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
     let Some((api_version, kind)) = type_of(&target.plural) else {
         return status(404, "NotFound", "unknown resource");
     };
+    {
+        let mut store = shared.store.lock().expect("store lock");
+        if store.uninstalled.contains(&target.plural) {
+            *store.not_found.entry(target.plural.clone()).or_default() += 1;
+            return status(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            );
+        }
+    }
     let q = query(&req);
     match (
         req.method().clone(),
@@ -391,7 +435,11 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
         (Method::PATCH, Some(_), Some("status"))
             if matches!(
                 target.plural.as_str(),
-                "gatewayclasses" | "gateways" | "httproutes"
+                "gatewayclasses"
+                    | "gateways"
+                    | "listenersets"
+                    | "httproutes"
+                    | "backendtlspolicies"
             ) =>
         {
             patch_status(shared, target, q, req).await

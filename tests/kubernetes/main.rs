@@ -5,7 +5,7 @@ mod fake_apiserver;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -130,7 +130,9 @@ impl Replica {
             .env_remove("POD_NAME")
             .env_remove("POD_NAMESPACE")
             .env_remove("KUBECONFIG")
-            .stdout(Stdio::null())
+            // The log (stdout) and panics (stderr) in one file; the clone
+            // shares the file offset, so lines do not overwrite each other.
+            .stdout(log.try_clone().expect("a second handle to the log"))
             .stderr(log)
             .spawn()
             .expect("the sluice binary starts");
@@ -500,5 +502,253 @@ async fn only_the_leader_writes_status_and_a_successor_takes_over() {
         ["stable", "canary"].contains(&answered_by(status, &body).as_str()),
         "log:\n{}",
         b.log()
+    );
+}
+
+/// The condition `ty` of a status `conditions` list: (status, reason).
+fn condition(conditions: &Value, ty: &str) -> Option<(String, String)> {
+    let c = conditions.as_array()?.iter().find(|c| c["type"] == ty)?;
+    Some((c["status"].as_str()?.into(), c["reason"].as_str()?.into()))
+}
+
+/// A self-signed CA certificate, PEM.
+fn ca_pem() -> String {
+    let mut params =
+        rcgen::CertificateParams::new(Vec::<String>::new()).expect("valid CA parameters");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let key = rcgen::KeyPair::generate().expect("a key pair");
+    params.self_signed(&key).expect("a CA certificate").pem()
+}
+
+/// The Gateway of [`cluster`], admitting ListenerSets of its namespace.
+fn gateway_admitting_listener_sets(port: u16) -> Value {
+    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "gw", "namespace": "default"},
+        "spec": {"gatewayClassName": "sluice",
+                 "allowedListeners": {"namespaces": {"from": "Same"}},
+                 "listeners": [{"name": "http", "protocol": "HTTP", "port": port}]}})
+}
+
+/// ListenerSet `default/team` (one HTTP listener on `port`) and a route
+/// attached to it only, to the `stable` Service.
+fn listener_set_and_route(api: &FakeApiServer, port: u16) {
+    api.apply(
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "ListenerSet",
+        "metadata": {"name": "team", "namespace": "default"},
+        "spec": {"parentRef": {"name": "gw"},
+                 "listeners": [{"name": "team-http", "protocol": "HTTP", "port": port}]}}),
+    );
+    api.apply(
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "team", "namespace": "default"},
+        "spec": {"parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "ListenerSet",
+                                 "name": "team"}],
+                 "hostnames": ["team.example.com"],
+                 "rules": [{"backendRefs": [{"name": "stable", "port": 80}]}]}}),
+    );
+}
+
+/// The ListenerSet `default/team`'s status, once it has `Programmed`.
+async fn programmed_listener_set(api: &FakeApiServer) -> Value {
+    eventually("ListenerSet status", async || {
+        let set = api.get("ListenerSet", Some("default"), "team")?;
+        condition(&set["status"]["conditions"], "Programmed").map(|_| set)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listener_set_and_backend_tls_policy_status_are_written_back() {
+    let api = FakeApiServer::start().await;
+    let (stable, canary) = (
+        echo("stable", "stable-0").await,
+        echo("canary", "canary-0").await,
+    );
+    let (port, set_port) = (free_port(), free_port());
+    cluster(&api, port, &[("stable", &stable), ("canary", &canary)]);
+    api.apply(gateway_admitting_listener_sets(port));
+    api.apply(route(1, 1));
+    listener_set_and_route(&api, set_port);
+
+    // A BackendTLSPolicy on a Service of a second route, its CA in a
+    // ConfigMap; another controller already reports an ancestor of its own.
+    let secure = echo("secure", "secure-0").await;
+    service(&api, "secure", &secure);
+    api.apply(
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "secure", "namespace": "default"},
+        "spec": {"parentRefs": [{"name": "gw"}], "hostnames": ["secure.example.com"],
+                 "rules": [{"backendRefs": [{"name": "secure", "port": 80}]}]}}),
+    );
+    api.apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "secure-ca", "namespace": "default"},
+        "data": {"ca.crt": ca_pem(), "unrelated": "dropped by the cache"}}));
+    api.apply(
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "BackendTLSPolicy",
+        "metadata": {"name": "secure-tls", "namespace": "default"},
+        "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "secure"}],
+                 "validation": {"hostname": "secure.default",
+                                "caCertificateRefs": [{"group": "", "kind": "ConfigMap",
+                                                       "name": "secure-ca"}]}},
+        "status": {"ancestors": [{
+            "ancestorRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                            "name": "mesh", "namespace": "default"},
+            "controllerName": "example.com/other",
+            "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted",
+                "message": "theirs", "observedGeneration": 1,
+                "lastTransitionTime": "2024-01-01T00:00:00Z"}]}]}}),
+    );
+
+    let gateway = Replica::start(&api, "replica-a", "127.0.0.1", port);
+    gateway.wait_ready().await;
+
+    // The ListenerSet's listener serves its route.
+    let set_listener: SocketAddr = format!("127.0.0.1:{set_port}").parse().expect("an address");
+    eventually("the ListenerSet's route served on its port", async || {
+        let (status, body) = get(set_listener, "team.example.com", "/").await.ok()?;
+        (answered_by(status, &body) == "stable").then_some(())
+    })
+    .await;
+
+    // Its status is written back: accepted and programmed, per listener.
+    let set = programmed_listener_set(&api).await;
+    let conditions = &set["status"]["conditions"];
+    assert_eq!(
+        condition(conditions, "Accepted"),
+        Some(("True".into(), "Accepted".into())),
+        "{set:#}"
+    );
+    assert_eq!(
+        condition(conditions, "Programmed"),
+        Some(("True".into(), "Programmed".into())),
+        "{set:#}"
+    );
+    assert_eq!(set["status"]["listeners"][0]["name"], "team-http");
+    assert_eq!(set["status"]["listeners"][0]["attachedRoutes"], 1);
+    let gw = eventually("attachedListenerSets", async || {
+        let gw = api.get("Gateway", Some("default"), "gw")?;
+        (gw["status"]["attachedListenerSets"] == 1).then_some(gw)
+    })
+    .await;
+    assert!(gw["status"]["conditions"].is_array());
+
+    // The policy's ancestors: theirs kept, ours added, the CA resolved
+    // through the ConfigMap watch.
+    let policy = eventually("BackendTLSPolicy ancestors", async || {
+        let p = api.get("BackendTLSPolicy", Some("default"), "secure-tls")?;
+        (p["status"]["ancestors"].as_array()?.len() == 2).then_some(p)
+    })
+    .await;
+    let ancestors = &policy["status"]["ancestors"];
+    assert_eq!(ancestors[0]["controllerName"], "example.com/other");
+    assert_eq!(ancestors[0]["conditions"][0]["message"], "theirs");
+    assert_eq!(
+        ancestors[1]["controllerName"],
+        "sluice.dev/gateway-controller"
+    );
+    assert_eq!(ancestors[1]["ancestorRef"]["name"], "gw");
+    assert_eq!(
+        condition(&ancestors[1]["conditions"], "ResolvedRefs"),
+        Some(("True".into(), "ResolvedRefs".into())),
+        "{policy:#}"
+    );
+    assert_eq!(
+        condition(&ancestors[1]["conditions"], "Accepted"),
+        Some(("True".into(), "Accepted".into())),
+        "{policy:#}"
+    );
+
+    for patch in api.patches() {
+        assert_eq!(patch.field_manager, "sluice.dev/gateway-controller");
+        assert!(patch.force, "server-side apply with force");
+    }
+    let plurals: Vec<String> = api.patches().iter().map(|p| p.plural.clone()).collect();
+    for plural in ["listenersets", "backendtlspolicies"] {
+        assert!(plurals.iter().any(|p| p == plural), "{plurals:?}");
+    }
+
+    // A change to the ListenerSet reaches both the proxy and its status.
+    api.apply(
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "ListenerSet",
+        "metadata": {"name": "team", "namespace": "default"},
+        "spec": {"parentRef": {"name": "gw"},
+                 "listeners": [{"name": "team-http", "protocol": "HTTP", "port": set_port,
+                                "hostname": "other.example.com"}]}}),
+    );
+    eventually("status of ListenerSet generation 2", async || {
+        let set = api.get("ListenerSet", Some("default"), "team")?;
+        let conditions = set["status"]["conditions"].as_array()?;
+        conditions
+            .iter()
+            .all(|c| c["observedGeneration"] == 2)
+            .then_some(())
+    })
+    .await;
+    eventually("the route no longer attached", async || {
+        let (status, _) = get(set_listener, "team.example.com", "/").await.ok()?;
+        (status == StatusCode::NOT_FOUND).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_listener_set_and_backend_tls_policy_crds_serves_and_picks_them_up() {
+    let api = FakeApiServer::start().await;
+    api.uninstall("listenersets");
+    api.uninstall("backendtlspolicies");
+    let (stable, canary) = (
+        echo("stable", "stable-0").await,
+        echo("canary", "canary-0").await,
+    );
+    let (port, set_port) = (free_port(), free_port());
+    cluster(&api, port, &[("stable", &stable), ("canary", &canary)]);
+    api.apply(gateway_admitting_listener_sets(port));
+    api.apply(route(1, 0));
+
+    let gateway = Replica::start(&api, "replica-a", "127.0.0.1", port);
+    gateway.wait_ready().await;
+    eventually("the route served", async || {
+        let (status, body) = get(gateway.listener, HOST, "/").await.ok()?;
+        (answered_by(status, &body) == "stable").then_some(())
+    })
+    .await;
+    eventually("route status", async || {
+        route_condition(&api, "Accepted").filter(|c| c.0 == "True")
+    })
+    .await;
+
+    // The watcher asks again (with backoff); the missing CRD is logged once.
+    eventually("listenersets asked for again", async || {
+        (api.not_found("listenersets") >= 2).then_some(())
+    })
+    .await;
+    let log = gateway.log();
+    for kind in ["ListenerSet", "BackendTLSPolicy"] {
+        let lines = log
+            .lines()
+            .filter(|l| l.contains("CRD not installed") && l.contains(&format!("\"{kind}\"")))
+            .count();
+        assert_eq!(lines, 1, "{kind} logged once; log:\n{log}");
+    }
+
+    // The ListenerSet CRD is installed later: no restart needed.
+    api.install("listenersets");
+    listener_set_and_route(&api, set_port);
+    let set = programmed_listener_set(&api).await;
+    assert_eq!(
+        condition(&set["status"]["conditions"], "Accepted"),
+        Some(("True".into(), "Accepted".into())),
+        "{set:#}"
+    );
+    let set_listener: SocketAddr = format!("127.0.0.1:{set_port}").parse().expect("an address");
+    eventually("the ListenerSet's route served", async || {
+        let (status, body) = get(set_listener, "team.example.com", "/").await.ok()?;
+        (answered_by(status, &body) == "stable").then_some(())
+    })
+    .await;
+    assert!(
+        gateway.log().contains("CRD installed"),
+        "log:\n{}",
+        gateway.log()
     );
 }

@@ -15,6 +15,17 @@
 //! Each object is converted with the same loader the file source uses
 //! ([`parse_manifests`]), so both modes build the same typed objects and
 //! refuse the same invalid ones, with errors that name object and field.
+//!
+//! Optional kinds ([`WatchedKind::optional`]: ListenerSet and
+//! BackendTLSPolicy, whose CRDs a cluster may not have installed) that the
+//! API server does not know (404) count as listed with no objects
+//! ([`ClusterCache::not_installed`]), so a cluster without those CRDs still
+//! becomes ready.
+//!
+//! Secrets and ConfigMaps are watched cluster-wide but only the ones a
+//! Gateway, ListenerSet or BackendTLSPolicy references reach the snapshot,
+//! and of a ConfigMap only its `ca.crt` is kept (the only key sluice reads),
+//! so other applications' ConfigMaps cost a name each, not their data.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -34,6 +45,9 @@ pub struct WatchedKind {
     pub plural: &'static str,
     /// Field selector of the watch, if it only needs some objects.
     pub field_selector: Option<&'static str>,
+    /// A kind whose CRD may not be installed: a 404 from the API server
+    /// means "no objects of this kind", not "not listed yet".
+    pub optional: bool,
 }
 
 impl WatchedKind {
@@ -48,15 +62,16 @@ impl WatchedKind {
 }
 
 /// Every kind the gateway's configuration is made of. Secrets are only the
-/// TLS ones; of those, only the ones a listener references reach the
-/// snapshot.
-pub const WATCHED_KINDS: [WatchedKind; 8] = [
+/// TLS ones; of those, and of ConfigMaps, only the ones a Gateway,
+/// ListenerSet or BackendTLSPolicy references reach the snapshot.
+pub const WATCHED_KINDS: [WatchedKind; 11] = [
     WatchedKind {
         kind: "GatewayClass",
         group: "gateway.networking.k8s.io",
         version: "v1",
         plural: "gatewayclasses",
         field_selector: None,
+        optional: false,
     },
     WatchedKind {
         kind: "Gateway",
@@ -64,6 +79,7 @@ pub const WATCHED_KINDS: [WatchedKind; 8] = [
         version: "v1",
         plural: "gateways",
         field_selector: None,
+        optional: false,
     },
     WatchedKind {
         kind: "HTTPRoute",
@@ -71,6 +87,7 @@ pub const WATCHED_KINDS: [WatchedKind; 8] = [
         version: "v1",
         plural: "httproutes",
         field_selector: None,
+        optional: false,
     },
     WatchedKind {
         kind: "ReferenceGrant",
@@ -78,6 +95,7 @@ pub const WATCHED_KINDS: [WatchedKind; 8] = [
         version: "v1",
         plural: "referencegrants",
         field_selector: None,
+        optional: false,
     },
     WatchedKind {
         kind: "Service",
@@ -85,6 +103,7 @@ pub const WATCHED_KINDS: [WatchedKind; 8] = [
         version: "v1",
         plural: "services",
         field_selector: None,
+        optional: false,
     },
     WatchedKind {
         kind: "EndpointSlice",
@@ -92,6 +111,7 @@ pub const WATCHED_KINDS: [WatchedKind; 8] = [
         version: "v1",
         plural: "endpointslices",
         field_selector: None,
+        optional: false,
     },
     WatchedKind {
         kind: "Namespace",
@@ -99,6 +119,7 @@ pub const WATCHED_KINDS: [WatchedKind; 8] = [
         version: "v1",
         plural: "namespaces",
         field_selector: None,
+        optional: false,
     },
     WatchedKind {
         kind: "Secret",
@@ -106,6 +127,31 @@ pub const WATCHED_KINDS: [WatchedKind; 8] = [
         version: "v1",
         plural: "secrets",
         field_selector: Some("type=kubernetes.io/tls"),
+        optional: false,
+    },
+    WatchedKind {
+        kind: "ConfigMap",
+        group: "",
+        version: "v1",
+        plural: "configmaps",
+        field_selector: None,
+        optional: false,
+    },
+    WatchedKind {
+        kind: "ListenerSet",
+        group: "gateway.networking.k8s.io",
+        version: "v1",
+        plural: "listenersets",
+        field_selector: None,
+        optional: true,
+    },
+    WatchedKind {
+        kind: "BackendTLSPolicy",
+        group: "gateway.networking.k8s.io",
+        version: "v1",
+        plural: "backendtlspolicies",
+        field_selector: None,
+        optional: true,
     },
 ];
 
@@ -127,6 +173,9 @@ struct KindCache {
     relisting: Option<BTreeMap<Key, Loaded>>,
     /// The first list completed.
     listed: bool,
+    /// The API server last answered 404 for this kind (an optional kind
+    /// whose CRD is not installed).
+    not_installed: bool,
 }
 
 /// The objects of every watched kind.
@@ -177,6 +226,7 @@ impl ClusterCache {
                 let listed = cache.relisting.take().unwrap_or_default();
                 let first = !cache.listed;
                 cache.listed = true;
+                cache.not_installed = false;
                 let changed = listed != cache.current;
                 cache.current = listed;
                 // The first list always counts: it may be what makes the
@@ -184,6 +234,7 @@ impl ClusterCache {
                 changed || first
             }
             Event::Apply(object) => {
+                cache.not_installed = false;
                 let (key, loaded) = load(watched, object);
                 cache.current.insert(key, loaded.clone()) != Some(loaded)
             }
@@ -194,30 +245,64 @@ impl ClusterCache {
         }
     }
 
+    /// The API server answered 404 for kind number `kind`: its CRD is not
+    /// installed. For an optional kind that is a complete list with no
+    /// objects (the kind is listed, and objects it had are gone); the
+    /// watcher keeps retrying with backoff, so a CRD installed later is
+    /// listed then. A mandatory kind is left as it is: the gateway does not
+    /// become ready without it. Returns whether the snapshot changed.
+    pub fn not_installed(&mut self, kind: usize) -> bool {
+        let Some((watched, cache)) = self.kinds.get_mut(kind) else {
+            return false;
+        };
+        if !watched.optional {
+            return false;
+        }
+        cache.relisting = None;
+        cache.not_installed = true;
+        let first = !cache.listed;
+        cache.listed = true;
+        let had_objects = !cache.current.is_empty();
+        cache.current.clear();
+        had_objects || first
+    }
+
+    /// Whether the API server last answered 404 for kind number `kind`.
+    pub fn is_not_installed(&self, kind: usize) -> bool {
+        self.kinds.get(kind).is_some_and(|(_, c)| c.not_installed)
+    }
+
     /// The snapshot the objects make, with the problems of the objects that
     /// could not be loaded.
     pub fn update(&self) -> SourceUpdate {
         let mut objects = Vec::new();
         let mut errors = Vec::new();
         let mut secrets = Vec::new();
+        let mut config_maps = Vec::new();
         for (watched, cache) in &self.kinds {
             for (key, loaded) in &cache.current {
-                if watched.kind == "Secret" {
-                    secrets.push((key, loaded));
-                    continue;
+                match watched.kind {
+                    "Secret" => secrets.push((key, loaded)),
+                    "ConfigMap" => config_maps.push((key, loaded)),
+                    _ => {
+                        objects.extend(loaded.objects.iter().cloned());
+                        errors.extend(loaded.errors.iter().cloned());
+                    }
                 }
+            }
+        }
+        // Only the Secrets and ConfigMaps the configuration references: TLS
+        // keys and settings of other applications have no business in the
+        // gateway's configuration.
+        let references = References::of(&objects);
+        for (key, loaded) in secrets {
+            if references.secrets.contains(key) {
                 objects.extend(loaded.objects.iter().cloned());
                 errors.extend(loaded.errors.iter().cloned());
             }
         }
-        // Only the Secrets a listener references: TLS keys of other
-        // applications have no business in the gateway's configuration.
-        let referenced = referenced_secrets(objects.iter().filter_map(|o| match o {
-            Object::Gateway(g) => Some(g),
-            _ => None,
-        }));
-        for (key, loaded) in secrets {
-            if referenced.contains(key) {
+        for (key, loaded) in config_maps {
+            if references.config_maps.contains(key) {
                 objects.extend(loaded.objects.iter().cloned());
                 errors.extend(loaded.errors.iter().cloned());
             }
@@ -231,32 +316,126 @@ impl ClusterCache {
     }
 }
 
-/// `namespace/name` of every Secret a Gateway listener names in
-/// `tls.certificateRefs` (core group, kind Secret).
-fn referenced_secrets<'a>(gateways: impl Iterator<Item = &'a Gateway>) -> BTreeSet<Key> {
-    let mut keys = BTreeSet::new();
-    for gateway in gateways {
-        let ns = gateway
-            .metadata
-            .namespace
-            .as_deref()
-            .unwrap_or(DEFAULT_NAMESPACE);
+/// `namespace/name` of the Secrets and ConfigMaps the configuration names.
+#[derive(Debug, Default)]
+struct References {
+    /// Listener `tls.certificateRefs` of Gateways and ListenerSets, and
+    /// Gateway `spec.tls.backend.clientCertificateRef`.
+    secrets: BTreeSet<Key>,
+    /// Gateway `spec.tls.frontend` CA certificates (default and per port)
+    /// and BackendTLSPolicy `spec.validation.caCertificateRefs`.
+    config_maps: BTreeSet<Key>,
+}
+
+impl References {
+    fn of(objects: &[Object]) -> References {
+        let mut refs = References::default();
+        for object in objects {
+            match object {
+                Object::Gateway(g) => refs.gateway(g),
+                Object::ListenerSet(set) => {
+                    let ns = namespace_of(&set.metadata);
+                    for listener in &set.spec.listeners {
+                        let certs = listener
+                            .tls
+                            .as_ref()
+                            .and_then(|t| t.certificate_refs.as_ref());
+                        for r in certs.into_iter().flatten() {
+                            let (group, kind) = (r.group.as_deref(), r.kind.as_deref());
+                            refs.secret(ns, group, kind, r.namespace.as_deref(), &r.name);
+                        }
+                    }
+                }
+                Object::BackendTlsPolicy(policy) => {
+                    let ns = namespace_of(&policy.metadata);
+                    let cas = policy.spec.validation.ca_certificate_refs.as_ref();
+                    for r in cas.into_iter().flatten() {
+                        refs.config_map(ns, Some(&r.group), Some(&r.kind), None, &r.name);
+                    }
+                }
+                _ => {}
+            }
+        }
+        refs
+    }
+
+    fn gateway(&mut self, gateway: &Gateway) {
+        let ns = namespace_of(&gateway.metadata);
         for listener in &gateway.spec.listeners {
-            let refs = listener
+            let certs = listener
                 .tls
                 .as_ref()
                 .and_then(|t| t.certificate_refs.as_ref());
-            for r in refs.into_iter().flatten() {
-                let core = r.group.as_deref().is_none_or(str::is_empty);
-                let secret = r.kind.as_deref().is_none_or(|k| k == "Secret");
-                if core && secret {
-                    let ref_ns = r.namespace.as_deref().unwrap_or(ns);
-                    keys.insert(format!("{ref_ns}/{}", r.name));
-                }
+            for r in certs.into_iter().flatten() {
+                let (group, kind) = (r.group.as_deref(), r.kind.as_deref());
+                self.secret(ns, group, kind, r.namespace.as_deref(), &r.name);
+            }
+        }
+        let Some(tls) = &gateway.spec.tls else {
+            return;
+        };
+        let client = tls
+            .backend
+            .as_ref()
+            .and_then(|b| b.client_certificate_ref.as_ref());
+        if let Some(r) = client {
+            let (group, kind) = (r.group.as_deref(), r.kind.as_deref());
+            self.secret(ns, group, kind, r.namespace.as_deref(), &r.name);
+        }
+        if let Some(frontend) = &tls.frontend {
+            let default = frontend.default.validation.as_ref();
+            for r in default.iter().flat_map(|v| &v.ca_certificate_refs) {
+                let ns_ref = r.namespace.as_deref();
+                self.config_map(ns, Some(&r.group), Some(&r.kind), ns_ref, &r.name);
+            }
+            let per_port = frontend.per_port.iter().flatten();
+            let validations = per_port.filter_map(|p| p.tls.validation.as_ref());
+            for r in validations.flat_map(|v| &v.ca_certificate_refs) {
+                let ns_ref = r.namespace.as_deref();
+                self.config_map(ns, Some(&r.group), Some(&r.kind), ns_ref, &r.name);
             }
         }
     }
-    keys
+
+    /// A reference to a core Secret (group empty, kind Secret by default).
+    fn secret(
+        &mut self,
+        from_ns: &str,
+        group: Option<&str>,
+        kind: Option<&str>,
+        namespace: Option<&str>,
+        name: &str,
+    ) {
+        if is_core_kind(group, kind, "Secret") {
+            let ns = namespace.unwrap_or(from_ns);
+            self.secrets.insert(format!("{ns}/{name}"));
+        }
+    }
+
+    /// A reference to a core ConfigMap.
+    fn config_map(
+        &mut self,
+        from_ns: &str,
+        group: Option<&str>,
+        kind: Option<&str>,
+        namespace: Option<&str>,
+        name: &str,
+    ) {
+        if is_core_kind(group, kind, "ConfigMap") {
+            let ns = namespace.unwrap_or(from_ns);
+            self.config_maps.insert(format!("{ns}/{name}"));
+        }
+    }
+}
+
+/// `group`/`kind` of a reference name core `expected` (`kind` defaults to
+/// `expected`, as Secret references do).
+fn is_core_kind(group: Option<&str>, kind: Option<&str>, expected: &str) -> bool {
+    group.is_none_or(str::is_empty) && kind.is_none_or(|k| k == expected)
+}
+
+fn namespace_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
+    meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE)
 }
 
 /// The cache key of an API object, and its `Kind namespace/name`.
@@ -281,6 +460,9 @@ fn load(watched: &WatchedKind, mut object: DynamicObject) -> (Key, Loaded) {
     });
     // managedFields are noise for the loader and can be large.
     object.metadata.managed_fields = None;
+    if watched.kind == "ConfigMap" {
+        keep_only_ca_certificates(&mut object);
+    }
     let loaded = match serde_json::to_string(&object) {
         Ok(json) => {
             let parsed = parse_manifests(&json, "kubernetes");
@@ -310,9 +492,24 @@ fn load(watched: &WatchedKind, mut object: DynamicObject) -> (Key, Loaded) {
     (key, loaded)
 }
 
+/// The ConfigMap key sluice reads (CA certificates, PEM).
+const CA_KEY: &str = "ca.crt";
+
+/// Drop every key of a ConfigMap's `data` and `binaryData` but `ca.crt`:
+/// ConfigMaps are watched cluster-wide and most belong to other
+/// applications, so the cache keeps only what sluice could use.
+fn keep_only_ca_certificates(object: &mut DynamicObject) {
+    for field in ["data", "binaryData"] {
+        if let Some(serde_json::Value::Object(map)) = object.data.get_mut(field) {
+            map.retain(|key, _| key == CA_KEY);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use serde_json::json;
 
     fn kind_index(kind: &str) -> usize {
@@ -442,8 +639,20 @@ mod tests {
         );
     }
 
+    fn keys<'a>(metas: impl Iterator<Item = &'a ObjectMeta>) -> Vec<String> {
+        metas
+            .map(|m| {
+                format!(
+                    "{}/{}",
+                    m.namespace.as_deref().unwrap_or(""),
+                    m.name.as_deref().unwrap_or("")
+                )
+            })
+            .collect()
+    }
+
     #[test]
-    fn only_secrets_a_listener_references_reach_the_snapshot() {
+    fn only_secrets_gateways_and_listener_sets_reference_reach_the_snapshot() {
         let mut cache = ClusterCache::default();
         list_all_empty(&mut cache);
         let gateway = object(json!({
@@ -451,16 +660,28 @@ mod tests {
             "spec": {"gatewayClassName": "sluice", "listeners": [{
                 "name": "https", "protocol": "HTTPS", "port": 443,
                 "tls": {"certificateRefs": [{"name": "cert"}, {"name": "other", "namespace": "certs"}]},
-            }]},
+            }],
+            "tls": {"backend": {"clientCertificateRef": {"name": "client"}}}},
         }));
         cache.apply(kind_index("Gateway"), Event::Apply(gateway));
-        let gateways: Vec<Gateway> = cache.update().snapshot.gateways;
-        let keys = referenced_secrets(gateways.iter());
-        assert_eq!(
-            keys.into_iter().collect::<Vec<_>>(),
-            ["certs/other", "edge/cert"]
-        );
-        for (ns, name) in [("edge", "cert"), ("edge", "unrelated"), ("certs", "other")] {
+        let set = object(json!({
+            "metadata": {"name": "extra", "namespace": "team"},
+            "spec": {"parentRef": {"name": "gw", "namespace": "edge"}, "listeners": [{
+                "name": "https", "protocol": "HTTPS", "port": 8443,
+                "tls": {"certificateRefs": [{"name": "team-cert"},
+                                            {"name": "not-a-secret", "kind": "ConfigMap", "group": ""}]},
+            }]},
+        }));
+        cache.apply(kind_index("ListenerSet"), Event::Apply(set));
+        let secrets = [
+            ("edge", "cert"),
+            ("edge", "unrelated"),
+            ("certs", "other"),
+            ("edge", "client"),
+            ("team", "team-cert"),
+            ("team", "not-a-secret"),
+        ];
+        for (ns, name) in secrets {
             let secret = object(json!({
                 "metadata": {"name": name, "namespace": ns},
                 "type": "kubernetes.io/tls",
@@ -468,20 +689,132 @@ mod tests {
             }));
             cache.apply(kind_index("Secret"), Event::Apply(secret));
         }
-        let secrets: Vec<String> = cache
-            .update()
-            .snapshot
-            .secrets
+        let update = cache.update();
+        assert!(update.errors.is_empty(), "{:?}", update.errors);
+        assert_eq!(update.snapshot.listener_sets.len(), 1);
+        assert_eq!(
+            keys(update.snapshot.secrets.iter().map(|s| &s.metadata)),
+            ["certs/other", "edge/cert", "edge/client", "team/team-cert"]
+        );
+    }
+
+    #[test]
+    fn config_maps_are_kept_only_when_referenced_and_only_with_their_ca() {
+        let mut cache = ClusterCache::default();
+        list_all_empty(&mut cache);
+        let gateway = object(json!({
+            "metadata": {"name": "gw", "namespace": "edge"},
+            "spec": {"gatewayClassName": "sluice", "listeners": [{
+                "name": "https", "protocol": "HTTPS", "port": 443,
+                "tls": {"certificateRefs": [{"name": "cert"}]},
+            }],
+            "tls": {"frontend": {
+                "default": {"validation": {"caCertificateRefs": [
+                    {"group": "", "kind": "ConfigMap", "name": "clients"}]}},
+                "perPort": [{"port": 443, "tls": {"validation": {"caCertificateRefs": [
+                    {"group": "", "kind": "ConfigMap", "name": "partners", "namespace": "cas"}]}}}],
+            }}},
+        }));
+        cache.apply(kind_index("Gateway"), Event::Apply(gateway));
+        let policy = object(json!({
+            "metadata": {"name": "tls", "namespace": "shop"},
+            "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "api"}],
+                     "validation": {"hostname": "api.shop",
+                                    "caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": "api-ca"}]}},
+        }));
+        cache.apply(kind_index("BackendTLSPolicy"), Event::Apply(policy));
+        for (ns, name) in [
+            ("edge", "clients"),
+            ("cas", "partners"),
+            ("shop", "api-ca"),
+            ("shop", "app-settings"),
+            ("edge", "partners"),
+        ] {
+            let config_map = object(json!({
+                "metadata": {"name": name, "namespace": ns},
+                "data": {"ca.crt": "PEM", "settings.json": "x".repeat(10_000)},
+                "binaryData": {"blob": "AAAA", "ca.crt": "UEVN"},
+            }));
+            cache.apply(kind_index("ConfigMap"), Event::Apply(config_map));
+        }
+        let update = cache.update();
+        assert!(update.errors.is_empty(), "{:?}", update.errors);
+        assert_eq!(update.snapshot.backend_tls_policies.len(), 1);
+        let config_maps = &update.snapshot.config_maps;
+        assert_eq!(
+            keys(config_maps.iter().map(|c| &c.metadata)),
+            ["cas/partners", "edge/clients", "shop/api-ca"]
+        );
+        for c in config_maps {
+            let data: Vec<&String> = c.data.iter().flat_map(|d| d.keys()).collect();
+            let binary: Vec<&String> = c.binary_data.iter().flat_map(|d| d.keys()).collect();
+            assert_eq!(data, ["ca.crt"], "other keys are dropped");
+            assert_eq!(binary, ["ca.crt"], "other keys are dropped");
+        }
+    }
+
+    #[test]
+    fn an_optional_kind_that_is_not_installed_lists_empty() {
+        let mut cache = ClusterCache::default();
+        let sets = kind_index("ListenerSet");
+        let policies = kind_index("BackendTLSPolicy");
+        for i in 0..WATCHED_KINDS.len() {
+            if i != sets && i != policies {
+                cache.apply(i, Event::Init);
+                cache.apply(i, Event::InitDone);
+            }
+        }
+        assert!(!cache.ready());
+        assert!(cache.not_installed(sets), "a first (empty) list counts");
+        assert!(!cache.ready());
+        assert!(cache.not_installed(policies));
+        assert!(
+            cache.ready(),
+            "missing optional CRDs do not block readiness"
+        );
+        assert!(cache.is_not_installed(sets));
+        assert!(!cache.not_installed(sets), "another 404 changes nothing");
+
+        // The CRD is installed later: the watcher's retry lists it.
+        let set = object(json!({
+            "metadata": {"name": "extra", "namespace": "web"},
+            "spec": {"parentRef": {"name": "gw"}, "listeners": [
+                {"name": "http", "protocol": "HTTP", "port": 8080}]},
+        }));
+        cache.apply(sets, Event::Init);
+        cache.apply(sets, Event::InitApply(set));
+        assert!(cache.apply(sets, Event::InitDone));
+        assert!(!cache.is_not_installed(sets));
+        assert_eq!(cache.update().snapshot.listener_sets.len(), 1);
+
+        // ...and removed again: its objects are gone with it.
+        assert!(cache.not_installed(sets));
+        assert!(cache.update().snapshot.listener_sets.is_empty());
+    }
+
+    #[test]
+    fn a_mandatory_kind_that_is_not_installed_keeps_the_cache_unready() {
+        let mut cache = ClusterCache::default();
+        let gateways = kind_index("Gateway");
+        for i in 0..WATCHED_KINDS.len() {
+            if i != gateways {
+                cache.apply(i, Event::Init);
+                cache.apply(i, Event::InitDone);
+            }
+        }
+        assert!(!cache.not_installed(gateways));
+        assert!(!cache.is_not_installed(gateways));
+        assert!(!cache.ready());
+    }
+
+    #[test]
+    fn only_listener_sets_and_backend_tls_policies_are_optional() {
+        let optional: Vec<&str> = WATCHED_KINDS
             .iter()
-            .map(|s| {
-                format!(
-                    "{}/{}",
-                    s.metadata.namespace.as_deref().unwrap_or(""),
-                    s.metadata.name.as_deref().unwrap_or("")
-                )
-            })
+            .filter(|k| k.optional)
+            .map(|k| k.kind)
             .collect();
-        assert_eq!(secrets, ["certs/other", "edge/cert"]);
+        assert_eq!(optional, ["ListenerSet", "BackendTLSPolicy"]);
     }
 
     #[test]

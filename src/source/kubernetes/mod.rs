@@ -12,6 +12,14 @@
 //! - A watch that fails is retried with backoff; one that expires (410 Gone)
 //!   is relisted by the watcher, and the cache swaps the relist in only when
 //!   it is complete: the current table keeps serving meanwhile.
+//! - ListenerSet and BackendTLSPolicy are optional: their CRDs may not be
+//!   installed. A 404 on their list or watch counts as an empty list (logged
+//!   once, at info), so such a cluster still becomes ready. The watcher keeps
+//!   retrying with its backoff (at most every 30 s), so a CRD installed
+//!   later is picked up without a restart. The core kinds stay mandatory: a
+//!   cluster without them never becomes ready, and says why in the log.
+//! - ConfigMaps (CA certificates) are watched cluster-wide, as Envoy Gateway
+//!   does; the cache keeps only their `ca.crt` (see [`cache`]).
 
 pub mod cache;
 
@@ -97,15 +105,11 @@ pub async fn run(
             pending.map(|(first, last)| (last + options.debounce).min(first + options.max_delay));
         tokio::select! {
             event = events.next() => match event {
-                Some((kind, Ok(event))) => {
-                    if cache.apply(kind, event) {
+                Some((kind, event)) => {
+                    if apply(&mut cache, kind, event) {
                         let now = Instant::now();
                         pending = Some((pending.map_or(now, |(first, _)| first), now));
                     }
-                }
-                Some((kind, Err(error))) => {
-                    let kind = WATCHED_KINDS.get(kind).map_or("?", |k| k.kind);
-                    tracing::warn!(kind, %error, "watch failed; retrying (the current configuration keeps serving)");
                 }
                 None => {
                     tracing::warn!("every watch ended; configuration is no longer updated");
@@ -127,6 +131,52 @@ pub async fn run(
             }
             _ = crate::admin::stopped(&mut shutdown) => return,
         }
+    }
+}
+
+/// Apply one watcher event or error of kind number `kind` to the cache, and
+/// log what deserves it. Returns whether the snapshot changed.
+fn apply(
+    cache: &mut ClusterCache,
+    kind: usize,
+    event: Result<Event<DynamicObject>, watcher::Error>,
+) -> bool {
+    let watched = WATCHED_KINDS.get(kind);
+    let name = watched.map_or("?", |k| k.kind);
+    let was_missing = cache.is_not_installed(kind);
+    match event {
+        Ok(event) => {
+            let changed = cache.apply(kind, event);
+            if was_missing && !cache.is_not_installed(kind) {
+                tracing::info!(kind = name, "CRD installed: the kind is watched now");
+            }
+            changed
+        }
+        Err(error) if watched.is_some_and(|k| k.optional) && is_not_found(&error) => {
+            if !was_missing {
+                let api = watched.map_or(String::new(), |k| format!("{}.{}", k.plural, k.group));
+                tracing::info!(kind = name, %api,
+                    "CRD not installed (404): no objects of this kind; asked again with the watch backoff");
+            }
+            cache.not_installed(kind)
+        }
+        Err(error) => {
+            tracing::warn!(kind = name, %error,
+                "watch failed; retrying (the current configuration keeps serving)");
+            false
+        }
+    }
+}
+
+/// The API server does not serve the watched resource (404 on its list or
+/// watch): its CRD is not installed.
+fn is_not_found(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == 404,
+        watcher::Error::WatchError(status) => status.code == 404,
+        _ => false,
     }
 }
 
@@ -254,5 +304,90 @@ mod tests {
             .await
             .expect("the source stops when every watch ended")
             .expect("the source task does not panic");
+    }
+
+    fn api_error(code: u16) -> watcher::Error {
+        let status = kube::core::Status::failure(
+            "the server could not find the requested resource",
+            "NotFound",
+        )
+        .with_code(code)
+        .boxed();
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn missing_optional_crds_list_as_empty_and_missing_core_kinds_do_not() {
+        let (feeds, watches) = feeds();
+        let (tx, mut rx) = mpsc::channel(1);
+        let (_stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(run(watches, SourceOptions::default(), tx, stop_rx));
+        let svc = service_index();
+        let gateways = WATCHED_KINDS
+            .iter()
+            .position(|k| k.kind == "Gateway")
+            .expect("Gateway is watched");
+
+        for (i, feed) in feeds.iter().enumerate() {
+            if WATCHED_KINDS[i].optional {
+                // Forbidden is not "not installed": the kind is still unlisted.
+                feed.send(Err(api_error(403))).expect("source running");
+            } else if i == gateways {
+                feed.send(Err(api_error(404))).expect("source running");
+            } else {
+                feed.send(Ok(Event::Init)).expect("source running");
+                if i == svc {
+                    feed.send(Ok(Event::InitApply(service("a"))))
+                        .expect("source running");
+                }
+                feed.send(Ok(Event::InitDone)).expect("source running");
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            rx.try_recv().is_err(),
+            "Gateways and the optional kinds are not listed"
+        );
+
+        for (i, feed) in feeds.iter().enumerate() {
+            if WATCHED_KINDS[i].optional {
+                feed.send(Err(api_error(404))).expect("source running");
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            rx.try_recv().is_err(),
+            "a core kind's 404 is not an empty list"
+        );
+
+        feeds[gateways]
+            .send(Ok(Event::Init))
+            .expect("source running");
+        feeds[gateways]
+            .send(Ok(Event::InitDone))
+            .expect("source running");
+        let update = next(&mut rx).await;
+        assert_eq!(names(&update), ["a"]);
+        assert!(update.snapshot.listener_sets.is_empty());
+
+        drop(feeds);
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the source stops when every watch ended")
+            .expect("the source task does not panic");
+    }
+
+    #[test]
+    fn not_found_is_recognised_on_list_and_watch() {
+        assert!(is_not_found(&api_error(404)));
+        assert!(!is_not_found(&api_error(403)));
+        assert!(!is_not_found(&api_error(500)));
+        let status = kube::core::Status::failure("gone", "NotFound")
+            .with_code(404)
+            .boxed();
+        assert!(is_not_found(&watcher::Error::WatchStartFailed(
+            kube::Error::Api(status)
+        )));
+        assert!(!is_not_found(&watcher::Error::NoResourceVersion));
     }
 }
