@@ -35,20 +35,18 @@ use gateway_api::apis::standard::backendtlspolicies::{
     BackendTlsPolicyStatus, BackendTlsPolicyStatusAncestors,
     BackendTlsPolicyStatusAncestorsAncestorRef,
 };
-use k8s_openapi::ByteString;
 use k8s_openapi::jiff::Timestamp;
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
+use super::certificates::{KeyPair, ca_bundle, key_pair};
 use super::conditions::{ConditionMaker, set_condition};
+use super::references::{self, CoreRef, Referrer};
 use super::{ObjectStatus, StatusMetadata, api_version, sort_key};
 use crate::resources::{
-    BackendTlsPolicy, CONTROLLER_NAME, ConfigMap, DEFAULT_NAMESPACE, GATEWAY_GROUP, Secret,
-    Snapshot,
+    BackendTlsPolicy, CONTROLLER_NAME, DEFAULT_NAMESPACE, GATEWAY_GROUP, Snapshot,
 };
 use crate::route::BackendTls;
 
@@ -80,12 +78,6 @@ struct PolicyView<'a> {
     san_hostnames: Vec<String>,
 }
 
-/// A Gateway's backend client certificate.
-struct ClientCert {
-    chain: Vec<CertificateDer<'static>>,
-    key: PrivateKeyDer<'static>,
-}
-
 /// What a route's backends resolve against while it is compiled, and what
 /// the resolutions recorded (for the policies' status).
 #[derive(Default)]
@@ -108,22 +100,17 @@ pub(crate) struct BackendTlsIndex<'a> {
     /// targeting it, the one that takes precedence first.
     targets: BTreeMap<(&'a str, &'a str, Option<&'a str>), Vec<usize>>,
     /// Gateways naming a backend client certificate: what it resolved to.
-    client_certs: BTreeMap<(&'a str, &'a str), Result<ClientCert, Failure>>,
+    client_certs: BTreeMap<(&'a str, &'a str), Result<KeyPair, Failure>>,
     state: RefCell<State>,
 }
 
 impl<'a> BackendTlsIndex<'a> {
     pub fn new(snapshot: &'a Snapshot) -> Self {
-        let config_maps: BTreeMap<(&str, &str), &ConfigMap> = snapshot
-            .config_maps
-            .iter()
-            .filter_map(|c| Some(((ns_of(&c.metadata), c.metadata.name.as_deref()?), c)))
-            .collect();
         let mut sorted: Vec<&BackendTlsPolicy> = snapshot.backend_tls_policies.iter().collect();
         sorted.sort_by_key(|p| sort_key(&p.metadata));
         let mut policies: Vec<PolicyView<'a>> = sorted
             .into_iter()
-            .map(|p| validate_policy(p, &config_maps))
+            .map(|p| validate_policy(snapshot, p))
             .collect();
         let mut targets: BTreeMap<(&str, &str, Option<&str>), Vec<usize>> = BTreeMap::new();
         for (i, view) in policies.iter().enumerate() {
@@ -167,14 +154,13 @@ impl<'a> BackendTlsIndex<'a> {
                 continue;
             };
             let gw_ns = ns_of(&gw.metadata);
-            let resolved = resolve_client_cert(
-                snapshot,
-                gw_ns,
-                r.group.as_deref(),
-                r.kind.as_deref(),
-                &r.name,
-                r.namespace.as_deref(),
-            );
+            let r = CoreRef {
+                group: r.group.as_deref().unwrap_or(""),
+                kind: r.kind.as_deref().unwrap_or("Secret"),
+                name: &r.name,
+                namespace: r.namespace.as_deref(),
+            };
+            let resolved = resolve_client_cert(snapshot, gw_ns, r);
             client_certs.insert((gw_ns, name), resolved);
         }
         BackendTlsIndex {
@@ -238,7 +224,7 @@ impl<'a> BackendTlsIndex<'a> {
         &self,
         policy: usize,
         gateway: Option<&(String, String)>,
-        client: Option<&ClientCert>,
+        client: Option<&KeyPair>,
     ) -> BackendTls {
         let view = &self.policies[policy];
         let id = format!("{}/{}", view.namespace, view.name);
@@ -390,10 +376,7 @@ impl PolicyView<'_> {
     }
 }
 
-fn validate_policy<'a>(
-    policy: &'a BackendTlsPolicy,
-    config_maps: &BTreeMap<(&str, &str), &ConfigMap>,
-) -> PolicyView<'a> {
+fn validate_policy<'a>(snapshot: &Snapshot, policy: &'a BackendTlsPolicy) -> PolicyView<'a> {
     let namespace = ns_of(&policy.metadata);
     let name = policy.metadata.name.as_deref().unwrap_or("");
     let v = &policy.spec.validation;
@@ -410,35 +393,27 @@ fn validate_policy<'a>(
     };
     let refs = v.ca_certificate_refs.as_deref().unwrap_or_default();
     let mut failures: Vec<Failure> = Vec::new();
+    // The references are local: ConfigMaps of the policy's namespace.
+    let from = Referrer {
+        kind: "BackendTLSPolicy",
+        namespace,
+    };
     for (i, r) in refs.iter().enumerate() {
-        let field = format!("spec.validation.caCertificateRefs[{i}]");
-        if !r.group.is_empty() || r.kind != "ConfigMap" {
-            let what = if r.group.is_empty() {
-                r.kind.clone()
-            } else {
-                format!("{}.{}", r.kind, r.group)
-            };
-            failures.push((
-                "InvalidKind",
-                format!(
-                    "{field}: {what} {} is not supported; CA certificates are read from ConfigMaps",
-                    r.name
-                ),
-            ));
-            continue;
-        }
-        match config_maps.get(&(namespace, r.name.as_str())) {
-            None => failures.push((
-                "InvalidCACertificateRef",
-                format!("{field}: ConfigMap {namespace}/{} not found", r.name),
-            )),
-            Some(cm) => match ca_certificates(cm) {
-                Ok(certs) => view.roots.extend(certs),
-                Err(why) => failures.push((
-                    "InvalidCACertificateRef",
-                    format!("{field}: ConfigMap {namespace}/{}: {why}", r.name),
-                )),
-            },
+        let r = CoreRef {
+            group: &r.group,
+            kind: &r.kind,
+            name: &r.name,
+            namespace: None,
+        };
+        match references::resolve(snapshot, from, r, ca_bundle) {
+            Ok(certs) => view.roots.extend(certs),
+            Err(e) => {
+                let (reason, message) = e.reason("InvalidKind", "InvalidCACertificateRef");
+                failures.push((
+                    reason,
+                    format!("spec.validation.caCertificateRefs[{i}]: {message}"),
+                ));
+            }
         }
     }
     if let Some((reason, _)) = failures.first() {
@@ -500,134 +475,25 @@ fn validate_policy<'a>(
     view
 }
 
-/// The CA certificates of a ConfigMap's `ca.crt` (PEM, one or more).
-fn ca_certificates(cm: &ConfigMap) -> Result<Vec<CertificateDer<'static>>, String> {
-    let pem: &[u8] = if let Some(v) = cm.data.as_ref().and_then(|d| d.get("ca.crt")) {
-        v.as_bytes()
-    } else if let Some(ByteString(b)) = cm.binary_data.as_ref().and_then(|d| d.get("ca.crt")) {
-        b
-    } else {
-        return Err("ca.crt is missing".into());
-    };
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("ca.crt is not valid PEM: {e}"))?;
-    if certs.is_empty() {
-        return Err("ca.crt holds no PEM certificate".into());
-    }
-    let mut store = RootCertStore::empty();
-    for c in &certs {
-        store
-            .add(c.clone())
-            .map_err(|e| format!("ca.crt holds a certificate that cannot be a CA: {e}"))?;
-    }
-    Ok(certs)
-}
-
+/// The certificate the Gateway in `gateway_ns` presents to TLS backends,
+/// from its `spec.tls.backend.clientCertificateRef`.
 fn resolve_client_cert(
     snapshot: &Snapshot,
     gateway_ns: &str,
-    group: Option<&str>,
-    kind: Option<&str>,
-    name: &str,
-    namespace: Option<&str>,
-) -> Result<ClientCert, Failure> {
-    const FIELD: &str = "spec.tls.backend.clientCertificateRef";
-    let group = group.unwrap_or("");
-    let kind = kind.unwrap_or("Secret");
-    if !group.is_empty() || kind != "Secret" {
-        let what = if group.is_empty() {
-            kind.to_string()
-        } else {
-            format!("{kind}.{group}")
-        };
-        return Err((
-            "InvalidClientCertificateRef",
-            format!("{FIELD}: {what} {name} is not supported; sluice reads core Secrets"),
-        ));
-    }
-    let ns = namespace.unwrap_or(gateway_ns);
-    if ns != gateway_ns && !secret_granted(snapshot, gateway_ns, ns, name) {
-        return Err((
-            "RefNotPermitted",
-            format!(
-                "{FIELD}: no ReferenceGrant in namespace {ns} allows Gateways from namespace {gateway_ns} to refer to Secret {ns}/{name}"
-            ),
-        ));
-    }
-    let secret = snapshot
-        .secrets
-        .iter()
-        .find(|s| s.metadata.name.as_deref() == Some(name) && ns_of(&s.metadata) == ns)
-        .ok_or_else(|| {
-            (
-                "InvalidClientCertificateRef",
-                format!("{FIELD}: Secret {ns}/{name} not found"),
-            )
-        })?;
-    client_cert(secret).map_err(|why| {
+    r: CoreRef<'_>,
+) -> Result<KeyPair, Failure> {
+    let from = Referrer {
+        kind: "Gateway",
+        namespace: gateway_ns,
+    };
+    references::resolve(snapshot, from, r, key_pair).map_err(|e| {
+        let (reason, message) =
+            e.reason("InvalidClientCertificateRef", "InvalidClientCertificateRef");
         (
-            "InvalidClientCertificateRef",
-            format!("{FIELD}: Secret {ns}/{name}: {why}"),
+            reason,
+            format!("spec.tls.backend.clientCertificateRef: {message}"),
         )
     })
-}
-
-/// Is a reference from a Gateway in `from_ns` to Secret `name` in `to_ns`
-/// allowed by a ReferenceGrant in `to_ns`?
-fn secret_granted(snapshot: &Snapshot, from_ns: &str, to_ns: &str, name: &str) -> bool {
-    snapshot
-        .reference_grants
-        .iter()
-        .filter(|g| ns_of(&g.metadata) == to_ns)
-        .any(|g| {
-            g.spec
-                .from
-                .iter()
-                .any(|f| f.group == GATEWAY_GROUP && f.kind == "Gateway" && f.namespace == from_ns)
-                && g.spec.to.iter().any(|t| {
-                    t.group.is_empty()
-                        && t.kind == "Secret"
-                        && t.name.as_deref().is_none_or(|n| n == name)
-                })
-        })
-}
-
-/// One key of a Secret: `stringData` wins over `data`, as the API server
-/// merges them.
-fn secret_value<'s>(secret: &'s Secret, key: &str) -> Option<&'s [u8]> {
-    if let Some(v) = secret.string_data.as_ref().and_then(|d| d.get(key)) {
-        return Some(v.as_bytes());
-    }
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .map(|ByteString(b)| b.as_slice())
-}
-
-/// The certificate chain (`tls.crt`) and private key (`tls.key`) of a
-/// Secret, checked to belong together.
-fn client_cert(secret: &Secret) -> Result<ClientCert, String> {
-    if let Some(t) = secret.type_.as_deref()
-        && t != "kubernetes.io/tls"
-    {
-        return Err(format!("type is {t}, expected kubernetes.io/tls"));
-    }
-    let crt = secret_value(secret, "tls.crt").ok_or("tls.crt is missing")?;
-    let key = secret_value(secret, "tls.key").ok_or("tls.key is missing")?;
-    let chain = CertificateDer::pem_slice_iter(crt)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("tls.crt is not valid PEM: {e}"))?;
-    if chain.is_empty() {
-        return Err("tls.crt holds no PEM certificate".into());
-    }
-    let key = PrivateKeyDer::from_pem_slice(key)
-        .map_err(|e| format!("tls.key holds no usable PEM private key: {e}"))?;
-    let provider = rustls::crypto::ring::default_provider();
-    CertifiedKey::from_der(chain.clone(), key.clone_key(), &provider)
-        .map_err(|e| format!("certificate and key cannot be used: {e}"))?;
-    Ok(ClientCert { chain, key })
 }
 
 /// The TLS client settings: trust `roots`, verify `san_hostnames` (when
@@ -635,7 +501,7 @@ fn client_cert(secret: &Secret) -> Result<ClientCert, String> {
 fn client_config(
     roots: &[CertificateDer<'static>],
     san_hostnames: &[String],
-    client: Option<&ClientCert>,
+    client: Option<&KeyPair>,
 ) -> Result<Arc<ClientConfig>, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut store = RootCertStore::empty();

@@ -17,7 +17,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::ServicePort;
 
 use super::backend_tls::BackendTlsIndex;
-use crate::resources::{EndpointSlice, GATEWAY_GROUP, Service, Snapshot};
+use super::references::{Referrer, reference_allowed};
+use crate::resources::{EndpointSlice, Service, Snapshot};
 use crate::route::{AppProtocol, BackendTls};
 
 /// The label EndpointSlices carry to name their Service.
@@ -134,7 +135,11 @@ impl<'a> BackendResolver<'a> {
             };
         }
         let ns = r.namespace.unwrap_or(route_ns);
-        if ns != route_ns && !self.reference_granted(route_ns, ns, r.name) {
+        let from = Referrer {
+            kind: "HTTPRoute",
+            namespace: route_ns,
+        };
+        if !reference_allowed(self.snapshot, from, "Service", ns, r.name) {
             return Resolution::Unresolved {
                 reason: "RefNotPermitted",
                 message: format!(
@@ -192,24 +197,6 @@ impl<'a> BackendResolver<'a> {
                 tls,
             }
         }
-    }
-
-    /// Is a reference from an HTTPRoute in `from_ns` to Service `name` in
-    /// `to_ns` allowed by a ReferenceGrant in `to_ns`?
-    fn reference_granted(&self, from_ns: &str, to_ns: &str, name: &str) -> bool {
-        self.snapshot
-            .reference_grants
-            .iter()
-            .filter(|g| ns_of(&g.metadata) == to_ns)
-            .any(|g| {
-                g.spec.from.iter().any(|f| {
-                    f.group == GATEWAY_GROUP && f.kind == "HTTPRoute" && f.namespace == from_ns
-                }) && g.spec.to.iter().any(|t| {
-                    t.group.is_empty()
-                        && t.kind == "Service"
-                        && t.name.as_deref().is_none_or(|n| n == name)
-                })
-            })
     }
 
     /// Every ready address of the Service's EndpointSlices on the slice

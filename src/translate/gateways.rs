@@ -15,7 +15,7 @@
 
 mod tls;
 
-pub(crate) use tls::{ListenerTls, certified_key};
+pub(crate) use tls::{ListenerTls, resolve as listener_tls};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -33,6 +33,7 @@ use rustls::sign::CertifiedKey;
 
 use super::conditions::ConditionMaker;
 use super::listenersets::ListenerSetView;
+use super::references::Referrer;
 use super::{ObjectStatus, StatusMetadata, TranslateOptions, api_version, sort_key};
 use crate::resources::{CONTROLLER_NAME, GATEWAY_GROUP, Gateway, GatewayClass, Snapshot};
 use crate::route::HostPattern;
@@ -305,19 +306,26 @@ fn gateway_view(
         addresses.clear();
     }
 
-    let listeners =
-        gw.spec
-            .listeners
-            .iter()
-            .map(|l| {
-                let tls = match l.protocol.as_str() {
-                    "HTTPS" => tls::resolve(snapshot, &namespace, l)
-                        .with_frontend(snapshot, gw, &namespace, l),
-                    _ => ListenerTls::default(),
-                };
-                listener_view(l, &addresses, tls, None)
-            })
-            .collect();
+    let listeners = gw
+        .spec
+        .listeners
+        .iter()
+        .map(|l| {
+            let tls = match l.protocol.as_str() {
+                "HTTPS" => tls::resolve(
+                    snapshot,
+                    Referrer {
+                        kind: "Gateway",
+                        namespace: &namespace,
+                    },
+                    l,
+                )
+                .with_frontend(snapshot, gw, &namespace, l),
+                _ => ListenerTls::default(),
+            };
+            listener_view(l, &addresses, tls, None)
+        })
+        .collect();
     GatewayView {
         namespace,
         name,

@@ -16,24 +16,22 @@
 //! child ListenerSets".
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use gateway_api::experimental::gateways::{
     GatewayAllowedListenersNamespacesFrom, GatewayListeners,
-    GatewayListenersAllowedRoutesNamespacesSelector, GatewayListenersTlsCertificateRefs,
-    GatewayListenersTlsMode,
+    GatewayListenersAllowedRoutesNamespacesSelector,
 };
 use gateway_api::experimental::listenersets::{ListenerSet, ListenerSetStatus};
 use k8s_openapi::jiff::Timestamp;
-use rustls::sign::CertifiedKey;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::conditions::ConditionMaker;
 use super::gateways::{
-    AllowedNamespaces, GatewayView, ListenerTls, certified_key, listener_status, listener_view,
+    AllowedNamespaces, GatewayView, ListenerTls, listener_status, listener_tls, listener_view,
     namespace_allowed,
 };
+use super::references::Referrer;
 use super::{ObjectStatus, StatusMetadata, api_version, sort_key};
 use crate::resources::{DEFAULT_NAMESPACE, GATEWAY_GROUP, Gateway, Snapshot};
 
@@ -144,13 +142,20 @@ pub(crate) fn admit(
                         continue;
                     }
                 };
+                // Certificates resolve from the ListenerSet's namespace, with
+                // ReferenceGrants to ListenerSets ("ReferenceGrants applied
+                // to a Gateway are not inherited by child ListenerSets").
+                let from = Referrer {
+                    kind: "ListenerSet",
+                    namespace: ns,
+                };
                 let tls = match (listener.protocol.as_str(), gateway) {
                     // Client certificate validation is the Gateway's, per
                     // port (`spec.tls.frontend`), whoever defines the
                     // listener.
-                    ("HTTPS", Some(gw)) => resolve_tls(snapshot, ns, &listener)
+                    ("HTTPS", Some(gw)) => listener_tls(snapshot, from, &listener)
                         .with_frontend(snapshot, gw, gw_ns, &listener),
-                    ("HTTPS", None) => resolve_tls(snapshot, ns, &listener),
+                    ("HTTPS", None) => listener_tls(snapshot, from, &listener),
                     _ => ListenerTls::default(),
                 };
                 let addresses = view.addresses.clone();
@@ -291,130 +296,6 @@ pub(crate) fn listener_set_status(view: &GatewayView, set: &ListenerSetView) -> 
         },
         status: serde_json::to_value(status).unwrap_or_default(),
     }
-}
-
-/// Resolve the TLS settings of an HTTPS listener of a ListenerSet in
-/// `set_ns`: as a Gateway's, but a Secret in another namespace needs a
-/// ReferenceGrant from ListenerSets (not Gateways) of `set_ns`.
-fn resolve_tls(snapshot: &Snapshot, set_ns: &str, listener: &GatewayListeners) -> ListenerTls {
-    let mut out = ListenerTls::default();
-    let Some(tls) = &listener.tls else {
-        out.unresolved = Some((
-            "InvalidCertificateRef",
-            "an HTTPS listener needs tls.certificateRefs".into(),
-        ));
-        return out;
-    };
-    if matches!(tls.mode, Some(GatewayListenersTlsMode::Passthrough)) {
-        out.unsupported = Some(
-            "tls.mode Passthrough is not supported on an HTTPS listener: HTTPS terminates TLS (mode Terminate)"
-                .into(),
-        );
-        return out;
-    }
-    let refs = tls.certificate_refs.as_deref().unwrap_or_default();
-    if refs.is_empty() {
-        out.unresolved = Some((
-            "InvalidCertificateRef",
-            "tls.certificateRefs is empty; mode Terminate needs a certificate".into(),
-        ));
-        return out;
-    }
-    let mut failures: Vec<(&'static str, String)> = Vec::new();
-    for (i, r) in refs.iter().enumerate() {
-        match resolve_certificate_ref(snapshot, set_ns, r) {
-            Ok(key) => {
-                out.certificate.get_or_insert(key);
-            }
-            Err((reason, message)) => {
-                failures.push((reason, format!("tls.certificateRefs[{i}]: {message}")))
-            }
-        }
-    }
-    if let Some((first, _)) = failures.first() {
-        let reason = if failures.iter().any(|f| f.0 == "RefNotPermitted") {
-            "RefNotPermitted"
-        } else {
-            first
-        };
-        let message = failures
-            .iter()
-            .map(|f| f.1.as_str())
-            .collect::<Vec<_>>()
-            .join("; ");
-        out.unresolved = Some((reason, message));
-    }
-    out
-}
-
-fn resolve_certificate_ref(
-    snapshot: &Snapshot,
-    set_ns: &str,
-    r: &GatewayListenersTlsCertificateRefs,
-) -> Result<Arc<CertifiedKey>, (&'static str, String)> {
-    let group = r.group.as_deref().unwrap_or("");
-    let kind = r.kind.as_deref().unwrap_or("Secret");
-    if !group.is_empty() || kind != "Secret" {
-        let what = if group.is_empty() {
-            kind.to_string()
-        } else {
-            format!("{kind}.{group}")
-        };
-        return Err((
-            "InvalidCertificateRef",
-            format!(
-                "{what} {} is not supported; sluice reads core Secrets",
-                r.name
-            ),
-        ));
-    }
-    let ns = r.namespace.as_deref().unwrap_or(set_ns);
-    if ns != set_ns && !secret_granted(snapshot, set_ns, ns, &r.name) {
-        return Err((
-            "RefNotPermitted",
-            format!(
-                "Secret {ns}/{}: no ReferenceGrant in namespace {ns} allows ListenerSets from namespace {set_ns} to refer to it",
-                r.name
-            ),
-        ));
-    }
-    let secret = snapshot
-        .secrets
-        .iter()
-        .find(|s| {
-            s.metadata.name.as_deref() == Some(r.name.as_str())
-                && s.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE) == ns
-        })
-        .ok_or_else(|| {
-            (
-                "InvalidCertificateRef",
-                format!("Secret {ns}/{} not found", r.name),
-            )
-        })?;
-    certified_key(secret).map_err(|message| {
-        (
-            "InvalidCertificateRef",
-            format!("Secret {ns}/{}: {message}", r.name),
-        )
-    })
-}
-
-/// Does a ReferenceGrant in `to_ns` let ListenerSets of `from_ns` refer to
-/// Secret `name`?
-fn secret_granted(snapshot: &Snapshot, from_ns: &str, to_ns: &str, name: &str) -> bool {
-    snapshot
-        .reference_grants
-        .iter()
-        .filter(|g| g.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE) == to_ns)
-        .any(|g| {
-            g.spec.from.iter().any(|f| {
-                f.group == GATEWAY_GROUP && f.kind == "ListenerSet" && f.namespace == from_ns
-            }) && g.spec.to.iter().any(|t| {
-                t.group.is_empty()
-                    && t.kind == "Secret"
-                    && t.name.as_deref().is_none_or(|n| n == name)
-            })
-        })
 }
 
 #[cfg(test)]

@@ -8,21 +8,23 @@
 
 mod backend_tls;
 mod backends;
+mod certificates;
 mod conditions;
 mod filters;
 mod gateways;
 mod listenersets;
 mod matches;
+mod references;
 mod routes;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
 use gateway_api::experimental::gateways::GatewayStatus;
-use gateway_api::experimental::listenersets::ListenerSetStatus;
 use gateway_api::experimental::httproutes::{
     HttpRouteStatus, HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
 };
+use gateway_api::experimental::listenersets::ListenerSetStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
@@ -412,13 +414,16 @@ impl StatusReport {
     pub fn apply_bind_failures(&mut self, failures: &[(SocketAddr, String)]) {
         // (kind, ns, name) of the object defining the listener -> listener
         // -> errors
-        let mut failed: BTreeMap<(&str, &str, &str), BTreeMap<&str, Vec<String>>> =
-            BTreeMap::new();
+        let mut failed: BTreeMap<(&str, &str, &str), BTreeMap<&str, Vec<String>>> = BTreeMap::new();
         for b in &self.listener_binds {
             for (addr, error) in failures {
                 if *addr == b.bind {
                     let owner = match &b.listener_set {
-                        None => ("Gateway", b.gateway_namespace.as_str(), b.gateway_name.as_str()),
+                        None => (
+                            "Gateway",
+                            b.gateway_namespace.as_str(),
+                            b.gateway_name.as_str(),
+                        ),
                         Some((ns, name)) => ("ListenerSet", ns.as_str(), name.as_str()),
                     };
                     failed
@@ -449,7 +454,10 @@ impl StatusReport {
                         conditions,
                         cond.make("Accepted", false, "PortUnavailable", message.clone()),
                     );
-                    set_condition(conditions, cond.make("Programmed", false, "Pending", message));
+                    set_condition(
+                        conditions,
+                        cond.make("Programmed", false, "Pending", message),
+                    );
                 }
             };
             let programmed = |conditions: &[Condition]| {
@@ -470,7 +478,12 @@ impl StatusReport {
                 for l in status.listeners.iter_mut().flatten() {
                     mark(&l.name, &mut l.conditions);
                 }
-                if !status.listeners.iter().flatten().any(|l| programmed(&l.conditions)) {
+                if !status
+                    .listeners
+                    .iter()
+                    .flatten()
+                    .any(|l| programmed(&l.conditions))
+                {
                     set_condition(
                         status.conditions.get_or_insert_with(Vec::new),
                         cond.make("Programmed", false, "AddressNotUsable", message),
@@ -486,7 +499,12 @@ impl StatusReport {
                 for l in status.listeners.iter_mut().flatten() {
                     mark(&l.name, &mut l.conditions);
                 }
-                if !status.listeners.iter().flatten().any(|l| programmed(&l.conditions)) {
+                if !status
+                    .listeners
+                    .iter()
+                    .flatten()
+                    .any(|l| programmed(&l.conditions))
+                {
                     set_condition(
                         status.conditions.get_or_insert_with(Vec::new),
                         cond.make("Programmed", false, "PortUnavailable", message),

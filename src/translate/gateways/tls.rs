@@ -1,5 +1,5 @@
-//! Listener TLS: an HTTPS listener's `tls.certificateRefs`, resolved into
-//! the certificate it presents.
+//! Listener TLS: an HTTPS listener's `tls.certificateRefs` (a Gateway's or
+//! a ListenerSet's listener), resolved into the certificate it presents.
 //!
 //! Per the spec, a reference to a Secret in another namespace is invalid
 //! unless a ReferenceGrant in that namespace allows it ("ResolvedRefs" False
@@ -14,15 +14,12 @@ pub(crate) mod frontend;
 
 use std::sync::Arc;
 
-use gateway_api::experimental::gateways::{
-    GatewayListeners, GatewayListenersTlsCertificateRefs, GatewayListenersTlsMode,
-};
-use k8s_openapi::ByteString;
+use gateway_api::experimental::gateways::{GatewayListeners, GatewayListenersTlsMode};
 use rustls::sign::CertifiedKey;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::resources::{DEFAULT_NAMESPACE, GATEWAY_GROUP, Gateway, Secret, Snapshot};
+use crate::resources::{Gateway, Snapshot};
+use crate::translate::certificates::certified_key;
+use crate::translate::references::{self, CoreRef, Referrer};
 
 /// What a listener's TLS configuration resolved to.
 #[derive(Debug, Default)]
@@ -64,10 +61,12 @@ impl ListenerTls {
     }
 }
 
-/// Resolve the TLS settings of an HTTPS listener of a Gateway in `gateway_ns`.
+/// Resolve the TLS settings of an HTTPS listener defined by `from` (a
+/// Gateway, or a ListenerSet: its certificateRefs resolve from its own
+/// namespace, with ReferenceGrants to its own kind).
 pub(crate) fn resolve(
     snapshot: &Snapshot,
-    gateway_ns: &str,
+    from: Referrer<'_>,
     listener: &GatewayListeners,
 ) -> ListenerTls {
     let mut out = ListenerTls::default();
@@ -95,13 +94,18 @@ pub(crate) fn resolve(
     }
     let mut failures: Vec<(&'static str, String)> = Vec::new();
     for (i, r) in refs.iter().enumerate() {
-        match resolve_ref(snapshot, gateway_ns, r) {
+        let r = CoreRef {
+            group: r.group.as_deref().unwrap_or(""),
+            kind: r.kind.as_deref().unwrap_or("Secret"),
+            name: &r.name,
+            namespace: r.namespace.as_deref(),
+        };
+        match references::resolve(snapshot, from, r, certified_key) {
             Ok(key) => {
-                if out.certificate.is_none() {
-                    out.certificate = Some(key);
-                }
+                out.certificate.get_or_insert(key);
             }
-            Err((reason, message)) => {
+            Err(e) => {
+                let (reason, message) = e.reason("InvalidCertificateRef", "InvalidCertificateRef");
                 failures.push((reason, format!("tls.certificateRefs[{i}]: {message}")))
             }
         }
@@ -122,177 +126,4 @@ pub(crate) fn resolve(
         out.unresolved = Some((reason, message));
     }
     out
-}
-
-fn resolve_ref(
-    snapshot: &Snapshot,
-    gateway_ns: &str,
-    r: &GatewayListenersTlsCertificateRefs,
-) -> Result<Arc<CertifiedKey>, (&'static str, String)> {
-    let group = r.group.as_deref().unwrap_or("");
-    let kind = r.kind.as_deref().unwrap_or("Secret");
-    if !group.is_empty() || kind != "Secret" {
-        let what = if group.is_empty() {
-            kind.to_string()
-        } else {
-            format!("{kind}.{group}")
-        };
-        return Err((
-            "InvalidCertificateRef",
-            format!(
-                "{what} {} is not supported; sluice reads core Secrets",
-                r.name
-            ),
-        ));
-    }
-    let ns = r.namespace.as_deref().unwrap_or(gateway_ns);
-    if ns != gateway_ns && !gateway_ref_granted(snapshot, gateway_ns, ns, "Secret", &r.name) {
-        return Err((
-            "RefNotPermitted",
-            format!(
-                "Secret {ns}/{}: no ReferenceGrant in namespace {ns} allows Gateways from namespace {gateway_ns} to refer to it",
-                r.name
-            ),
-        ));
-    }
-    let secret = snapshot
-        .secrets
-        .iter()
-        .find(|s| {
-            s.metadata.name.as_deref() == Some(r.name.as_str())
-                && s.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE) == ns
-        })
-        .ok_or_else(|| {
-            (
-                "InvalidCertificateRef",
-                format!("Secret {ns}/{} not found", r.name),
-            )
-        })?;
-    certified_key(secret).map_err(|message| {
-        (
-            "InvalidCertificateRef",
-            format!("Secret {ns}/{}: {message}", r.name),
-        )
-    })
-}
-
-/// Is a reference from a Gateway in `from_ns` to the core object `kind`
-/// `name` in `to_ns` (a Secret, a ConfigMap) allowed by a ReferenceGrant in
-/// `to_ns`?
-fn gateway_ref_granted(
-    snapshot: &Snapshot,
-    from_ns: &str,
-    to_ns: &str,
-    kind: &str,
-    name: &str,
-) -> bool {
-    snapshot
-        .reference_grants
-        .iter()
-        .filter(|g| g.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE) == to_ns)
-        .any(|g| {
-            g.spec
-                .from
-                .iter()
-                .any(|f| f.group == GATEWAY_GROUP && f.kind == "Gateway" && f.namespace == from_ns)
-                && g.spec.to.iter().any(|t| {
-                    t.group.is_empty()
-                        && t.kind == kind
-                        && t.name.as_deref().is_none_or(|n| n == name)
-                })
-        })
-}
-
-/// One key of a Secret: `stringData` wins over `data`, as the API server
-/// merges them.
-fn secret_value<'a>(secret: &'a Secret, key: &str) -> Option<&'a [u8]> {
-    if let Some(v) = secret.string_data.as_ref().and_then(|d| d.get(key)) {
-        return Some(v.as_bytes());
-    }
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .map(|ByteString(b)| b.as_slice())
-}
-
-/// The certificate chain (`tls.crt`) and private key (`tls.key`) of a
-/// `kubernetes.io/tls` Secret, checked to belong together.
-pub(crate) fn certified_key(secret: &Secret) -> Result<Arc<CertifiedKey>, String> {
-    if let Some(t) = secret.type_.as_deref()
-        && t != "kubernetes.io/tls"
-    {
-        return Err(format!("type is {t}, expected kubernetes.io/tls"));
-    }
-    let crt = secret_value(secret, "tls.crt").ok_or("tls.crt is missing")?;
-    let key = secret_value(secret, "tls.key").ok_or("tls.key is missing")?;
-    let chain = CertificateDer::pem_slice_iter(crt)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("tls.crt is not valid PEM: {e}"))?;
-    if chain.is_empty() {
-        return Err("tls.crt holds no PEM certificate".into());
-    }
-    let key = PrivateKeyDer::from_pem_slice(key)
-        .map_err(|e| format!("tls.key holds no usable PEM private key: {e}"))?;
-    let provider = rustls::crypto::ring::default_provider();
-    CertifiedKey::from_der(chain, key, &provider)
-        .map(Arc::new)
-        .map_err(|e| format!("certificate and key cannot be used: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::BTreeMap;
-
-    fn secret(crt: &str, key: &str, ty: Option<&str>) -> Secret {
-        Secret {
-            type_: ty.map(str::to_string),
-            string_data: Some(BTreeMap::from([
-                ("tls.crt".to_string(), crt.to_string()),
-                ("tls.key".to_string(), key.to_string()),
-            ])),
-            ..Secret::default()
-        }
-    }
-
-    fn generated(name: &str) -> (String, String) {
-        let c = rcgen::generate_simple_self_signed(vec![name.to_string()]).unwrap();
-        (c.cert.pem(), c.signing_key.serialize_pem())
-    }
-
-    #[test]
-    fn a_generated_certificate_and_key_load() {
-        let (crt, key) = generated("a.example");
-        assert!(certified_key(&secret(&crt, &key, Some("kubernetes.io/tls"))).is_ok());
-        // `data` (base64 in the manifest) works the same.
-        let s = Secret {
-            data: Some(BTreeMap::from([
-                ("tls.crt".to_string(), ByteString(crt.into_bytes())),
-                ("tls.key".to_string(), ByteString(key.into_bytes())),
-            ])),
-            ..Secret::default()
-        };
-        assert!(certified_key(&s).is_ok());
-    }
-
-    #[test]
-    fn malformed_or_mismatched_secrets_are_refused_with_a_reason() {
-        let (crt, key) = generated("a.example");
-        let (_, other_key) = generated("b.example");
-        let hello = "Hello world\n";
-        for (s, needle) in [
-            (secret(hello, hello, None), "no PEM certificate"),
-            (secret(&crt, hello, None), "private key"),
-            (secret(&crt, &other_key, None), "cannot be used"),
-            (
-                secret(&crt, &key, Some("Opaque")),
-                "expected kubernetes.io/tls",
-            ),
-            (Secret::default(), "tls.crt is missing"),
-        ] {
-            let err = certified_key(&s).unwrap_err();
-            assert!(err.contains(needle), "{err:?} should mention {needle:?}");
-        }
-    }
 }

@@ -24,13 +24,12 @@ use gateway_api::experimental::gateways::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use rustls::RootCertStore;
 use rustls::server::WebPkiClientVerifier;
-use rustls_pki_types::CertificateDer;
-use rustls_pki_types::pem::PemObject;
 
 use super::super::GatewayView;
-use super::gateway_ref_granted;
-use crate::resources::{DEFAULT_NAMESPACE, Gateway, Snapshot};
+use crate::resources::{Gateway, Snapshot};
 use crate::route::ClientValidation;
+use crate::translate::certificates::ca_bundle;
+use crate::translate::references::{self, CoreRef, Referrer};
 
 /// The condition type a Gateway reports while one of its listeners accepts
 /// clients without a valid certificate.
@@ -64,17 +63,9 @@ impl ListenerFrontend {
     }
 }
 
-/// One `caCertificateRefs` entry, whichever of default / perPort it came from.
-struct CaRef<'a> {
-    group: &'a str,
-    kind: &'a str,
-    name: &'a str,
-    namespace: Option<&'a str>,
-}
-
 /// The validation settings that apply to a listener: its port's `perPort`
 /// entry, else `default`. `None` when neither asks for validation.
-fn effective<'a>(gw: &'a Gateway, listener: &GatewayListeners) -> Option<(Vec<CaRef<'a>>, bool)> {
+fn effective<'a>(gw: &'a Gateway, listener: &GatewayListeners) -> Option<(Vec<CoreRef<'a>>, bool)> {
     let frontend = gw.spec.tls.as_ref()?.frontend.as_ref()?;
     if let Some(per_port) = frontend
         .per_port
@@ -86,7 +77,7 @@ fn effective<'a>(gw: &'a Gateway, listener: &GatewayListeners) -> Option<(Vec<Ca
         let refs = v
             .ca_certificate_refs
             .iter()
-            .map(|r| CaRef {
+            .map(|r| CoreRef {
                 group: &r.group,
                 kind: &r.kind,
                 name: &r.name,
@@ -103,7 +94,7 @@ fn effective<'a>(gw: &'a Gateway, listener: &GatewayListeners) -> Option<(Vec<Ca
     let refs = v
         .ca_certificate_refs
         .iter()
-        .map(|r| CaRef {
+        .map(|r| CoreRef {
             group: &r.group,
             kind: &r.kind,
             name: &r.name,
@@ -147,24 +138,24 @@ pub(crate) fn resolve(
     };
     let mut roots = RootCertStore::empty();
     let mut failures: Vec<(&'static str, String)> = Vec::new();
+    let from = Referrer {
+        kind: "Gateway",
+        namespace: gateway_ns,
+    };
     for (i, r) in refs.iter().enumerate() {
-        match ca_certificates(snapshot, gateway_ns, r) {
+        match references::resolve(snapshot, from, *r, ca_bundle) {
             Ok(certs) => {
-                for (n, cert) in certs.into_iter().enumerate() {
-                    if let Err(e) = roots.add(cert) {
-                        failures.push((
-                            "InvalidCACertificateRef",
-                            format!(
-                                "{source}.validation.caCertificateRefs[{i}]: certificate {n} of ca.crt is not a usable trust anchor: {e}"
-                            ),
-                        ));
-                    }
-                }
+                let (_, unusable) = roots.add_parsable_certificates(certs);
+                debug_assert_eq!(unusable, 0, "ca_bundle checked every certificate");
             }
-            Err((reason, message)) => failures.push((
-                reason,
-                format!("{source}.validation.caCertificateRefs[{i}]: {message}"),
-            )),
+            Err(e) => {
+                let (reason, message) =
+                    e.reason("InvalidCACertificateKind", "InvalidCACertificateRef");
+                failures.push((
+                    reason,
+                    format!("{source}.validation.caCertificateRefs[{i}]: {message}"),
+                ))
+            }
         }
     }
     if refs.is_empty() {
@@ -200,64 +191,6 @@ pub(crate) fn resolve(
         }
     }
     out
-}
-
-/// The CA certificates one reference names, or `(reason, message)`.
-fn ca_certificates(
-    snapshot: &Snapshot,
-    gateway_ns: &str,
-    r: &CaRef<'_>,
-) -> Result<Vec<CertificateDer<'static>>, (&'static str, String)> {
-    if !r.group.is_empty() || r.kind != "ConfigMap" {
-        let what = if r.group.is_empty() {
-            r.kind.to_string()
-        } else {
-            format!("{}.{}", r.kind, r.group)
-        };
-        return Err((
-            "InvalidCACertificateKind",
-            format!(
-                "{what} {} is not supported; CA certificates come from core ConfigMaps (key ca.crt)",
-                r.name
-            ),
-        ));
-    }
-    let ns = r.namespace.unwrap_or(gateway_ns);
-    if ns != gateway_ns && !gateway_ref_granted(snapshot, gateway_ns, ns, "ConfigMap", r.name) {
-        return Err((
-            "RefNotPermitted",
-            format!(
-                "ConfigMap {ns}/{}: no ReferenceGrant in namespace {ns} allows Gateways from namespace {gateway_ns} to refer to it",
-                r.name
-            ),
-        ));
-    }
-    let not_usable = |why: String| {
-        (
-            "InvalidCACertificateRef",
-            format!("ConfigMap {ns}/{}: {why}", r.name),
-        )
-    };
-    let config_map = snapshot
-        .config_maps
-        .iter()
-        .find(|c| {
-            c.metadata.name.as_deref() == Some(r.name)
-                && c.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE) == ns
-        })
-        .ok_or_else(|| not_usable("not found".into()))?;
-    let pem = config_map
-        .data
-        .as_ref()
-        .and_then(|d| d.get("ca.crt"))
-        .ok_or_else(|| not_usable("has no ca.crt".into()))?;
-    let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| not_usable(format!("ca.crt is not valid PEM: {e}")))?;
-    if certs.is_empty() {
-        return Err(not_usable("ca.crt holds no PEM certificate".into()));
-    }
-    Ok(certs)
 }
 
 /// The Gateway's `InsecureFrontendValidationMode` condition, when one of
