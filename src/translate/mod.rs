@@ -258,7 +258,7 @@ pub fn translate_at(
         let parents = routes::attach(route, ns, &views, &labels);
         if parents.is_empty() {
             warnings.push(format!(
-                "HTTPRoute {ns}/{name}: no parentRef names a Gateway of {CONTROLLER_NAME}; the route is ignored"
+                "HTTPRoute {ns}/{name}: no parentRef names a Gateway of {CONTROLLER_NAME}, or a ListenerSet whose parent is one; the route is ignored"
             ));
             continue;
         }
