@@ -25,7 +25,8 @@
 //! Secrets and ConfigMaps are watched cluster-wide but only the ones a
 //! Gateway, ListenerSet or BackendTLSPolicy references reach the snapshot,
 //! and of a ConfigMap only its `ca.crt` is kept (the only key sluice reads),
-//! so other applications' ConfigMaps cost a name each, not their data.
+//! so other applications' ConfigMaps cost a name each, not their data; a
+//! change to one nothing references does not make a new snapshot.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -206,10 +207,22 @@ impl ClusterCache {
     /// kinds this cache was made with). Returns whether the objects that
     /// make the snapshot changed.
     pub fn apply(&mut self, kind: usize, event: Event<DynamicObject>) -> bool {
+        // A Secret or ConfigMap nothing references changes nothing: other
+        // applications' ConfigMaps (leader-election records among them) can
+        // change every few seconds, and must not cost a translation each.
+        let referenced = match (self.kinds.get(kind), &event) {
+            (Some((watched, _)), Event::Apply(object) | Event::Delete(object))
+                if is_filtered(watched) =>
+            {
+                let (key, _) = key_of(watched, object);
+                Some(self.references().contains(watched.kind, &key))
+            }
+            _ => None,
+        };
         let Some((watched, cache)) = self.kinds.get_mut(kind) else {
             return false;
         };
-        match event {
+        let changed = match event {
             Event::Init => {
                 cache.relisting = Some(BTreeMap::new());
                 false
@@ -242,7 +255,21 @@ impl ClusterCache {
                 let (key, _) = key_of(watched, &object);
                 cache.current.remove(&key).is_some()
             }
-        }
+        };
+        changed && referenced != Some(false)
+    }
+
+    /// The Secrets and ConfigMaps the current objects reference.
+    fn references(&self) -> References {
+        let referring = self
+            .kinds
+            .iter()
+            .filter(|(watched, _)| {
+                matches!(watched.kind, "Gateway" | "ListenerSet" | "BackendTLSPolicy")
+            })
+            .flat_map(|(_, cache)| cache.current.values())
+            .flat_map(|loaded| &loaded.objects);
+        References::of(referring)
     }
 
     /// The API server answered 404 for kind number `kind`: its CRD is not
@@ -328,7 +355,16 @@ struct References {
 }
 
 impl References {
-    fn of(objects: &[Object]) -> References {
+    /// `kind` (Secret or ConfigMap) `namespace/name` is referenced.
+    fn contains(&self, kind: &str, key: &str) -> bool {
+        match kind {
+            "Secret" => self.secrets.contains(key),
+            "ConfigMap" => self.config_maps.contains(key),
+            _ => true,
+        }
+    }
+
+    fn of<'a>(objects: impl IntoIterator<Item = &'a Object>) -> References {
         let mut refs = References::default();
         for object in objects {
             match object {
@@ -426,6 +462,11 @@ impl References {
             self.config_maps.insert(format!("{ns}/{name}"));
         }
     }
+}
+
+/// Kinds of which only the referenced objects reach the snapshot.
+fn is_filtered(watched: &WatchedKind) -> bool {
+    matches!(watched.kind, "Secret" | "ConfigMap")
 }
 
 /// `group`/`kind` of a reference name core `expected` (`kind` defaults to
@@ -751,6 +792,43 @@ mod tests {
             assert_eq!(data, ["ca.crt"], "other keys are dropped");
             assert_eq!(binary, ["ca.crt"], "other keys are dropped");
         }
+    }
+
+    #[test]
+    fn a_change_to_a_config_map_or_secret_nothing_references_changes_nothing() {
+        let mut cache = ClusterCache::default();
+        list_all_empty(&mut cache);
+        let config_map = |name: &str, value: &str| {
+            object(json!({
+                "metadata": {"name": name, "namespace": "shop"},
+                "data": {"ca.crt": value},
+            }))
+        };
+        let cms = kind_index("ConfigMap");
+        assert!(!cache.apply(cms, Event::Apply(config_map("leader", "1"))));
+        assert!(!cache.apply(cms, Event::Apply(config_map("leader", "2"))));
+        assert!(!cache.apply(cms, Event::Apply(config_map("api-ca", "PEM"))));
+        let secret = object(json!({
+            "metadata": {"name": "other-app", "namespace": "shop"},
+            "type": "kubernetes.io/tls",
+            "data": {"tls.crt": "Y2VydA==", "tls.key": "a2V5"},
+        }));
+        assert!(!cache.apply(kind_index("Secret"), Event::Apply(secret)));
+
+        // A policy starts referencing api-ca: the policy is the change.
+        let policy = object(json!({
+            "metadata": {"name": "tls", "namespace": "shop"},
+            "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "api"}],
+                     "validation": {"hostname": "api.shop",
+                                    "caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": "api-ca"}]}},
+        }));
+        assert!(cache.apply(kind_index("BackendTLSPolicy"), Event::Apply(policy)));
+        assert_eq!(cache.update().snapshot.config_maps.len(), 1);
+        assert!(cache.apply(cms, Event::Apply(config_map("api-ca", "NEW PEM"))));
+        assert!(!cache.apply(cms, Event::Apply(config_map("leader", "3"))));
+        assert!(cache.apply(cms, Event::Delete(config_map("api-ca", "NEW PEM"))));
+        assert!(!cache.apply(cms, Event::Delete(config_map("leader", "3"))));
+        assert!(cache.update().snapshot.config_maps.is_empty());
     }
 
     #[test]
