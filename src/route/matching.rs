@@ -4,7 +4,8 @@
 //! rule's `matches` are ORed (each becomes its own candidate in the table);
 //! "If no matches are specified, the default is a prefix path match on '/'".
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use http::{HeaderMap, HeaderName, Method};
 use regex_automata::meta;
@@ -122,15 +123,37 @@ impl ValueMatch {
 /// DFA is built eagerly for every small pattern and made up most of the
 /// cost of translating a table with thousands of regexes (and tens of KiB
 /// of memory each). Searches use the lazy DFA, built as paths are seen.
+///
+/// Compiled once per pattern for the whole process: a clone shares the
+/// compiled form, and compiling a pattern that a live table already holds
+/// (every reload recompiles every route) returns that table's regex. Reloads
+/// then cost no regex compilation, old and new tables share the memory,
+/// and the lazy DFA's cache stays warm across reloads.
 #[derive(Clone)]
-pub struct AnchoredRegex {
+pub struct AnchoredRegex(Arc<Compiled>);
+
+struct Compiled {
     regex: meta::Regex,
     /// The pattern as the route gave it (without the anchors).
-    source: Arc<str>,
+    source: Box<str>,
     /// Every path this pattern matches starts with one of these literals
     /// (`None` when no finite set of literal prefixes is known).
     prefixes: Option<Box<[PrefixLiteral]>>,
 }
+
+/// The regexes some table still holds, by pattern. Entries whose regex was
+/// dropped are swept whenever the map has doubled since the last sweep.
+struct RegexCache {
+    live: HashMap<Box<str>, Weak<Compiled>>,
+    sweep_at: usize,
+}
+
+static REGEX_CACHE: LazyLock<Mutex<RegexCache>> = LazyLock::new(|| {
+    Mutex::new(RegexCache {
+        live: HashMap::new(),
+        sweep_at: 1024,
+    })
+});
 
 /// A literal that starts every match of a regex; `exact` when it is the
 /// whole match.
@@ -163,6 +186,22 @@ impl AnchoredRegex {
     /// whole values. The pattern is parsed on its own and anchored as a
     /// syntax tree, so a pattern such as `a)|(b` cannot escape the anchors.
     pub fn new(pattern: &str) -> Result<Self, RegexError> {
+        // A poisoned lock only means another thread panicked mid-insert:
+        // the map itself is still a valid cache.
+        let mut cache = REGEX_CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(compiled) = cache.live.get(pattern).and_then(Weak::upgrade) {
+            return Ok(AnchoredRegex(compiled));
+        }
+        let compiled = Arc::new(Self::compile(pattern)?);
+        if cache.live.len() >= cache.sweep_at {
+            cache.live.retain(|_, w| w.strong_count() > 0);
+            cache.sweep_at = (2 * cache.live.len()).max(1024);
+        }
+        cache.live.insert(pattern.into(), Arc::downgrade(&compiled));
+        Ok(AnchoredRegex(compiled))
+    }
+
+    fn compile(pattern: &str) -> Result<Compiled, RegexError> {
         let hir = regex_syntax::ParserBuilder::new()
             .build()
             .parse(pattern)
@@ -186,31 +225,33 @@ impl AnchoredRegex {
                 )),
                 None => RegexError(e.to_string()),
             })?;
-        Ok(AnchoredRegex {
+        Ok(Compiled {
             regex,
-            source: Arc::from(pattern),
+            source: pattern.into(),
             prefixes,
         })
     }
 
     /// The pattern as the route gave it.
     pub fn as_str(&self) -> &str {
-        &self.source
+        &self.0.source
     }
 
     /// Does the whole of `value` match?
     pub fn is_match(&self, value: &str) -> bool {
-        self.regex.is_match(value)
+        self.0.regex.is_match(value)
     }
 
     pub(crate) fn prefixes(&self) -> Option<&[PrefixLiteral]> {
-        self.prefixes.as_deref()
+        self.0.prefixes.as_deref()
     }
 }
 
 impl std::fmt::Debug for AnchoredRegex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("AnchoredRegex").field(&self.source).finish()
+        f.debug_tuple("AnchoredRegex")
+            .field(&self.0.source)
+            .finish()
     }
 }
 
@@ -361,6 +402,27 @@ mod tests {
         );
         let v = ValueMatch::regex("v[0-9]+").unwrap();
         assert!(v.matches(b"v12") && !v.matches(b"xv12") && !v.matches(b"v1\xff"));
+    }
+
+    #[test]
+    fn one_compiled_regex_per_live_pattern() {
+        let a = AnchoredRegex::new("/cache-test/[0-9]+").unwrap();
+        let b = AnchoredRegex::new("/cache-test/[0-9]+").unwrap();
+        assert!(
+            Arc::ptr_eq(&a.0, &b.0),
+            "a live pattern is not compiled twice"
+        );
+        let c = AnchoredRegex::new("/cache-test/[a-z]+").unwrap();
+        assert!(!Arc::ptr_eq(&a.0, &c.0));
+        assert!(b.is_match("/cache-test/12") && !c.is_match("/cache-test/12"));
+        let weak = Arc::downgrade(&a.0);
+        drop((a, b));
+        assert!(
+            weak.upgrade().is_none(),
+            "the cache does not keep regexes alive"
+        );
+        let again = AnchoredRegex::new("/cache-test/[0-9]+").unwrap();
+        assert!(again.is_match("/cache-test/7"));
     }
 
     #[test]

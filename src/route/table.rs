@@ -475,18 +475,25 @@ impl RouteTableBuilder {
         } else {
             matches
         };
-        for host in hostnames {
-            for (match_index, m) in matches.iter().enumerate() {
+        let Some((last, others)) = hostnames.split_last() else {
+            return;
+        };
+        let mut push = |host: &HostPattern, matches: Vec<RequestMatch>| {
+            for (match_index, m) in matches.into_iter().enumerate() {
                 listener.candidates.push(CandidateBuild {
                     host: host.clone(),
-                    key: PrecedenceKey::new(m, &route, rule.id.index, match_index),
+                    key: PrecedenceKey::new(&m, &route, rule.id.index, match_index),
                     candidate: Candidate {
-                        matcher: m.clone(),
+                        matcher: m,
                         rule: rule.clone(),
                     },
                 });
             }
+        };
+        for host in others {
+            push(host, matches.clone());
         }
+        push(last, matches);
     }
 
     pub fn build(mut self) -> RouteTable {
@@ -1116,10 +1123,10 @@ mod tests {
                     let mut p = String::new();
                     for _ in 0..rng.usize(1..4) {
                         p.push('/');
-                        p.push_str(*pick(rng, SEGMENTS));
+                        p.push_str(pick::<&str>(rng, SEGMENTS));
                     }
                     if rng.bool() {
-                        p.push_str(*pick(rng, &["/", "/x", "/7", "x"]));
+                        p.push_str(pick::<&str>(rng, &["/", "/x", "/7", "x"]));
                     }
                     p
                 }
@@ -1138,7 +1145,7 @@ mod tests {
             let path = match rng.usize(..3) {
                 0 => PathMatch::Exact(random_path(rng)),
                 1 => PathMatch::prefix(&random_path(rng)),
-                _ => PathMatch::regex(*pick(rng, REGEXES)).unwrap(),
+                _ => PathMatch::regex(pick::<&str>(rng, REGEXES)).unwrap(),
             };
             let method = match rng.usize(..4) {
                 0 => Some(Method::GET),
