@@ -595,13 +595,7 @@ impl ServerCertVerifier for SubjectAltNameVerifier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::parse_manifests;
-
-    fn snapshot(yaml: &str) -> Snapshot {
-        let parsed = parse_manifests(yaml, "t.yaml");
-        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
-        Snapshot::from_objects(parsed.objects.into_iter().map(|o| o.object))
-    }
+    use crate::translate::testing::snapshot;
 
     fn ca_pem() -> String {
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");

@@ -249,13 +249,7 @@ fn app_protocol(p: Option<&str>) -> AppProtocol {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::parse_manifests;
-
-    fn snapshot(yaml: &str) -> Snapshot {
-        let parsed = parse_manifests(yaml, "t.yaml");
-        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
-        Snapshot::from_objects(parsed.objects.into_iter().map(|o| o.object))
-    }
+    use crate::translate::testing::snapshot;
 
     const SVC: &str = "apiVersion: v1
 kind: Service

@@ -302,9 +302,8 @@ pub(crate) fn listener_set_status(view: &GatewayView, set: &ListenerSetView) -> 
 mod tests {
     use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-    use super::*;
-    use crate::resources::{Generations, Object, parse_manifests};
-    use crate::translate::{TranslateOptions, Translation, translate_at};
+    use crate::translate::Translation;
+    use crate::translate::testing::translate_manifests;
 
     const GATEWAY: &str = "apiVersion: gateway.networking.k8s.io/v1
 kind: GatewayClass
@@ -321,18 +320,7 @@ spec:
 ";
 
     fn translate_yaml(yaml: &str) -> Translation {
-        let parsed = parse_manifests(&format!("{GATEWAY}---\n{yaml}"), "t.yaml");
-        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
-        let mut objects: Vec<Object> = parsed.objects.into_iter().map(|o| o.object).collect();
-        Generations::new().assign(&mut objects, Timestamp::UNIX_EPOCH);
-        let options = TranslateOptions {
-            default_bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        };
-        translate_at(
-            &Snapshot::from_objects(objects),
-            &options,
-            Timestamp::UNIX_EPOCH,
-        )
+        translate_manifests(&format!("{GATEWAY}---\n{yaml}"))
     }
 
     fn status<'a>(t: &'a Translation, kind: &str, name: &str) -> &'a serde_json::Value {

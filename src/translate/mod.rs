@@ -520,9 +520,47 @@ impl StatusReport {
 }
 
 #[cfg(test)]
+pub(crate) mod testing {
+    //! Helpers the module tests share: manifests in, a snapshot or a
+    //! translation out.
+
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::{TranslateOptions, Translation, translate_at};
+    use crate::resources::{Generations, Object, Snapshot, parse_manifests};
+
+    fn objects(yaml: &str) -> Vec<Object> {
+        let parsed = parse_manifests(yaml, "t.yaml");
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        parsed.objects.into_iter().map(|o| o.object).collect()
+    }
+
+    /// The snapshot of `yaml`, which must parse without errors.
+    pub(crate) fn snapshot(yaml: &str) -> Snapshot {
+        Snapshot::from_objects(objects(yaml))
+    }
+
+    /// `yaml` translated at the Unix epoch, with generations assigned and
+    /// listeners bound on 0.0.0.0 by default.
+    pub(crate) fn translate_manifests(yaml: &str) -> Translation {
+        let mut objects = objects(yaml);
+        Generations::new().assign(&mut objects, Timestamp::UNIX_EPOCH);
+        let options = TranslateOptions {
+            default_bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        };
+        translate_at(
+            &Snapshot::from_objects(objects),
+            &options,
+            Timestamp::UNIX_EPOCH,
+        )
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::{Generations, Object, parse_manifests};
     use crate::route::Lookup;
     use http::{HeaderMap, Method};
     use std::net::Ipv4Addr;
@@ -546,18 +584,7 @@ endpoints: [{addresses: [10.0.0.1]}]
 ";
 
     fn translate_yaml(yaml: &str) -> Translation {
-        let parsed = parse_manifests(&format!("{CLASS}---\n{yaml}"), "t.yaml");
-        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
-        let mut objects: Vec<Object> = parsed.objects.into_iter().map(|o| o.object).collect();
-        Generations::new().assign(&mut objects, Timestamp::UNIX_EPOCH);
-        let options = TranslateOptions {
-            default_bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        };
-        translate_at(
-            &Snapshot::from_objects(objects),
-            &options,
-            Timestamp::UNIX_EPOCH,
-        )
+        testing::translate_manifests(&format!("{CLASS}---\n{yaml}"))
     }
 
     fn bind(port: u16) -> SocketAddr {

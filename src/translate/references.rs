@@ -167,13 +167,7 @@ fn namespace_of(meta: &ObjectMeta) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::parse_manifests;
-
-    fn snapshot(yaml: &str) -> Snapshot {
-        let parsed = parse_manifests(yaml, "t.yaml");
-        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
-        Snapshot::from_objects(parsed.objects.into_iter().map(|o| o.object))
-    }
+    use crate::translate::testing::snapshot;
 
     const OBJECTS: &str = "apiVersion: v1
 kind: Secret
