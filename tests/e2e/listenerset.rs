@@ -138,9 +138,7 @@ spec:
     assert_eq!(gateway["status"]["attachedListenerSets"], 1);
     // The Gateway lists its own listener only.
     assert_eq!(
-        gateway["status"]["listeners"]
-            .as_array()
-            .map(|l| l.len()),
+        gateway["status"]["listeners"].as_array().map(|l| l.len()),
         Some(1),
         "{gateway:#}"
     );
