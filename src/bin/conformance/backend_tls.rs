@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde_yaml::Value;
 
@@ -48,51 +47,25 @@ fn pki() -> anyhow::Result<&'static BackendPki> {
     if let Some(p) = PKI.get() {
         return Ok(p);
     }
-    let mut params = CertificateParams::new(Vec::<String>::new())?;
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "sluice conformance backend TLS CA");
-    let ca_key = KeyPair::generate().context("cannot generate the backend CA key")?;
-    let ca = params
-        .self_signed(&ca_key)
-        .context("cannot sign the backend CA")?;
-    let issuer = Issuer::new(params, ca_key);
-    let issue = |names: Vec<String>, what: &str| -> anyhow::Result<(rcgen::Certificate, KeyPair)> {
-        let key = KeyPair::generate()?;
-        let cert = CertificateParams::new(names)
-            .and_then(|p| p.signed_by(&key, &issuer))
-            .with_context(|| format!("cannot issue the {what} certificate"))?;
-        Ok((cert, key))
-    };
-    let (server, server_key) = issue(vec![BACKEND_HOSTNAME.to_owned()], "backend server")?;
-    let (client, client_key) = issue(vec!["gateway.example.com".to_owned()], "client")?;
-    let secret = |name: &str, cert: &rcgen::Certificate, key: &KeyPair| {
-        serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": name, "namespace": INFRA},
-            "type": "kubernetes.io/tls",
-            "data": {
-                "tls.crt": env::base64(cert.pem().as_bytes()),
-                "tls.key": env::base64(key.serialize_pem().as_bytes()),
-            },
-        })
-    };
-    let config_map = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": CA_CONFIG_MAP, "namespace": INFRA},
-        "data": {"ca.crt": ca.pem()},
-    });
+    let ca = env::RunnerCa::new("sluice conformance backend TLS CA")?;
+    let (server, server_key) = ca.issue(
+        vec![BACKEND_HOSTNAME.to_owned()],
+        None,
+        "the backend server certificate",
+    )?;
+    let (client, client_key) = ca.issue(
+        vec!["gateway.example.com".to_owned()],
+        None,
+        "the client certificate",
+    )?;
     let objects = vec![
-        serde_yaml::to_value(config_map)?,
-        serde_yaml::to_value(secret(SERVER_SECRET, &server, &server_key))?,
-        serde_yaml::to_value(secret(CLIENT_SECRET, &client, &client_key))?,
+        ca.config_map(INFRA, CA_CONFIG_MAP)?,
+        env::tls_secret(INFRA, SERVER_SECRET, &server, &server_key)?,
+        env::tls_secret(INFRA, CLIENT_SECRET, &client, &client_key)?,
     ];
     Ok(PKI.get_or_init(|| BackendPki {
         objects,
-        ca: ca.der().clone(),
+        ca: ca.cert.der().clone(),
         server_chain: vec![server.der().clone()],
         server_key: server_key.serialize_der(),
         client_cert: client.der().clone(),

@@ -670,6 +670,15 @@ async fn round_trip(
         tokio::spawn(connection);
         sender.send_request(request).await.context("request")?
     };
+    read_exchange(response, Some(ports)).await
+}
+
+/// The status, headers and echo body of `response`; its `Location` split
+/// with [`split_location`] when `ports` are given (else not read).
+pub async fn read_exchange(
+    response: http::Response<hyper::body::Incoming>,
+    ports: Option<&PortMap>,
+) -> anyhow::Result<Exchange> {
     let status = response.status();
     let headers: Vec<(String, String)> = response
         .headers()
@@ -692,10 +701,12 @@ async fn round_trip(
     } else {
         None
     };
-    let location = headers
-        .iter()
-        .find(|(k, _)| k == "location")
-        .map(|(_, v)| split_location(v, ports));
+    let location = ports.and_then(|ports| {
+        headers
+            .iter()
+            .find(|(k, _)| k == "location")
+            .map(|(_, v)| split_location(v, ports))
+    });
     Ok(Exchange {
         status: status.as_u16(),
         headers,
@@ -1176,55 +1187,110 @@ pub fn listener(name: &str, attached: i64) -> ListenerExpect {
     }
 }
 
+/// How a listener status's `supportedKinds` is compared with
+/// [`ListenerExpect::kinds`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KindsRule {
+    /// The kinds, in order, exactly (`GatewayStatusMustHaveListeners`).
+    Exactly,
+    /// At least these kinds in the Gateway API group (group defaulted);
+    /// none at all when none are expected
+    /// (`ListenerSetStatusMustHaveListeners`).
+    AtLeast,
+}
+
+/// `status.listeners` (`listeners`) are exactly `want`: each with the
+/// supportedKinds `kinds` asks for, the attachedRoutes count and at least
+/// the expected conditions.
+fn listeners_match(
+    listeners: &Json,
+    want: &[ListenerExpect],
+    kinds: KindsRule,
+) -> anyhow::Result<()> {
+    let got = listeners.as_array().cloned().unwrap_or_default();
+    if got.len() != want.len() {
+        bail!(
+            "{} listeners in status, expected {}: {listeners}",
+            got.len(),
+            want.len()
+        );
+    }
+    for w in want {
+        let l = got
+            .iter()
+            .find(|l| l["name"] == w.name.as_str())
+            .ok_or_else(|| anyhow!("no listener status {}", w.name))?;
+        supported_kinds_match(l, w, kinds)?;
+        if l["attachedRoutes"].as_i64() != Some(w.attached) {
+            bail!(
+                "listener {}: attachedRoutes {}, expected {}",
+                w.name,
+                l["attachedRoutes"],
+                w.attached
+            );
+        }
+        for (t, s, r) in &w.conditions {
+            if !has_condition(&l["conditions"], t, s, r) {
+                bail!(
+                    "listener {}: no {t}={s} {r} in {}",
+                    w.name,
+                    conditions_brief(&l["conditions"])
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Listener status `l`'s `supportedKinds` compared with `w.kinds` by `rule`.
+fn supported_kinds_match(l: &Json, w: &ListenerExpect, rule: KindsRule) -> anyhow::Result<()> {
+    let entries = l["supportedKinds"].as_array().into_iter().flatten();
+    match rule {
+        KindsRule::Exactly => {
+            let kinds: Vec<&str> = entries.filter_map(|k| k["kind"].as_str()).collect();
+            if kinds != w.kinds {
+                bail!(
+                    "listener {}: supportedKinds {kinds:?}, expected {:?}",
+                    w.name,
+                    w.kinds
+                );
+            }
+        }
+        KindsRule::AtLeast => {
+            let kinds: Vec<(&str, &str)> = entries
+                .map(|k| {
+                    (
+                        k["group"].as_str().unwrap_or(GATEWAY_GROUP),
+                        k["kind"].as_str().unwrap_or(""),
+                    )
+                })
+                .collect();
+            if w.kinds.is_empty() && !kinds.is_empty() {
+                bail!(
+                    "listener {}: supportedKinds {kinds:?}, expected none",
+                    w.name
+                );
+            }
+            for kind in &w.kinds {
+                if !kinds.contains(&(GATEWAY_GROUP, kind.as_str())) {
+                    bail!(
+                        "listener {}: supportedKinds {kinds:?} lack {GATEWAY_GROUP}/{kind} (expected at least {:?})",
+                        w.name,
+                        w.kinds
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Ctx<'_> {
     /// `GatewayStatusMustHaveListeners`: exactly these listeners.
     pub async fn listeners(&self, gateway: &str, want: &[ListenerExpect]) -> anyhow::Result<()> {
         self.eventually(&format!("Gateway {gateway} listeners"), |cx| {
             let gw = cx.require("Gateway", gateway)?;
-            let got = gw.status["listeners"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            if got.len() != want.len() {
-                bail!("{} listeners in status, expected {}", got.len(), want.len());
-            }
-            for w in want {
-                let l = got
-                    .iter()
-                    .find(|l| l["name"] == w.name.as_str())
-                    .ok_or_else(|| anyhow!("no listener status {}", w.name))?;
-                let kinds: Vec<&str> = l["supportedKinds"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|k| k["kind"].as_str())
-                    .collect();
-                if kinds != w.kinds {
-                    bail!(
-                        "listener {}: supportedKinds {kinds:?}, expected {:?}",
-                        w.name,
-                        w.kinds
-                    );
-                }
-                if l["attachedRoutes"].as_i64() != Some(w.attached) {
-                    bail!(
-                        "listener {}: attachedRoutes {}, expected {}",
-                        w.name,
-                        l["attachedRoutes"],
-                        w.attached
-                    );
-                }
-                for (t, s, r) in &w.conditions {
-                    if !has_condition(&l["conditions"], t, s, r) {
-                        bail!(
-                            "listener {}: no {t}={s} {r} in {}",
-                            w.name,
-                            conditions_brief(&l["conditions"])
-                        );
-                    }
-                }
-            }
-            Ok(())
+            listeners_match(&gw.status["listeners"], want, KindsRule::Exactly)
         })
         .await
     }
@@ -1401,65 +1467,7 @@ impl Ctx<'_> {
         self.eventually(&format!("ListenerSet {listener_set} listeners"), |cx| {
             let ls = cx.require("ListenerSet", listener_set)?;
             fresh(&ls, &ls.status["conditions"])?;
-            let got = ls.status["listeners"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            if got.len() != want.len() {
-                bail!(
-                    "{} listeners in status, expected {}: {}",
-                    got.len(),
-                    want.len(),
-                    ls.status["listeners"]
-                );
-            }
-            for w in want {
-                let l = got
-                    .iter()
-                    .find(|l| l["name"] == w.name.as_str())
-                    .ok_or_else(|| anyhow!("no listener status {}", w.name))?;
-                let kinds: Vec<(&str, &str)> = l["supportedKinds"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|k| {
-                        (
-                            k["group"].as_str().unwrap_or(GATEWAY_GROUP),
-                            k["kind"].as_str().unwrap_or(""),
-                        )
-                    })
-                    .collect();
-                if w.kinds.is_empty() && !kinds.is_empty() {
-                    bail!("listener {}: supportedKinds {kinds:?}, expected none", w.name);
-                }
-                for kind in &w.kinds {
-                    if !kinds.contains(&(GATEWAY_GROUP, kind.as_str())) {
-                        bail!(
-                            "listener {}: supportedKinds {kinds:?} lack {GATEWAY_GROUP}/{kind} (expected at least {:?})",
-                            w.name,
-                            w.kinds
-                        );
-                    }
-                }
-                if l["attachedRoutes"].as_i64() != Some(w.attached) {
-                    bail!(
-                        "listener {}: attachedRoutes {}, expected {}",
-                        w.name,
-                        l["attachedRoutes"],
-                        w.attached
-                    );
-                }
-                for (t, s, r) in &w.conditions {
-                    if !has_condition(&l["conditions"], t, s, r) {
-                        bail!(
-                            "listener {}: no {t}={s} {r} in {}",
-                            w.name,
-                            conditions_brief(&l["conditions"])
-                        );
-                    }
-                }
-            }
-            Ok(())
+            listeners_match(&ls.status["listeners"], want, KindsRule::AtLeast)
         })
         .await
     }

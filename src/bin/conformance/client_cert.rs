@@ -22,17 +22,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use bytes::Bytes;
 use http::Request;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls::client::ResolvesClientCert;
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_yaml::Value;
-use sluice::echo::EchoResponse;
 use tokio::net::TcpStream;
 
-use crate::check::{Ctx, Exchange, INFRA, compare, req};
+use crate::check::{Ctx, Exchange, INFRA, compare, read_exchange, req};
 use crate::env::{self, PortMap};
 
 /// ConfigMap of the CA the default validation trusts.
@@ -73,42 +71,14 @@ fn client_pki() -> anyhow::Result<&'static ClientPki> {
     let mut objects = Vec::new();
     let mut clients = Vec::new();
     for (ca_name, client_name) in [(DEFAULT_CA, DEFAULT_CLIENT), (PER_PORT_CA, PER_PORT_CLIENT)] {
-        let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("sluice conformance {ca_name}"));
-        let ca_key = KeyPair::generate().context("cannot generate a CA key")?;
-        let ca = params
-            .self_signed(&ca_key)
-            .with_context(|| format!("cannot sign CA {ca_name}"))?;
-        let issuer = Issuer::new(params, ca_key);
-        let key = KeyPair::generate()?;
-        let mut client_params = CertificateParams::new(Vec::<String>::new())?;
-        client_params
-            .distinguished_name
-            .push(DnType::CommonName, client_name);
-        let cert = client_params
-            .signed_by(&key, &issuer)
-            .with_context(|| format!("cannot issue client certificate {client_name}"))?;
-        let config_map = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": ca_name, "namespace": INFRA},
-            "data": {"ca.crt": ca.pem()},
-        });
-        let secret = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": client_name, "namespace": INFRA},
-            "type": "kubernetes.io/tls",
-            "data": {
-                "tls.crt": env::base64(cert.pem().as_bytes()),
-                "tls.key": env::base64(key.serialize_pem().as_bytes()),
-            },
-        });
-        objects.push(serde_yaml::to_value(config_map)?);
-        objects.push(serde_yaml::to_value(secret)?);
+        let ca = env::RunnerCa::new(&format!("sluice conformance {ca_name}"))?;
+        let (cert, key) = ca.issue(
+            Vec::new(),
+            Some(client_name),
+            &format!("client certificate {client_name}"),
+        )?;
+        objects.push(ca.config_map(INFRA, ca_name)?);
+        objects.push(env::tls_secret(INFRA, client_name, &cert, &key)?);
         clients.push(ClientIdentity {
             chain: vec![cert.der().clone()],
             key_der: key.serialize_der(),
@@ -462,32 +432,7 @@ async fn tls_round_trip_recording(
             .body(Empty::<Bytes>::new())
             .context("building the request")?;
         let response = sender.send_request(request).await.context("request")?;
-        let status = response.status();
-        let headers = response
-            .headers()
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.as_str().to_owned(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
-            .collect();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .context("reading the response body")?
-            .to_bytes();
-        let echo = (status == http::StatusCode::OK)
-            .then(|| serde_json::from_slice::<EchoResponse>(&body).ok())
-            .flatten();
-        anyhow::Ok(Exchange {
-            status: status.as_u16(),
-            headers,
-            echo,
-            location: None,
-        })
+        read_exchange(response, None).await
     })
     .await
     .map_err(|_| anyhow!("no response within {REQUEST_DEADLINE:?}"))??;

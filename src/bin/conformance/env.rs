@@ -379,6 +379,81 @@ const SUITE_SECRETS: &[(&str, &str, &[&str])] = &[
     ),
 ];
 
+/// A self-signed CA the runner issues certificates with.
+pub struct RunnerCa {
+    pub cert: rcgen::Certificate,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl RunnerCa {
+    /// A new CA named `common_name`.
+    pub fn new(common_name: &str) -> anyhow::Result<RunnerCa> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        let key = KeyPair::generate()
+            .with_context(|| format!("cannot generate the key of CA {common_name}"))?;
+        let cert = params
+            .self_signed(&key)
+            .with_context(|| format!("cannot sign CA {common_name}"))?;
+        Ok(RunnerCa {
+            cert,
+            issuer: Issuer::new(params, key),
+        })
+    }
+
+    /// A certificate for the DNS `names` (with `common_name` as subject
+    /// when given) and its new key; `what` names it in the error.
+    pub fn issue(
+        &self,
+        names: Vec<String>,
+        common_name: Option<&str>,
+        what: &str,
+    ) -> anyhow::Result<(rcgen::Certificate, KeyPair)> {
+        let key = KeyPair::generate()?;
+        let cert = CertificateParams::new(names)
+            .and_then(|mut params| {
+                if let Some(cn) = common_name {
+                    params.distinguished_name.push(DnType::CommonName, cn);
+                }
+                params.signed_by(&key, &self.issuer)
+            })
+            .with_context(|| format!("cannot issue {what}"))?;
+        Ok((cert, key))
+    }
+
+    /// ConfigMap `namespace/name` holding this CA's PEM under `ca.crt`.
+    pub fn config_map(&self, namespace: &str, name: &str) -> anyhow::Result<Value> {
+        Ok(serde_yaml::to_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": {"ca.crt": self.cert.pem()},
+        }))?)
+    }
+}
+
+/// A `kubernetes.io/tls` Secret `namespace/name` holding `cert` and `key`.
+pub fn tls_secret(
+    namespace: &str,
+    name: &str,
+    cert: &rcgen::Certificate,
+    key: &KeyPair,
+) -> anyhow::Result<Value> {
+    Ok(serde_yaml::to_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace},
+        "type": "kubernetes.io/tls",
+        "data": {
+            "tls.crt": base64(cert.pem().as_bytes()),
+            "tls.key": base64(key.serialize_pem().as_bytes()),
+        },
+    }))?)
+}
+
 /// The certificates of one run: a CA the runner's TLS client trusts, and
 /// the suite's Secrets, each holding a certificate it issued.
 struct SuitePki {
@@ -393,39 +468,21 @@ fn suite_pki() -> anyhow::Result<&'static SuitePki> {
     if let Some(p) = PKI.get() {
         return Ok(p);
     }
-    let mut params = CertificateParams::new(Vec::<String>::new())?;
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "sluice conformance CA");
-    let ca_key = KeyPair::generate().context("cannot generate the CA key")?;
-    let ca = params
-        .self_signed(&ca_key)
-        .context("cannot sign the CA certificate")?;
-    let issuer = Issuer::new(params, ca_key);
+    let ca = RunnerCa::new("sluice conformance CA")?;
     let mut secrets = Vec::new();
     let mut issued = Vec::new();
     for (ns, name, hosts) in SUITE_SECRETS {
         let names: Vec<String> = hosts.iter().map(|h| (*h).to_owned()).collect();
-        let key = KeyPair::generate()?;
-        let cert = CertificateParams::new(names.clone())
-            .and_then(|p| p.signed_by(&key, &issuer))
-            .with_context(|| format!("cannot issue the certificate of Secret {ns}/{name}"))?;
-        let secret = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": name, "namespace": ns},
-            "type": "kubernetes.io/tls",
-            "data": {
-                "tls.crt": base64(cert.pem().as_bytes()),
-                "tls.key": base64(key.serialize_pem().as_bytes()),
-            },
-        });
-        secrets.push(serde_yaml::to_value(secret)?);
+        let (cert, key) = ca.issue(
+            names.clone(),
+            None,
+            &format!("the certificate of Secret {ns}/{name}"),
+        )?;
+        secrets.push(tls_secret(ns, name, &cert, &key)?);
         issued.push((cert.der().clone(), names));
     }
     Ok(PKI.get_or_init(|| SuitePki {
-        ca: ca.der().clone(),
+        ca: ca.cert.der().clone(),
         secrets,
         issued,
     }))
