@@ -20,8 +20,9 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::https::{Leaf, TestCa, tls_secret};
-use crate::support::{Sluice, route};
+use crate::support::{
+    GATEWAY_CLASS, Leaf, Sluice, TestCa, ca_config_map, route, static_service, tls_secret,
+};
 
 /// What the TLS backend saw of one connection.
 #[derive(Debug, Clone, Default)]
@@ -111,48 +112,29 @@ impl TlsBackend {
 /// Our GatewayClass and Gateway `default/gw` on `{{PORT}}`, presenting the
 /// client certificate of Secret `client` to TLS backends.
 fn gateway_with_client_certificate() -> String {
-    r#"
-apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {name: sluice}
-spec: {controllerName: sluice.dev/gateway-controller}
----
+    format!(
+        r#"
+{GATEWAY_CLASS}---
 apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
-metadata: {name: gw, namespace: default}
+metadata: {{name: gw, namespace: default}}
 spec:
   gatewayClassName: sluice
   listeners:
-  - {name: http, protocol: HTTP, port: {{PORT}}}
+  - {{name: http, protocol: HTTP, port: {{{{PORT}}}}}}
   tls:
     backend:
-      clientCertificateRef: {kind: Secret, name: client}
+      clientCertificateRef: {{kind: Secret, name: client}}
 "#
-    .to_string()
+    )
 }
 
 /// Service `name` (port 443 named https) with the backend as its endpoint,
 /// a BackendTLSPolicy on it, and a route sending `/name` to it.
 fn tls_service(name: &str, backend: SocketAddr, hostname: &str, ca_config_map: &str) -> String {
-    let port = backend.port();
-    let mut out = format!(
+    let mut out = static_service(name, Some("https"), 443, None, backend.port());
+    out.push_str(&format!(
         r#"
----
-apiVersion: v1
-kind: Service
-metadata: {{name: {name}, namespace: default}}
-spec:
-  ports: [{{name: https, port: 443}}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: {name}-1
-  namespace: default
-  labels: {{kubernetes.io/service-name: {name}}}
-addressType: IPv4
-ports: [{{name: https, port: {port}}}]
-endpoints: [{{addresses: [127.0.0.1]}}]
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: BackendTLSPolicy
@@ -163,7 +145,7 @@ spec:
     caCertificateRefs: [{{group: '', kind: ConfigMap, name: {ca_config_map}}}]
     hostname: {hostname}
 "#
-    );
+    ));
     out.push_str(&route(
         "default",
         name,
@@ -172,45 +154,6 @@ spec:
         ),
     ));
     out
-}
-
-fn ca_config_map(name: &str, ca: &TestCa) -> String {
-    let body = base64_lines(ca.cert.as_ref());
-    let mut indented = String::from("    -----BEGIN CERTIFICATE-----\n");
-    for line in body {
-        indented.push_str("    ");
-        indented.push_str(&line);
-        indented.push('\n');
-    }
-    indented.push_str("    -----END CERTIFICATE-----\n");
-    format!(
-        "\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: default}}\ndata:\n  ca.crt: |\n{indented}"
-    )
-}
-
-/// Standard base64 in 64-character lines (PEM).
-fn base64_lines(data: &[u8]) -> Vec<String> {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out.as_bytes()
-        .chunks(64)
-        .map(|c| String::from_utf8_lossy(c).into_owned())
-        .collect()
 }
 
 fn condition<'a>(conditions: &'a serde_json::Value, ty: &str) -> &'a serde_json::Value {

@@ -4,73 +4,24 @@
 //! with one from another CA is refused at the handshake, and a reload to
 //! `AllowInsecureFallback` serves them all.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::rt::TokioIo;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio_rustls::TlsConnector;
 
-use crate::https::{TestCa, tls_secret};
-use crate::support::{Pods, Resp, Sluice};
+use crate::support::{GATEWAY_CLASS, Pods, Resp, Sluice, TestCa, ca_config_map, tls_secret};
 
-/// A CA for client certificates, with its PEM (what the ConfigMap holds).
-struct ClientCa {
-    issuer: Issuer<'static, KeyPair>,
-    pem: String,
-}
-
-impl ClientCa {
-    fn new(name: &str) -> ClientCa {
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        let key = KeyPair::generate().expect("CA key");
-        let cert = params.self_signed(&key).expect("CA certificate");
-        ClientCa {
-            pem: cert.pem(),
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    /// A client certificate and its key.
-    fn issue(&self, name: &str) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("client params");
-        params.distinguished_name.push(DnType::CommonName, name);
-        let key = KeyPair::generate().expect("client key");
-        let cert = params
-            .signed_by(&key, &self.issuer)
-            .expect("client certificate");
-        let key = PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).expect("key PEM");
-        (cert.der().clone(), key)
-    }
-}
-
-/// A TLS client trusting `server_ca`, presenting `client` when asked.
+/// A TLS client trusting `server_ca`, offering HTTP/1.1, presenting
+/// `client` when asked.
 fn connector(
     server_ca: &TestCa,
     client: Option<(CertificateDer<'static>, PrivateKeyDer<'static>)>,
 ) -> TlsConnector {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(server_ca.cert.clone()).expect("server CA");
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("default protocol versions")
-        .with_root_certificates(roots);
-    let mut config = match client {
-        Some((cert, key)) => builder
-            .with_client_auth_cert(vec![cert], key)
-            .expect("client certificate and key"),
-        None => builder.with_no_client_auth(),
-    };
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    TlsConnector::from(Arc::new(config))
+    server_ca.client_connector(&[b"http/1.1"], client)
 }
 
 /// `GET /mtls` for `example.org` over TLS; `Err` when the handshake or the
@@ -98,17 +49,7 @@ async fn get(sluice: &Sluice, connector: &TlsConnector) -> Result<Resp, String> 
             .send_request(req)
             .await
             .map_err(|e| format!("request: {e}"))?;
-        let (parts, body) = resp.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map_err(|e| format!("body: {e}"))?
-            .to_bytes();
-        Ok(Resp {
-            status: parts.status,
-            headers: parts.headers,
-            body,
-        })
+        Resp::read(resp).await.map_err(|e| format!("body: {e}"))
     };
     tokio::time::timeout(Duration::from_secs(10), exchange)
         .await
@@ -118,11 +59,7 @@ async fn get(sluice: &Sluice, connector: &TlsConnector) -> Result<Resp, String> 
 fn gateway(mode: &str) -> String {
     format!(
         r#"
-apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {{name: sluice}}
-spec: {{controllerName: sluice.dev/gateway-controller}}
----
+{GATEWAY_CLASS}---
 apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
 metadata: {{name: gw, namespace: default}}
@@ -151,29 +88,22 @@ spec:
     )
 }
 
-fn config_map(ca: &ClientCa) -> String {
-    let indented: String = ca.pem.lines().map(|l| format!("    {l}\n")).collect();
-    format!(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: client-ca, namespace: default}}\ndata:\n  ca.crt: |\n{indented}"
-    )
-}
-
 #[tokio::test]
 async fn only_clients_with_a_certificate_from_the_configured_ca_are_served() {
     let server_ca = TestCa::new();
     let server = server_ca.issue(&["example.org"]);
-    let client_ca = ClientCa::new("client CA");
-    let other_ca = ClientCa::new("another CA");
+    let client_ca = TestCa::named("client CA");
+    let other_ca = TestCa::named("another CA");
     let pods = Pods::start("default", "mtls", 1).await;
     let sluice = Sluice::start(&[
         ("gateway.yaml", gateway("AllowValidOnly")),
-        ("ca.yaml", config_map(&client_ca)),
+        ("ca.yaml", ca_config_map("client-ca", &client_ca)),
         ("secrets.yaml", tls_secret("default", "server", &server)),
         ("backends.yaml", pods.manifests()),
     ])
     .await;
 
-    let valid = connector(&server_ca, Some(client_ca.issue("valid client")));
+    let valid = connector(&server_ca, Some(client_ca.issue_client("valid client")));
     let resp = get(&sluice, &valid)
         .await
         .unwrap_or_else(|e| panic!("valid client certificate: {e}; log:\n{}", sluice.log()));
@@ -183,7 +113,7 @@ async fn only_clients_with_a_certificate_from_the_configured_ca_are_served() {
 
     let served_before = pods.requests();
     let without = connector(&server_ca, None);
-    let foreign = connector(&server_ca, Some(other_ca.issue("foreign client")));
+    let foreign = connector(&server_ca, Some(other_ca.issue_client("foreign client")));
     for (what, c) in [
         ("no client certificate", &without),
         ("another CA's", &foreign),
@@ -268,10 +198,10 @@ async fn a_missing_ca_config_map_takes_the_listener_down_with_the_spec_condition
     assert_eq!(cond("Accepted")["reason"], "NoValidCACertificate");
     assert_eq!(cond("Programmed")["status"], "False");
     // Not served: no client gets through, with or without a certificate.
-    let any_client = ClientCa::new("any CA");
+    let any_client = TestCa::named("any CA");
     for c in [
         connector(&server_ca, None),
-        connector(&server_ca, Some(any_client.issue("client"))),
+        connector(&server_ca, Some(any_client.issue_client("client"))),
     ] {
         assert!(get(&sluice, &c).await.is_err());
     }

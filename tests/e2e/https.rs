@@ -3,132 +3,16 @@
 //! choosing the listener and its certificate, 421 for a Host that belongs
 //! to another listener, certificateRefs that do not resolve, ALPN h2.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use http::{Request, StatusCode, Version};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-use rustls::pki_types::{CertificateDer, ServerName};
-use tokio_rustls::TlsConnector;
+use rustls::pki_types::CertificateDer;
 use tokio_rustls::client::TlsStream;
 
-use crate::support::{Pods, Resp, Sluice, free_port};
-
-/// A test certificate authority and the leaf certificates it issued.
-pub struct TestCa {
-    issuer: Issuer<'static, KeyPair>,
-    pub cert: CertificateDer<'static>,
-}
-
-/// A leaf certificate: PEM of the chain and key, and the DER the server
-/// should present.
-pub struct Leaf {
-    pub cert_pem: String,
-    pub key_pem: String,
-    pub der: CertificateDer<'static>,
-}
-
-impl TestCa {
-    pub fn new() -> TestCa {
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "sluice test CA");
-        let key = KeyPair::generate().expect("CA key");
-        let cert = params.self_signed(&key).expect("CA certificate");
-        TestCa {
-            cert: cert.der().clone(),
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    /// A certificate for `names` (DNS names, `*.` wildcards allowed).
-    pub fn issue(&self, names: &[&str]) -> Leaf {
-        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let params = CertificateParams::new(names).expect("leaf params");
-        let key = KeyPair::generate().expect("leaf key");
-        let cert = params
-            .signed_by(&key, &self.issuer)
-            .expect("leaf certificate");
-        Leaf {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-            der: cert.der().clone(),
-        }
-    }
-
-    /// A TLS client that trusts only this CA and offers `alpn`.
-    pub fn connector(&self, alpn: &[&[u8]]) -> TlsConnector {
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(self.cert.clone())
-            .expect("CA certificate is valid");
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("default protocol versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        TlsConnector::from(Arc::new(config))
-    }
-}
-
-/// A `kubernetes.io/tls` Secret manifest holding `leaf` (base64 `data`, as
-/// `kubectl create secret tls` writes it).
-pub fn tls_secret(namespace: &str, name: &str, leaf: &Leaf) -> String {
-    format!(
-        r#"
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: {name}
-  namespace: {namespace}
-type: kubernetes.io/tls
-data:
-  tls.crt: {crt}
-  tls.key: {key}
-"#,
-        crt = base64(leaf.cert_pem.as_bytes()),
-        key = base64(leaf.key_pem.as_bytes()),
-    )
-}
-
-fn base64(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-/// A TLS connection to the gateway with `sni`, verified against the CA.
-pub async fn tls_connect(
-    sluice: &Sluice,
-    connector: &TlsConnector,
-    sni: &str,
-) -> Result<TlsStream<tokio::net::TcpStream>, std::io::Error> {
-    let tcp = tokio::net::TcpStream::connect(sluice.addr()).await?;
-    let name = ServerName::try_from(sni.to_string()).expect("a valid server name");
-    connector.connect(name, tcp).await
-}
+use crate::support::{
+    GATEWAY_CLASS, Leaf, Pods, Resp, Sluice, TestCa, base64, free_port, tls_connect, tls_secret,
+};
 
 /// Send GETs with the given Host headers on one HTTP/1.1 connection.
 async fn get_all(stream: TlsStream<tokio::net::TcpStream>, hosts: &[&str]) -> Vec<Resp> {
@@ -144,12 +28,7 @@ async fn get_all(stream: TlsStream<tokio::net::TcpStream>, hosts: &[&str]) -> Ve
             .body(Full::new(Bytes::new()))
             .unwrap();
         let resp = send.send_request(req).await.expect("gateway answers");
-        let (parts, body) = resp.into_parts();
-        out.push(Resp {
-            status: parts.status,
-            headers: parts.headers,
-            body: body.collect().await.expect("whole body").to_bytes(),
-        });
+        out.push(Resp::read(resp).await.expect("whole body"));
     }
     out
 }
@@ -181,11 +60,7 @@ async fn setup() -> Setup {
     ];
     let gateway = format!(
         r#"
-apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {{name: sluice}}
-spec: {{controllerName: sluice.dev/gateway-controller}}
----
+{GATEWAY_CLASS}---
 apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
 metadata: {{name: gw, namespace: default}}

@@ -14,7 +14,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::support::{Pods, Sluice, gateway, route};
+use crate::support::{Pods, Sluice, gateway, route, static_service};
 
 /// Upper bound for one step of a test; reaching it is a failure.
 const STEP: Duration = Duration::from_secs(15);
@@ -68,31 +68,7 @@ impl UpgradeBackend {
     /// Service `name` (port 8080, with `appProtocol` when given) and its
     /// EndpointSlice.
     fn manifests(&self, name: &str, app_protocol: Option<&str>) -> String {
-        let app = app_protocol
-            .map(|p| format!("\n    appProtocol: {p}"))
-            .unwrap_or_default();
-        format!(
-            r#"
----
-apiVersion: v1
-kind: Service
-metadata: {{name: {name}, namespace: default}}
-spec:
-  ports:
-  - port: 8080{app}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: {name}-1
-  namespace: default
-  labels: {{kubernetes.io/service-name: {name}}}
-addressType: IPv4
-ports: [{{port: {port}}}]
-endpoints: [{{addresses: ["127.0.0.1"]}}]
-"#,
-            port = self.addr.port()
-        )
+        static_service(name, None, 8080, app_protocol, self.addr.port())
     }
 }
 

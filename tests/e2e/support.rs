@@ -10,14 +10,21 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use sluice::echo::{EchoIdentity, EchoResponse, EchoServer};
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
 
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
@@ -26,6 +33,13 @@ pub fn free_port() -> u16 {
 
 /// GatewayClass `sluice` and Gateway `default/gw` with one HTTP listener on
 /// the test's port (`{{PORT}}`) that admits routes from every namespace.
+/// Our GatewayClass `sluice`, as a manifest document (no separator).
+pub const GATEWAY_CLASS: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: sluice}
+spec: {controllerName: sluice.dev/gateway-controller}
+";
+
 pub fn gateway() -> String {
     r#"
 apiVersion: gateway.networking.k8s.io/v1
@@ -334,6 +348,17 @@ pub struct Resp {
 }
 
 impl Resp {
+    /// `response` with its whole body.
+    pub async fn read(response: http::Response<Incoming>) -> Result<Resp, hyper::Error> {
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await?.to_bytes();
+        Ok(Resp {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+
     /// The echo backend's description of the request it received.
     pub fn echo(&self) -> EchoResponse {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| {
@@ -374,13 +399,7 @@ impl Conn {
     pub async fn send(&mut self, req: Request<Full<Bytes>>) -> Resp {
         self.send.ready().await.expect("connection still open");
         let resp = self.send.send_request(req).await.expect("gateway answers");
-        let (parts, body) = resp.into_parts();
-        let body = body.collect().await.expect("whole body").to_bytes();
-        Resp {
-            status: parts.status,
-            headers: parts.headers,
-            body,
-        }
+        Resp::read(resp).await.expect("whole body")
     }
 
     pub async fn get(&mut self, host: &str, path: &str) -> Resp {
@@ -444,4 +463,205 @@ spec:
 {spec}
 "#
     )
+}
+
+/// Service `default/name` with one port (`port`, named `port_name` when
+/// given, with `appProtocol` when given) and an EndpointSlice sending it to
+/// `127.0.0.1:target`: a backend the test runs itself.
+pub fn static_service(
+    name: &str,
+    port_name: Option<&str>,
+    port: u16,
+    app_protocol: Option<&str>,
+    target: u16,
+) -> String {
+    let named = port_name
+        .map(|n| format!("name: {n}, "))
+        .unwrap_or_default();
+    let app = app_protocol
+        .map(|p| format!(", appProtocol: {p}"))
+        .unwrap_or_default();
+    format!(
+        r#"
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  ports: [{{{named}port: {port}{app}}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: {name}}}
+addressType: IPv4
+ports: [{{{named}port: {target}}}]
+endpoints: [{{addresses: ["127.0.0.1"]}}]
+"#
+    )
+}
+
+/// A test certificate authority and the certificates it issued.
+pub struct TestCa {
+    issuer: Issuer<'static, KeyPair>,
+    pub cert: CertificateDer<'static>,
+    /// The CA certificate's PEM (what a CA ConfigMap holds).
+    pub pem: String,
+}
+
+/// A leaf certificate: PEM of the chain and key, and the DER the server
+/// should present.
+pub struct Leaf {
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub der: CertificateDer<'static>,
+}
+
+impl TestCa {
+    pub fn new() -> TestCa {
+        TestCa::named("sluice test CA")
+    }
+
+    /// A CA with `common_name` as subject.
+    pub fn named(common_name: &str) -> TestCa {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        let key = KeyPair::generate().expect("CA key");
+        let cert = params.self_signed(&key).expect("CA certificate");
+        TestCa {
+            cert: cert.der().clone(),
+            pem: cert.pem(),
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// A certificate for `names` (DNS names, `*.` wildcards allowed).
+    pub fn issue(&self, names: &[&str]) -> Leaf {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let params = CertificateParams::new(names).expect("leaf params");
+        let key = KeyPair::generate().expect("leaf key");
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("leaf certificate");
+        Leaf {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            der: cert.der().clone(),
+        }
+    }
+
+    /// A client certificate with subject `common_name`, and its key.
+    pub fn issue_client(
+        &self,
+        common_name: &str,
+    ) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("client params");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        let key = KeyPair::generate().expect("client key");
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("client certificate");
+        let key = PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).expect("key PEM");
+        (cert.der().clone(), key)
+    }
+
+    /// A TLS client that trusts only this CA and offers `alpn`.
+    pub fn connector(&self, alpn: &[&[u8]]) -> TlsConnector {
+        self.client_connector(alpn, None)
+    }
+
+    /// A TLS client that trusts only this CA, offers `alpn` and presents
+    /// `client` when the server asks.
+    pub fn client_connector(
+        &self,
+        alpn: &[&[u8]],
+        client: Option<(CertificateDer<'static>, PrivateKeyDer<'static>)>,
+    ) -> TlsConnector {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(self.cert.clone())
+            .expect("CA certificate is valid");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("default protocol versions")
+            .with_root_certificates(roots);
+        let mut config = match client {
+            Some((cert, key)) => builder
+                .with_client_auth_cert(vec![cert], key)
+                .expect("client certificate and key"),
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        TlsConnector::from(Arc::new(config))
+    }
+}
+
+/// A `kubernetes.io/tls` Secret manifest holding `leaf` (base64 `data`, as
+/// `kubectl create secret tls` writes it).
+pub fn tls_secret(namespace: &str, name: &str, leaf: &Leaf) -> String {
+    format!(
+        r#"
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: {name}
+  namespace: {namespace}
+type: kubernetes.io/tls
+data:
+  tls.crt: {crt}
+  tls.key: {key}
+"#,
+        crt = base64(leaf.cert_pem.as_bytes()),
+        key = base64(leaf.key_pem.as_bytes()),
+    )
+}
+
+/// ConfigMap `default/name` holding `ca`'s PEM under `ca.crt`.
+pub fn ca_config_map(name: &str, ca: &TestCa) -> String {
+    let indented: String = ca.pem.lines().map(|l| format!("    {l}\n")).collect();
+    format!(
+        "\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: default}}\ndata:\n  ca.crt: |\n{indented}"
+    )
+}
+
+/// Standard base64 with padding (Secret `data` values).
+pub fn base64(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// A TLS connection to the gateway with `sni`, verified by `connector`.
+pub async fn tls_connect(
+    sluice: &Sluice,
+    connector: &TlsConnector,
+    sni: &str,
+) -> Result<TlsStream<tokio::net::TcpStream>, std::io::Error> {
+    let tcp = tokio::net::TcpStream::connect(sluice.addr()).await?;
+    let name = ServerName::try_from(sni.to_string()).expect("a valid server name");
+    connector.connect(name, tcp).await
 }
