@@ -460,11 +460,6 @@ impl StatusReport {
                     );
                 }
             };
-            let programmed = |conditions: &[Condition]| {
-                conditions
-                    .iter()
-                    .any(|c| c.type_ == "Programmed" && c.status == "True")
-            };
             let message = listeners
                 .iter()
                 .map(|(l, e)| format!("listener {l}: {}", e.join("; ")))
@@ -475,20 +470,16 @@ impl StatusReport {
                 else {
                     continue;
                 };
-                for l in status.listeners.iter_mut().flatten() {
-                    mark(&l.name, &mut l.conditions);
-                }
-                if !status
-                    .listeners
-                    .iter()
-                    .flatten()
-                    .any(|l| programmed(&l.conditions))
-                {
-                    set_condition(
-                        status.conditions.get_or_insert_with(Vec::new),
-                        cond.make("Programmed", false, "AddressNotUsable", message),
-                    );
-                }
+                mark_listeners(
+                    status
+                        .listeners
+                        .iter_mut()
+                        .flatten()
+                        .map(|l| (l.name.as_str(), &mut l.conditions)),
+                    &mark,
+                    &mut status.conditions,
+                    cond.make("Programmed", false, "AddressNotUsable", message),
+                );
                 serde_json::to_value(status)
             } else {
                 let Ok(mut status) =
@@ -496,26 +487,43 @@ impl StatusReport {
                 else {
                     continue;
                 };
-                for l in status.listeners.iter_mut().flatten() {
-                    mark(&l.name, &mut l.conditions);
-                }
-                if !status
-                    .listeners
-                    .iter()
-                    .flatten()
-                    .any(|l| programmed(&l.conditions))
-                {
-                    set_condition(
-                        status.conditions.get_or_insert_with(Vec::new),
-                        cond.make("Programmed", false, "PortUnavailable", message),
-                    );
-                }
+                mark_listeners(
+                    status
+                        .listeners
+                        .iter_mut()
+                        .flatten()
+                        .map(|l| (l.name.as_str(), &mut l.conditions)),
+                    &mark,
+                    &mut status.conditions,
+                    cond.make("Programmed", false, "PortUnavailable", message),
+                );
                 serde_json::to_value(status)
             };
             if let Ok(v) = updated {
                 object.status = v;
             }
         }
+    }
+}
+
+/// Apply `mark` to each (name, conditions) of one Gateway's or
+/// ListenerSet's listener statuses; when none of them is programmed
+/// afterwards, `not_programmed` is set among the object's `conditions`.
+fn mark_listeners<'a>(
+    listeners: impl Iterator<Item = (&'a str, &'a mut Vec<Condition>)>,
+    mark: impl Fn(&str, &mut Vec<Condition>),
+    conditions: &mut Option<Vec<Condition>>,
+    not_programmed: Condition,
+) {
+    let mut any_programmed = false;
+    for (name, listener_conditions) in listeners {
+        mark(name, listener_conditions);
+        any_programmed |= listener_conditions
+            .iter()
+            .any(|c| c.type_ == "Programmed" && c.status == "True");
+    }
+    if !any_programmed {
+        set_condition(conditions.get_or_insert_with(Vec::new), not_programmed);
     }
 }
 
