@@ -22,11 +22,6 @@ fn lookup(c: &mut Criterion) {
     for (label, one_host) in [("ten-routes-per-host", false), ("one-host", true)] {
         let mut group = c.benchmark_group(format!("lookup/{label}"));
         for n in [10usize, 1_000, 10_000] {
-            if one_host && n > 1_000 && std::env::var_os("SLUICE_BENCH_ALL").is_none() {
-                // Linear in the routes of one host by design of the table
-                // (see docs/performance.md); 10,000 on one host is opt-in.
-                continue;
-            }
             let text = routes::infrastructure(&layout) + &routes::routes(n, one_host);
             let table = translate(&routes::snapshot(&text), &options).table;
             // Requests for 64 routes spread over the table.

@@ -17,7 +17,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, mpsc};
 
 use http::{HeaderMap, Method};
 use rustls::sign::CertifiedKey;
@@ -344,6 +344,85 @@ pub struct RouteMatch<'a> {
 #[derive(Debug, Default)]
 pub struct RouteTable {
     binds: BTreeMap<SocketAddr, PortRoutes>,
+}
+
+/// Tables with at least this many candidates are freed on a background
+/// thread (see [`RouteTable`]'s `Drop`).
+const FREE_IN_BACKGROUND_CANDIDATES: usize = 4096;
+
+type TableContents = BTreeMap<SocketAddr, PortRoutes>;
+
+/// The thread that frees large replaced tables; `None` if it could not be
+/// started (tables are then freed where they are dropped).
+static TABLE_FREER: LazyLock<Option<Mutex<mpsc::Sender<TableContents>>>> = LazyLock::new(|| {
+    let (tx, rx) = mpsc::channel::<TableContents>();
+    std::thread::Builder::new()
+        .name("sluice-table-free".into())
+        .spawn(move || {
+            for contents in rx {
+                drop(contents);
+                *lock(&TABLES_BEING_FREED) -= 1;
+                TABLES_FREED.notify_all();
+            }
+        })
+        .ok()
+        .map(|_| Mutex::new(tx))
+});
+
+/// Tables sent to the freeing thread and not yet freed.
+static TABLES_BEING_FREED: Mutex<usize> = Mutex::new(0);
+static TABLES_FREED: Condvar = Condvar::new();
+
+/// A poisoned lock here only means a panic elsewhere; the data (a counter,
+/// a sender) is still valid.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl RouteTable {
+    /// Wait until every replaced table handed to the background freeing
+    /// thread is freed. A reload calls it (off the async workers) before
+    /// building the next table, so that the memory of the table it
+    /// replaced last time is free to build the new one in: otherwise the
+    /// allocator grows by up to one more table while the two overlap.
+    pub fn wait_for_freed_tables() {
+        let mut pending = lock(&TABLES_BEING_FREED);
+        while *pending > 0 {
+            pending = TABLES_FREED
+                .wait(pending)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl Drop for RouteTable {
+    /// A table of 10,000 routes takes tens of milliseconds to free. The
+    /// last holder of a replaced table is the reload or a request in
+    /// flight on an async worker, and every request on that worker would
+    /// wait for the free: a large table's contents go to a thread that
+    /// does nothing else.
+    fn drop(&mut self) {
+        let candidates: usize = self
+            .binds
+            .values()
+            .flat_map(|port| &port.listeners)
+            .map(|listener| listener.candidates.len())
+            .sum();
+        if candidates < FREE_IN_BACKGROUND_CANDIDATES {
+            return;
+        }
+        let Some(freer) = TABLE_FREER.as_ref() else {
+            return;
+        };
+        let contents = std::mem::take(&mut self.binds);
+        *lock(&TABLES_BEING_FREED) += 1;
+        let sent = lock(freer).send(contents);
+        // Sending only fails when the thread is gone: free it here then.
+        if let Err(mpsc::SendError(contents)) = sent {
+            drop(contents);
+            *lock(&TABLES_BEING_FREED) -= 1;
+        }
+    }
 }
 
 impl RouteTable {
@@ -704,6 +783,34 @@ mod tests {
             );
         }
         b.build()
+    }
+
+    #[test]
+    fn a_large_table_is_freed_in_the_background_and_a_small_one_at_once() {
+        let big = rule("big", 0);
+        let small = rule("small", 0);
+        let build = |rule: &Arc<Rule>, n: usize| {
+            let mut b = RouteTableBuilder::new();
+            let l = b.add_listener(bind(), "gw/http".into(), HostPattern::Any);
+            let matches = (0..n)
+                .map(|i| path(PathMatch::Exact(format!("/{i}"))))
+                .collect();
+            b.add_rule(
+                l,
+                &[HostPattern::Any],
+                &order("r", 0),
+                rule.clone(),
+                matches,
+            );
+            b.build()
+        };
+        drop(build(&small, 10));
+        assert_eq!(Arc::strong_count(&small), 1);
+        let table = build(&big, FREE_IN_BACKGROUND_CANDIDATES);
+        assert_eq!(Arc::strong_count(&big), FREE_IN_BACKGROUND_CANDIDATES + 1);
+        drop(table);
+        RouteTable::wait_for_freed_tables();
+        assert_eq!(Arc::strong_count(&big), 1, "freed once the wait returns");
     }
 
     #[test]
