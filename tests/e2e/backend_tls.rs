@@ -21,7 +21,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::support::{
-    GATEWAY_CLASS, Leaf, Sluice, TestCa, ca_config_map, route, static_service, tls_secret,
+    GATEWAY_HEAD, Leaf, Sluice, TestCa, ca_config_map, route, static_service, tls_secret,
 };
 
 /// What the TLS backend saw of one connection.
@@ -114,13 +114,7 @@ impl TlsBackend {
 fn gateway_with_client_certificate() -> String {
     format!(
         r#"
-{GATEWAY_CLASS}---
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{name: gw, namespace: default}}
-spec:
-  gatewayClassName: sluice
-  listeners:
+{GATEWAY_HEAD}  listeners:
   - {{name: http, protocol: HTTP, port: {{{{PORT}}}}}}
   tls:
     backend:

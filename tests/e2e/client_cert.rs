@@ -13,7 +13,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio_rustls::TlsConnector;
 
-use crate::support::{GATEWAY_CLASS, Pods, Resp, Sluice, TestCa, ca_config_map, tls_secret};
+use crate::support::{GATEWAY_HEAD, Pods, Resp, Sluice, TestCa, ca_config_map, tls_secret};
 
 /// A TLS client trusting `server_ca`, offering HTTP/1.1, presenting
 /// `client` when asked.
@@ -59,13 +59,7 @@ async fn get(sluice: &Sluice, connector: &TlsConnector) -> Result<Resp, String> 
 fn gateway(mode: &str) -> String {
     format!(
         r#"
-{GATEWAY_CLASS}---
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{name: gw, namespace: default}}
-spec:
-  gatewayClassName: sluice
-  tls:
+{GATEWAY_HEAD}  tls:
     frontend:
       default:
         validation:

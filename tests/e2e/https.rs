@@ -11,7 +11,7 @@ use rustls::pki_types::CertificateDer;
 use tokio_rustls::client::TlsStream;
 
 use crate::support::{
-    GATEWAY_CLASS, Leaf, Pods, Resp, Sluice, TestCa, base64, free_port, tls_connect, tls_secret,
+    GATEWAY_HEAD, Leaf, Pods, Resp, Sluice, TestCa, base64, free_port, tls_connect, tls_secret,
 };
 
 /// Send GETs with the given Host headers on one HTTP/1.1 connection.
@@ -60,13 +60,7 @@ async fn setup() -> Setup {
     ];
     let gateway = format!(
         r#"
-{GATEWAY_CLASS}---
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{name: gw, namespace: default}}
-spec:
-  gatewayClassName: sluice
-  listeners:
+{GATEWAY_HEAD}  listeners:
   - name: https
     protocol: HTTPS
     port: {{{{PORT}}}}

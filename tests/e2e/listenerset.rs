@@ -30,13 +30,7 @@ async fn admitted_listener_set_is_served_and_a_not_allowed_one_is_not() {
     let main = Pods::start("default", "main", 1).await;
     let manifests = format!(
         r#"
-{GATEWAY_CLASS}---
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{name: gw, namespace: default}}
-spec:
-  gatewayClassName: sluice
-  allowedListeners: {{namespaces: {{from: Same}}}}
+{GATEWAY_HEAD}  allowedListeners: {{namespaces: {{from: Same}}}}
   listeners:
   - {{name: http, protocol: HTTP, port: {{{{PORT}}}}, hostname: gw.example.com}}
 ---

@@ -33,11 +33,19 @@ pub fn free_port() -> u16 {
 
 /// GatewayClass `sluice` and Gateway `default/gw` with one HTTP listener on
 /// the test's port (`{{PORT}}`) that admits routes from every namespace.
-/// Our GatewayClass `sluice`, as a manifest document (no separator).
-pub const GATEWAY_CLASS: &str = "apiVersion: gateway.networking.k8s.io/v1
+/// Our GatewayClass `sluice` and the head of Gateway `default/gw` of that
+/// class, up to `spec.gatewayClassName`: the test writes the rest of the
+/// spec (fields indented by two spaces).
+pub const GATEWAY_HEAD: &str = "apiVersion: gateway.networking.k8s.io/v1
 kind: GatewayClass
 metadata: {name: sluice}
 spec: {controllerName: sluice.dev/gateway-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: default}
+spec:
+  gatewayClassName: sluice
 ";
 
 pub fn gateway() -> String {
