@@ -476,7 +476,7 @@ impl StatusReport {
                         .iter_mut()
                         .flatten()
                         .map(|l| (l.name.as_str(), &mut l.conditions)),
-                    &mark,
+                    mark,
                     &mut status.conditions,
                     cond.make("Programmed", false, "AddressNotUsable", message),
                 );
@@ -493,7 +493,7 @@ impl StatusReport {
                         .iter_mut()
                         .flatten()
                         .map(|l| (l.name.as_str(), &mut l.conditions)),
-                    &mark,
+                    mark,
                     &mut status.conditions,
                     cond.make("Programmed", false, "PortUnavailable", message),
                 );
