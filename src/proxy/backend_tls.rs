@@ -20,8 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{Request, Response, Uri, Version};
-use hyper::body::Incoming;
+use http::Uri;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -30,8 +29,7 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 use super::POOL_IDLE_TIMEOUT;
-use super::body::{BoxError, UpstreamBody, caused_by_client_body};
-use super::error::ProxyError;
+use super::body::{BoxError, UpstreamBody};
 use crate::route::BackendTls;
 
 /// How long a TLS handshake with a backend may take.
@@ -49,7 +47,10 @@ pub(crate) struct BackendTlsClients {
 
 impl BackendTlsClients {
     /// The client for `tls`, made on first use.
-    fn client(&self, tls: &Arc<BackendTls>) -> Client<BackendTlsConnector, UpstreamBody> {
+    pub(crate) fn client(
+        &self,
+        tls: &Arc<BackendTls>,
+    ) -> Client<BackendTlsConnector, UpstreamBody> {
         // A panic while holding the lock cannot leave the map inconsistent.
         let mut clients = self
             .clients
@@ -73,33 +74,6 @@ impl BackendTlsClients {
         clients.insert(tls.key.clone(), client.clone());
         client
     }
-}
-
-/// Send `req` (addressed to an endpoint, `http://addr/path`) over TLS as
-/// `tls` says, within `per_try` when set.
-pub(crate) async fn send(
-    clients: &BackendTlsClients,
-    tls: &Arc<BackendTls>,
-    mut req: Request<UpstreamBody>,
-    per_try: Option<Duration>,
-) -> Result<Response<Incoming>, ProxyError> {
-    // HTTP/1.1 whatever the appProtocol: ALPN is not offered.
-    *req.version_mut() = Version::HTTP_11;
-    let pending = clients.client(tls).request(req);
-    let result = match per_try {
-        Some(limit) => tokio::time::timeout(limit, pending)
-            .await
-            .map_err(|_| ProxyError::Timeout)?,
-        None => pending.await,
-    };
-    result.map_err(|e| {
-        if caused_by_client_body(&e) {
-            ProxyError::BadRequest("malformed request body")
-        } else {
-            tracing::debug!(policy = %tls.policy, error = %e, "TLS backend unreachable");
-            ProxyError::Unreachable(e)
-        }
-    })
 }
 
 /// Connects to the endpoint named by the request URI, then makes the TLS

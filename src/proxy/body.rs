@@ -13,6 +13,8 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::sync::mpsc;
 
+use super::pool::PooledBody;
+
 /// The error type of bodies sent upstream.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -95,6 +97,8 @@ pub fn caused_by_client_body(err: &(dyn std::error::Error + 'static)) -> bool {
 #[derive(Debug)]
 pub enum ResponseBody {
     Upstream(Incoming),
+    /// The backend's, on a connection of the HTTP/1.1 pool.
+    Pooled(PooledBody),
     Full(Option<Bytes>),
 }
 
@@ -118,6 +122,7 @@ impl Body for ResponseBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
             ResponseBody::Upstream(b) => Pin::new(b).poll_frame(cx),
+            ResponseBody::Pooled(b) => Pin::new(b).poll_frame(cx),
             ResponseBody::Full(b) => Poll::Ready(b.take().map(|d| Ok(Frame::data(d)))),
         }
     }
@@ -125,6 +130,7 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Upstream(b) => b.is_end_stream(),
+            ResponseBody::Pooled(b) => b.is_end_stream(),
             ResponseBody::Full(b) => b.is_none(),
         }
     }
@@ -132,6 +138,7 @@ impl Body for ResponseBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             ResponseBody::Upstream(b) => b.size_hint(),
+            ResponseBody::Pooled(b) => b.size_hint(),
             ResponseBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             ResponseBody::Full(None) => SizeHint::with_exact(0),
         }

@@ -7,7 +7,7 @@
 use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderValue, Response, StatusCode};
 
-use super::body::ResponseBody;
+use super::body::{BoxError, ResponseBody};
 
 /// Where a failure came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +48,7 @@ pub enum ProxyError {
     NoReadyEndpoints { backend: String },
     /// The endpoint refused the connection or the exchange failed.
     #[error("endpoint unreachable: {0}")]
-    Unreachable(#[source] hyper_util::client::legacy::Error),
+    Unreachable(#[source] UpstreamError),
     /// `timeouts.request` or `timeouts.backendRequest` was exceeded.
     #[error("timed out")]
     Timeout,
@@ -56,6 +56,59 @@ pub enum ProxyError {
     /// path, a redirect Location).
     #[error("invalid {what} after filters")]
     InvalidFilterResult { what: &'static str },
+}
+
+/// A failed exchange with an endpoint, whichever client made it: whether
+/// the connection could not be made (nothing was sent: a retry is safe and
+/// counts as a connect failure) or broke during the exchange.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct UpstreamError {
+    what: &'static str,
+    connect: bool,
+    #[source]
+    source: BoxError,
+}
+
+impl UpstreamError {
+    /// The connection to `endpoint` could not be made.
+    pub fn connect(endpoint: std::net::SocketAddr, source: impl Into<BoxError>) -> Self {
+        let source = source.into();
+        tracing::trace!(%endpoint, error = %source, "connect failed");
+        UpstreamError {
+            what: "connect",
+            connect: true,
+            source,
+        }
+    }
+
+    /// The connection was made but the exchange failed.
+    pub fn exchange(source: impl Into<BoxError>) -> Self {
+        UpstreamError {
+            what: "exchange",
+            connect: false,
+            source: source.into(),
+        }
+    }
+
+    /// Whether it failed before any connection was made.
+    pub fn is_connect(&self) -> bool {
+        self.connect
+    }
+}
+
+impl From<hyper_util::client::legacy::Error> for UpstreamError {
+    fn from(e: hyper_util::client::legacy::Error) -> Self {
+        UpstreamError {
+            what: if e.is_connect() {
+                "connect"
+            } else {
+                "exchange"
+            },
+            connect: e.is_connect(),
+            source: Box::new(e),
+        }
+    }
 }
 
 impl ProxyError {

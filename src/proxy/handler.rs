@@ -3,31 +3,29 @@
 //! forward, response filters, metrics.
 
 use std::borrow::Cow;
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use http::header::{HOST, LOCATION};
 use http::request::Parts;
-use http::uri::{Authority, Scheme};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Version};
 use http_body::Body;
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::Shared;
-use super::body::{ClientBody, ResponseBody, Tee, UpstreamBody, caused_by_client_body};
+use super::body::{ClientBody, ResponseBody, Tee, UpstreamBody};
 use super::error::ProxyError;
 use super::filters::{
     add_forwarded, modify_headers, modify_path, redirect_location, strip_hop_by_hop,
 };
 use super::upgrade::UpgradeRequest;
+use super::upstream::{Upstream, origin_uri};
 use super::{cors, retry, tls};
 use crate::metrics::RequestKey;
 use crate::route::{
-    AppProtocol, Backend, BackendChoice, BackendTarget, Filter, Lookup, Mirror, PathMatch,
-    RouteTable, Rule, normalize_host,
+    AppProtocol, Backend, BackendChoice, BackendTarget, EndpointSet, Filter, Lookup, Mirror,
+    PathMatch, RouteTable, Rule, normalize_host,
 };
 
 /// How long a mirrored request may take before it is abandoned.
@@ -372,7 +370,7 @@ impl<'t> Forwarding<'_, 't> {
         }
 
         let endpoint = endpoints.pick();
-        parts.uri = upstream_uri(endpoint, path.as_deref(), &parts.uri)?;
+        parts.uri = origin_uri(path.as_deref(), &parts.uri)?;
         // Upgrades (WebSocket) are HTTP/1.1 whatever the appProtocol.
         let h2 = endpoints.protocol == AppProtocol::H2c && upgrade.is_none();
         parts.version = if h2 {
@@ -380,36 +378,23 @@ impl<'t> Forwarding<'_, 't> {
         } else {
             Version::HTTP_11
         };
-        let client = if h2 {
-            &self.shared.h2_client
-        } else {
-            &self.shared.client
-        };
+        let upstream = self.upstream(endpoints, h2, upgrade.is_some());
         // Only a request without a body can be sent again (bodies stream).
         let retry = (upgrade.is_none() && matches!(body, UpstreamBody::Empty))
             .then_some(self.rule.retry.as_ref())
             .flatten();
         let per_try = self.rule.timeouts.backend_request;
-        let resp = if let Some(tls) = &endpoints.tls {
-            let req = Request::from_parts(parts, body);
-            super::backend_tls::send(&self.shared.backend_tls, tls, req, per_try).await?
-        } else if let Some(policy) = retry {
-            retry::send_with_retries(client, policy, endpoints, &parts, per_try).await?
+        let resp = if let Some(policy) = retry {
+            retry::send_with_retries(&upstream, policy, endpoints, endpoint, &parts, per_try)
+                .await?
         } else {
-            let pending = client.request(Request::from_parts(parts, body));
-            let result = match per_try {
+            let pending = upstream.send(endpoint, Request::from_parts(parts, body));
+            match per_try {
                 Some(limit) => tokio::time::timeout(limit, pending)
                     .await
                     .map_err(|_| ProxyError::Timeout)?,
                 None => pending.await,
-            };
-            result.map_err(|e| {
-                if caused_by_client_body(&e) {
-                    ProxyError::BadRequest("malformed request body")
-                } else {
-                    ProxyError::Unreachable(e)
-                }
-            })?
+            }?
         };
 
         let (mut parts, body) = resp.into_parts();
@@ -418,13 +403,26 @@ impl<'t> Forwarding<'_, 't> {
         if let Some(u) = upgrade {
             u.finish(&mut parts);
         }
-        let mut resp = Response::from_parts(parts, ResponseBody::Upstream(body));
+        let mut resp = Response::from_parts(parts, body);
         apply_response_filters(&self.rule.filters, &mut resp);
         apply_response_filters(&backend.filters, &mut resp);
         if let Some((policy, origin)) = cors_origin {
             cors::add_response_headers(policy, origin, resp.headers_mut());
         }
         Ok(resp)
+    }
+
+    /// The client for `endpoints`: TLS per their BackendTLSPolicy,
+    /// hyper-util's for h2c and for upgrades, sluice's HTTP/1.1 pool for
+    /// the rest.
+    fn upstream(&self, endpoints: &EndpointSet, h2: bool, upgrade: bool) -> Upstream {
+        let shared = self.shared;
+        match &endpoints.tls {
+            Some(tls) => Upstream::Tls(shared.backend_tls.client(tls), tls.clone()),
+            None if h2 => Upstream::Pooled(shared.h2_client.clone()),
+            None if upgrade => Upstream::Pooled(shared.client.clone()),
+            None => Upstream::Pool(shared.pool.clone()),
+        }
     }
 
     /// Start one copy of the request per mirror (those that win their
@@ -451,7 +449,7 @@ impl<'t> Forwarding<'_, 't> {
                 continue;
             };
             let endpoint = set.pick();
-            let Ok(uri) = upstream_uri(endpoint, path, &parts.uri) else {
+            let Ok(uri) = origin_uri(path, &parts.uri) else {
                 metrics.record_mirror(false);
                 continue;
             };
@@ -468,21 +466,14 @@ impl<'t> Forwarding<'_, 't> {
                 Version::HTTP_11
             };
             *copy.headers_mut() = parts.headers.clone();
-            let client = if h2 {
-                self.shared.h2_client.clone()
-            } else {
-                self.shared.client.clone()
-            };
+            let upstream = self.upstream(set, h2, false);
             tokio::spawn(async move {
                 let sent = async {
-                    let resp = client.request(copy).await.ok()?;
+                    let resp = upstream.send(endpoint, copy).await.ok()?;
                     // Read the response to its end so the connection can go
                     // back to the pool; the content is discarded.
                     let mut body = resp.into_body();
-                    while let Some(frame) =
-                        std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx))
-                            .await
-                    {
+                    while let Some(frame) = body.frame().await {
                         frame.ok()?;
                     }
                     Some(())
@@ -507,67 +498,6 @@ fn set_host(parts: &mut Parts, host: &str) -> Result<(), ProxyError> {
     })?;
     parts.headers.insert(HOST, v);
     Ok(())
-}
-
-/// Endpoint addresses as URI authorities, made once per address and
-/// thread (formatting an address is a good part of building the URI).
-const MAX_CACHED_AUTHORITIES: usize = 4096;
-
-thread_local! {
-    static AUTHORITIES: RefCell<HashMap<SocketAddr, Authority>> = RefCell::new(HashMap::new());
-}
-
-fn endpoint_authority(endpoint: SocketAddr) -> Option<Authority> {
-    AUTHORITIES.with(|cache| {
-        let mut cache = cache.borrow_mut();
-        if let Some(a) = cache.get(&endpoint) {
-            return Some(a.clone());
-        }
-        let authority = Authority::try_from(endpoint.to_string()).ok()?;
-        if cache.len() >= MAX_CACHED_AUTHORITIES {
-            // Endpoints come and go over reloads: start afresh.
-            cache.clear();
-        }
-        cache.insert(endpoint, authority.clone());
-        Some(authority)
-    })
-}
-
-/// The absolute URI the pooled client needs (it connects to the authority
-/// and sends the request in origin-form).
-fn upstream_uri(
-    endpoint: SocketAddr,
-    path: Option<&str>,
-    original: &Uri,
-) -> Result<Uri, ProxyError> {
-    // The usual case: the path is not rewritten, so the request's own path
-    // and query are reused as they are (no copy, no parse).
-    if path.is_none()
-        && let Some(pq) = original.path_and_query()
-        && pq.path().starts_with('/')
-        && let Some(authority) = endpoint_authority(endpoint)
-    {
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(Scheme::HTTP);
-        parts.authority = Some(authority);
-        parts.path_and_query = Some(pq.clone());
-        if let Ok(uri) = Uri::from_parts(parts) {
-            return Ok(uri);
-        }
-    }
-    let path = path.unwrap_or(original.path());
-    let path = if path.is_empty() { "/" } else { path };
-    let mut s = String::with_capacity(path.len() + 32);
-    s.push_str("http://");
-    let _ = write!(s, "{endpoint}");
-    s.push_str(path);
-    if let Some(q) = original.query() {
-        s.push('?');
-        s.push_str(q);
-    }
-    Uri::try_from(s).map_err(|_| ProxyError::InvalidFilterResult {
-        what: "request path",
-    })
 }
 
 fn apply_response_filters(filters: &[Filter], resp: &mut Response<ResponseBody>) {

@@ -29,12 +29,14 @@ mod filters;
 mod forwarded;
 mod handler;
 mod limits;
+mod pool;
 mod retry;
 mod tls;
 mod upgrade;
+mod upstream;
 
 pub use body::ResponseBody;
-pub use error::{ErrorSource, ProxyError};
+pub use error::{ErrorSource, ProxyError, UpstreamError};
 pub use forwarded::{Cidr, ForwardedTrust};
 pub use limits::ProxyLimits;
 pub use tls::TlsConnection;
@@ -76,7 +78,10 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 pub(crate) struct Shared {
     table: ArcSwap<RouteTable>,
     metrics: Arc<Metrics>,
-    /// HTTP/1.1 to endpoints, pooled per endpoint address; outlives tables.
+    /// HTTP/1.1 to cleartext endpoints, pooled per endpoint address;
+    /// outlives tables.
+    pool: Arc<pool::Pool>,
+    /// HTTP/1.1 through hyper-util's pooled client, for upgrades.
     client: Client<HttpConnector, UpstreamBody>,
     /// HTTP/2 with prior knowledge, for `appProtocol: kubernetes.io/h2c`.
     h2_client: Client<HttpConnector, UpstreamBody>,
@@ -151,6 +156,7 @@ impl Proxy {
                 server,
                 table: ArcSwap::from_pointee(RouteTable::default()),
                 metrics,
+                pool: pool::Pool::new(POOL_IDLE_TIMEOUT),
                 client,
                 h2_client,
                 backend_tls: Default::default(),

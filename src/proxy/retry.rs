@@ -14,43 +14,37 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use http::request::Parts;
-use http::uri::Authority;
-use http::{Request, Response, Uri};
+use http::{Request, Response};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::time::Instant;
 
-use super::body::UpstreamBody;
+use super::body::{ResponseBody, UpstreamBody};
 use super::error::ProxyError;
+use super::upstream::Upstream;
 use crate::route::{EndpointSet, RetryPolicy, TryOutcome};
 
-/// Send the bodiless request `head` (already addressed to its first
-/// endpoint) until a try succeeds or the policy stops retrying; the last
-/// try's response or error is the answer. `per_try` is the rule's
+/// Send the bodiless request `head` (origin-form URI) to `first`, then to
+/// the next endpoints, until a try succeeds or the policy stops retrying;
+/// the last try's response or error is the answer. `per_try` is the rule's
 /// `timeouts.backendRequest`.
 pub(super) async fn send_with_retries(
-    client: &Client<HttpConnector, UpstreamBody>,
+    upstream: &Upstream,
     policy: &RetryPolicy,
     endpoints: &EndpointSet,
+    first: SocketAddr,
     head: &Parts,
     per_try: Option<Duration>,
-) -> Result<Response<Incoming>, ProxyError> {
+) -> Result<Response<ResponseBody>, ProxyError> {
     let mut tried = 0;
     loop {
         tried += 1;
-        let uri = if tried == 1 {
-            head.uri.clone()
-        } else {
-            readdress(&head.uri, endpoints.pick())?
-        };
+        let endpoint = if tried == 1 { first } else { endpoints.pick() };
         let mut req = Request::new(UpstreamBody::Empty);
         *req.method_mut() = head.method.clone();
-        *req.uri_mut() = uri;
+        *req.uri_mut() = head.uri.clone();
         *req.version_mut() = head.version;
         *req.headers_mut() = head.headers.clone();
-        let pending = client.request(req);
+        let pending = upstream.send(endpoint, req);
         let result = match per_try {
             Some(limit) => tokio::time::timeout(limit, pending).await.ok(),
             None => Some(pending.await),
@@ -58,10 +52,10 @@ pub(super) async fn send_with_retries(
         let (outcome, result) = match result {
             None => (TryOutcome::TimedOut, Err(ProxyError::Timeout)),
             Some(Ok(resp)) => (TryOutcome::Answered(resp.status()), Ok(resp)),
-            Some(Err(e)) if e.is_connect() => {
+            Some(Err(ProxyError::Unreachable(e))) if e.is_connect() => {
                 (TryOutcome::ConnectFailed, Err(ProxyError::Unreachable(e)))
             }
-            Some(Err(e)) => (TryOutcome::Broken, Err(ProxyError::Unreachable(e))),
+            Some(Err(e)) => (TryOutcome::Broken, Err(e)),
         };
         let Some(wait) = policy.next_try(tried, outcome) else {
             return result;
@@ -77,30 +71,6 @@ pub(super) async fn send_with_retries(
     }
 }
 
-/// `uri` sent to `endpoint` instead.
-fn readdress(uri: &Uri, endpoint: SocketAddr) -> Result<Uri, ProxyError> {
-    let mut parts = uri.clone().into_parts();
-    let invalid = || ProxyError::InvalidFilterResult {
-        what: "request path",
-    };
-    parts.authority = Some(Authority::try_from(endpoint.to_string()).map_err(|_| invalid())?);
-    Uri::from_parts(parts).map_err(|_| invalid())
-}
-
-async fn drain(mut body: Incoming) {
+async fn drain(mut body: ResponseBody) {
     while let Some(Ok(_)) = body.frame().await {}
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn readdress_keeps_path_and_query() {
-        let uri: Uri = "http://127.0.0.1:1/a/b?x=1&y".parse().expect("uri");
-        let moved = readdress(&uri, "127.0.0.1:2".parse().expect("addr")).expect("valid");
-        assert_eq!(moved.to_string(), "http://127.0.0.1:2/a/b?x=1&y");
-        let v6 = readdress(&uri, "[::1]:3".parse().expect("addr")).expect("valid");
-        assert_eq!(v6.to_string(), "http://[::1]:3/a/b?x=1&y");
-    }
 }

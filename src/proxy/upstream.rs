@@ -1,0 +1,176 @@
+//! Which client carries a request to an endpoint, and the request URI each
+//! one needs.
+//!
+//! HTTP/1.1 to cleartext endpoints goes through sluice's own pool
+//! ([`Pool`]); h2c endpoints and upgrades (WebSocket) through hyper-util's
+//! pooled client; TLS endpoints through the pooled client of their
+//! BackendTLSPolicy settings. Requests, retries and mirrors all go through
+//! [`Upstream::send`], so each gets the same treatment whatever the client.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::uri::{Authority, Scheme};
+use http::{Request, Response, Uri, Version};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+
+use super::backend_tls::BackendTlsConnector;
+use super::body::{ResponseBody, UpstreamBody, caused_by_client_body};
+use super::error::{ProxyError, UpstreamError};
+use super::pool::Pool;
+use crate::route::BackendTls;
+
+/// The client for one backend's endpoints.
+#[derive(Clone)]
+pub(super) enum Upstream {
+    /// HTTP/1.1 over cleartext: sluice's pool.
+    Pool(Arc<Pool>),
+    /// hyper-util's pooled client (h2c, upgrades).
+    Pooled(Client<HttpConnector, UpstreamBody>),
+    /// TLS as a BackendTLSPolicy says (HTTP/1.1; ALPN is not offered).
+    Tls(Client<BackendTlsConnector, UpstreamBody>, Arc<BackendTls>),
+}
+
+impl Upstream {
+    /// Send `req` (origin-form URI) to `endpoint`.
+    pub async fn send(
+        &self,
+        endpoint: SocketAddr,
+        mut req: Request<UpstreamBody>,
+    ) -> Result<Response<ResponseBody>, ProxyError> {
+        let result = match self {
+            Upstream::Pool(pool) => pool
+                .send(endpoint, req)
+                .await
+                .map(|r| r.map(ResponseBody::Pooled)),
+            Upstream::Pooled(client) => {
+                *req.uri_mut() = absolute_uri(endpoint, req.uri())?;
+                client
+                    .request(req)
+                    .await
+                    .map(|r| r.map(ResponseBody::Upstream))
+                    .map_err(UpstreamError::from)
+            }
+            Upstream::Tls(client, tls) => {
+                *req.uri_mut() = absolute_uri(endpoint, req.uri())?;
+                *req.version_mut() = Version::HTTP_11;
+                client
+                    .request(req)
+                    .await
+                    .map(|r| r.map(ResponseBody::Upstream))
+                    .map_err(|e| {
+                        tracing::debug!(policy = %tls.policy, error = %e, "TLS backend unreachable");
+                        UpstreamError::from(e)
+                    })
+            }
+        };
+        result.map_err(|e| {
+            if caused_by_client_body(&e) {
+                ProxyError::BadRequest("malformed request body")
+            } else {
+                ProxyError::Unreachable(e)
+            }
+        })
+    }
+}
+
+/// The request URI sent to a backend, origin-form: the request's own path
+/// and query, or `path` (rewritten by a filter) with the request's query.
+pub(super) fn origin_uri(path: Option<&str>, original: &Uri) -> Result<Uri, ProxyError> {
+    // The usual case: the path is not rewritten, so the request's own path
+    // and query are reused as they are (no copy, no parse).
+    if path.is_none()
+        && let Some(pq) = original.path_and_query()
+        && pq.path().starts_with('/')
+    {
+        return Ok(Uri::from(pq.clone()));
+    }
+    let path = path.unwrap_or(original.path());
+    let path = if path.is_empty() { "/" } else { path };
+    let mut s = String::with_capacity(path.len() + 1 + original.query().map_or(0, str::len));
+    s.push_str(path);
+    if let Some(q) = original.query() {
+        s.push('?');
+        s.push_str(q);
+    }
+    Uri::try_from(s).map_err(|_| ProxyError::InvalidFilterResult {
+        what: "request path",
+    })
+}
+
+/// Endpoint addresses as URI authorities, made once per address and
+/// thread (formatting an address is a good part of building the URI).
+const MAX_CACHED_AUTHORITIES: usize = 4096;
+
+thread_local! {
+    static AUTHORITIES: RefCell<HashMap<SocketAddr, Authority>> = RefCell::new(HashMap::new());
+}
+
+fn endpoint_authority(endpoint: SocketAddr) -> Option<Authority> {
+    AUTHORITIES.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if let Some(a) = cache.get(&endpoint) {
+            return Some(a.clone());
+        }
+        let authority = Authority::try_from(endpoint.to_string()).ok()?;
+        if cache.len() >= MAX_CACHED_AUTHORITIES {
+            // Endpoints come and go over reloads: start afresh.
+            cache.clear();
+        }
+        cache.insert(endpoint, authority.clone());
+        Some(authority)
+    })
+}
+
+/// The absolute URI hyper-util's client needs (it connects to the
+/// authority and sends the request in origin-form).
+fn absolute_uri(endpoint: SocketAddr, origin: &Uri) -> Result<Uri, ProxyError> {
+    let invalid = || ProxyError::InvalidFilterResult {
+        what: "request path",
+    };
+    if let Some(authority) = endpoint_authority(endpoint) {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(Scheme::HTTP);
+        parts.authority = Some(authority);
+        parts.path_and_query = origin.path_and_query().cloned();
+        if let Ok(uri) = Uri::from_parts(parts) {
+            return Ok(uri);
+        }
+    }
+    let mut s = String::with_capacity(64);
+    let _ = write!(s, "http://{endpoint}");
+    match origin.path_and_query() {
+        Some(pq) if pq.as_str().starts_with('/') => s.push_str(pq.as_str()),
+        _ => s.push('/'),
+    }
+    Uri::try_from(s).map_err(|_| invalid())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origin_uri_keeps_or_rewrites_the_path_and_keeps_the_query() {
+        let uri: Uri = "http://example.com/a/b?x=1&y".parse().expect("uri");
+        assert_eq!(origin_uri(None, &uri).expect("valid"), "/a/b?x=1&y");
+        assert_eq!(origin_uri(Some("/c"), &uri).expect("valid"), "/c?x=1&y");
+        assert_eq!(origin_uri(Some(""), &uri).expect("valid"), "/?x=1&y");
+        let origin: Uri = "/p".parse().expect("uri");
+        assert_eq!(origin_uri(None, &origin).expect("valid"), "/p");
+        assert!(origin_uri(Some("/a b"), &uri).is_err());
+    }
+
+    #[test]
+    fn absolute_uri_names_the_endpoint() {
+        let uri: Uri = "/a/b?x=1&y".parse().expect("uri");
+        let v4 = absolute_uri("127.0.0.1:2".parse().expect("addr"), &uri).expect("valid");
+        assert_eq!(v4.to_string(), "http://127.0.0.1:2/a/b?x=1&y");
+        let v6 = absolute_uri("[::1]:3".parse().expect("addr"), &uri).expect("valid");
+        assert_eq!(v6.to_string(), "http://[::1]:3/a/b?x=1&y");
+    }
+}
