@@ -64,8 +64,9 @@ impl AdminState {
     }
 
     /// Replace the status and errors shown.
-    pub fn publish(&self, published: Published) {
-        self.published.store(Arc::new(published));
+    /// Show `published` from now on; returns what was shown before.
+    pub fn publish(&self, published: Published) -> Arc<Published> {
+        self.published.swap(Arc::new(published))
     }
 
     /// The status and errors currently shown.

@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use crate::admin::{AdminServer, AdminState, Published};
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxyLimits};
+use crate::route::RouteTable;
 use crate::source::{FileSource, FileWatch, SourceUpdate};
 use crate::translate::{TranslateOptions, translate};
 
@@ -158,7 +159,13 @@ impl Reloader {
             errors,
         } = update;
         let options = self.options.clone();
-        let translated = tokio::task::spawn_blocking(move || translate(&snapshot, &options)).await;
+        let translated = tokio::task::spawn_blocking(move || {
+            // Build the new table once the one it replaced last time is
+            // freed, so that the two never overlap in memory.
+            RouteTable::wait_for_freed_tables();
+            translate(&snapshot, &options)
+        })
+        .await;
         let mut translation = match translated {
             Ok(t) => t,
             Err(error) => {
@@ -186,10 +193,14 @@ impl Reloader {
             errors = errors.len(),
             "configuration applied"
         );
-        self.state.publish(Published {
+        let replaced = self.state.publish(Published {
             status: translation.status,
             errors,
         });
+        // The replaced status and this translation's rule summaries are as
+        // large as the configuration: free them off the async workers.
+        let rules = translation.rules;
+        tokio::task::spawn_blocking(move || drop((replaced, rules)));
     }
 }
 

@@ -17,7 +17,9 @@ mod weighted;
 
 pub use cors::{CorsList, CorsPolicy, OriginHost, OriginPattern};
 pub use hostname::{HostPattern, normalize_host};
-pub use matching::{HeaderMatch, PathMatch, QueryMatch, RequestMatch, ValueMatch};
+pub use matching::{
+    AnchoredRegex, HeaderMatch, PathMatch, QueryMatch, RegexError, RequestMatch, ValueMatch,
+};
 pub use retry::{DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, RetryPolicy, TryOutcome};
 pub use table::{
     ClientValidation, ListenerHandle, ListenerRoutes, Lookup, PortRoutes, RouteMatch, RouteOrder,
