@@ -18,6 +18,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /usr/local/bin/sluice /usr/local/bin/sluice
 USER 65532:65532
+# Few glibc malloc arenas: RSS stays near the first route table's across
+# reloads (docs/performance.md, "Scale and rebuild").
+ENV MALLOC_ARENA_MAX=2
 EXPOSE 80 9901
 ENTRYPOINT ["/usr/local/bin/sluice"]
 CMD ["serve", "--kubernetes", "--admin=0.0.0.0:9901"]
