@@ -483,13 +483,26 @@ pub fn static_service(
     app_protocol: Option<&str>,
     target: u16,
 ) -> String {
+    static_service_endpoints(name, port_name, port, app_protocol, &[target])
+}
+
+/// Like [`static_service`] with one endpoint per target port, each in its
+/// own EndpointSlice (`name-1`, `name-2`, ...): backends the test runs.
+/// The gateway takes them in port order.
+pub fn static_service_endpoints(
+    name: &str,
+    port_name: Option<&str>,
+    port: u16,
+    app_protocol: Option<&str>,
+    targets: &[u16],
+) -> String {
     let named = port_name
         .map(|n| format!("name: {n}, "))
         .unwrap_or_default();
     let app = app_protocol
         .map(|p| format!(", appProtocol: {p}"))
         .unwrap_or_default();
-    format!(
+    let mut out = format!(
         r#"
 ---
 apiVersion: v1
@@ -497,18 +510,25 @@ kind: Service
 metadata: {{name: {name}, namespace: default}}
 spec:
   ports: [{{{named}port: {port}{app}}}]
----
+"#
+    );
+    for (i, target) in targets.iter().enumerate() {
+        out.push_str(&format!(
+            r#"---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
-  name: {name}-1
+  name: {name}-{n}
   namespace: default
   labels: {{kubernetes.io/service-name: {name}}}
 addressType: IPv4
 ports: [{{{named}port: {target}}}]
 endpoints: [{{addresses: ["127.0.0.1"]}}]
-"#
-    )
+"#,
+            n = i + 1
+        ));
+    }
+    out
 }
 
 /// A test certificate authority and the certificates it issued.
