@@ -8,6 +8,7 @@
 //! table they started with, a broken file keeps its last good objects, and
 //! nothing a manifest says can make the process exit.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -21,7 +22,7 @@ use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxyLimits};
 use crate::route::RouteTable;
 use crate::source::{FileSource, FileWatch, SourceUpdate};
-use crate::translate::{TranslateOptions, translate};
+use crate::translate::{ObjectStatus, StatusReport, TranslateOptions, translate};
 
 /// Settings of `sluice serve`.
 #[derive(Debug, Clone)]
@@ -159,14 +160,21 @@ impl Reloader {
             errors,
         } = update;
         let options = self.options.clone();
+        let previous = self.state.published();
         let translated = tokio::task::spawn_blocking(move || {
             // Build the new table once the one it replaced last time is
             // freed, so that the two never overlap in memory.
             RouteTable::wait_for_freed_tables();
-            translate(&snapshot, &options)
+            let mut translation = translate(&snapshot, &options);
+            // Conditions whose status did not change keep the time it last
+            // changed, as in Kubernetes mode. The previous status is as
+            // large as the configuration: walk it here, off the async
+            // workers.
+            keep_transition_times(&mut translation.status, &previous.status);
+            (translation, previous)
         })
         .await;
-        let mut translation = match translated {
+        let (mut translation, previous) = match translated {
             Ok(t) => t,
             Err(error) => {
                 tracing::error!(%error, "translate failed; keeping the current configuration");
@@ -184,7 +192,12 @@ impl Reloader {
             let failures: Vec<(SocketAddr, String)> =
                 failures.into_iter().map(|f| (f.bind, f.error)).collect();
             translation.status.apply_bind_failures(&failures);
+            // A listener that failed to bind at the previous reload too
+            // keeps that failure's time (rare: walked on the async worker).
+            keep_transition_times(&mut translation.status, &previous.status);
         }
+        // The previous status is freed with `replaced` below.
+        drop(previous);
         self.generation += 1;
         self.metrics.record_reload(self.generation);
         tracing::info!(
@@ -201,6 +214,27 @@ impl Reloader {
         // large as the configuration: free them off the async workers.
         let rules = translation.rules;
         tokio::task::spawn_blocking(move || drop((replaced, rules)));
+    }
+}
+
+/// Copy each condition's `lastTransitionTime` from the status published
+/// before (same kind, namespace and name) when its type and status did not
+/// change: a condition's time is when its status last changed, not when
+/// sluice last translated it. Conditions that are new or flipped keep the
+/// translation's time.
+fn keep_transition_times(new: &mut StatusReport, old: &StatusReport) {
+    let key = |o: &ObjectStatus| {
+        (
+            o.kind.clone(),
+            o.metadata.namespace.clone(),
+            o.metadata.name.clone(),
+        )
+    };
+    let old: HashMap<_, &ObjectStatus> = old.objects.iter().map(|o| (key(o), o)).collect();
+    for object in &mut new.objects {
+        if let Some(previous) = old.get(&key(object)) {
+            crate::status::keep_transition_times(&mut object.status, &previous.status);
+        }
     }
 }
 

@@ -234,3 +234,122 @@ async fn spec_changes_bump_the_generation_in_status() {
     }
     fx.gateway.shutdown().await;
 }
+
+/// The `lastTransitionTime` of each condition of route `name`'s first
+/// parent, by type.
+fn route_condition_times(status: &serde_json::Value, name: &str) -> Vec<(String, String, String)> {
+    let route = status
+        .as_array()
+        .expect("/status is an array")
+        .iter()
+        .find(|o| o["kind"] == "HTTPRoute" && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("route {name} not in /status: {status:#}"));
+    route["status"]["parents"][0]["conditions"]
+        .as_array()
+        .expect("conditions is an array")
+        .iter()
+        .map(|c| {
+            (
+                c["type"].as_str().expect("type").to_string(),
+                c["status"].as_str().expect("status").to_string(),
+                c["lastTransitionTime"]
+                    .as_str()
+                    .expect("lastTransitionTime")
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Poll until the wall clock is a whole second past every time in `times`,
+/// so that a condition stamped anew shows a different `lastTransitionTime`
+/// (it has a resolution of one second).
+async fn wait_until_after(times: &[(String, String, String)]) {
+    use k8s_openapi::jiff::{Timestamp, ToSpan};
+    let latest = times
+        .iter()
+        .map(|(_, _, t)| t.parse::<Timestamp>().expect("RFC 3339 time"))
+        .max()
+        .expect("at least one condition");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while Timestamp::now() < latest + 1.second() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "clock stuck before {latest}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unchanged_conditions_keep_their_transition_time_across_reloads() {
+    let fx = Fixture::start(&route_yaml("web", "/", 1, 0)).await;
+    let before = route_condition_times(&fx.status().await, "web");
+    let time_of = |times: &[(String, String, String)], type_: &str| {
+        times
+            .iter()
+            .find(|(t, _, _)| t == type_)
+            .map(|(_, status, time)| (status.clone(), time.clone()))
+            .unwrap_or_else(|| panic!("no {type_} condition in {times:?}"))
+    };
+    assert_eq!(time_of(&before, "Accepted").0, "True", "{before:?}");
+    assert_eq!(time_of(&before, "ResolvedRefs").0, "True", "{before:?}");
+
+    // A reload caused by an unrelated object: web's conditions are the
+    // same, and so are their times.
+    wait_until_after(&before).await;
+    let applied = fx.generation().await;
+    write(
+        fx.dir.path(),
+        "unrelated.yaml",
+        &route_yaml("x", "/x", 1, 0),
+    );
+    fx.wait_for_generation_after(applied).await;
+    let after_unrelated = route_condition_times(&fx.status().await, "web");
+    assert_eq!(after_unrelated, before);
+
+    // web now points at a Service that does not exist: ResolvedRefs flips
+    // and gets a new time; Accepted stays True (at a new generation) and
+    // keeps its time.
+    wait_until_after(&before).await;
+    write(
+        fx.dir.path(),
+        "route.yaml",
+        &route_yaml("web", "/", 1, 0).replace("name: blue", "name: missing"),
+    );
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let flipped = loop {
+        let times = route_condition_times(&fx.status().await, "web");
+        if time_of(&times, "ResolvedRefs").0 == "False" {
+            break times;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "ResolvedRefs still True: {times:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    };
+    assert_eq!(time_of(&flipped, "Accepted"), time_of(&before, "Accepted"));
+    assert_ne!(
+        time_of(&flipped, "ResolvedRefs").1,
+        time_of(&before, "ResolvedRefs").1,
+        "{flipped:?}"
+    );
+    fx.gateway.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subdirectory_created_after_startup_is_watched() {
+    let fx = Fixture::start(&route_yaml("web", "/", 1, 0)).await;
+    fx.wait_for_backend("/", "blue").await;
+    let sub = fx.dir.path().join("team-a").join("routes");
+    std::fs::create_dir_all(&sub).expect("create subdirectory");
+    write(&sub, "a.yaml", &route_yaml("a", "/a", 0, 1));
+    fx.wait_for_backend("/a", "green").await;
+    // Later edits inside the new directory are heard as well.
+    write(&sub, "a.yaml", &route_yaml("a", "/a", 1, 0));
+    fx.wait_for_backend("/a", "blue").await;
+    rename_replace(&sub, "a.yaml", &route_yaml("a", "/a", 0, 1));
+    fx.wait_for_backend("/a", "green").await;
+    fx.gateway.shutdown().await;
+}
