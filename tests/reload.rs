@@ -353,3 +353,94 @@ async fn a_subdirectory_created_after_startup_is_watched() {
     fx.wait_for_backend("/a", "green").await;
     fx.gateway.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_directory_that_appears_after_startup_is_watched() {
+    let blue = serve_harness::start_backend("blue").await;
+    let green = serve_harness::start_backend("green").await;
+    let port = serve_harness::free_port();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let base = dir.path().join("base");
+    std::fs::create_dir(&base).expect("create base");
+    write(&base, "gateway.yaml", &serve_harness::gateway_yaml(port));
+    write(
+        &base,
+        "services.yaml",
+        &format!(
+            "{}---\n{}",
+            serve_harness::service_yaml("blue", blue),
+            serve_harness::service_yaml("green", green)
+        ),
+    );
+    write(&base, "route.yaml", &route_yaml("web", "/", 1, 0));
+    // Configured but not there yet (a volume mounted late, say).
+    let later = dir.path().join("later");
+    let gateway = sluice::serve::start(sluice::serve::ServeConfig {
+        paths: vec![base.clone(), later.clone()],
+        bind: std::net::Ipv4Addr::LOCALHOST.into(),
+        admin: (std::net::Ipv4Addr::LOCALHOST, 0).into(),
+    })
+    .await
+    .expect("gateway starts with a configured path missing");
+    let listener: std::net::SocketAddr = (std::net::Ipv4Addr::LOCALHOST, port).into();
+    let admin = gateway.admin_addr();
+    let wait_for = |path: &'static str, want: &'static str| async move {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let (status, body) = serve_harness::get(listener, path).await;
+            if body == want {
+                return status;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{path}: still {status} {body:?}, expected {want}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+    };
+    assert_eq!(wait_for("/", "blue").await, StatusCode::OK);
+    let errors = serve_harness::get(admin, "/errors").await.1;
+    assert!(
+        errors.contains("later"),
+        "missing path not reported: {errors}"
+    );
+
+    // The directory appears (empty), and once that is applied a manifest
+    // is written into it: the write must be heard on its own.
+    std::fs::create_dir(&later).expect("create later");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while serve_harness::get(admin, "/errors")
+        .await
+        .1
+        .contains("later")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the new directory was never read"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    write(&later, "late.yaml", &route_yaml("late", "/late", 0, 1));
+    assert_eq!(wait_for("/late", "green").await, StatusCode::OK);
+    // Nested directories inside it are watched too.
+    let nested = later.join("nested");
+    std::fs::create_dir(&nested).expect("create nested");
+    write(&nested, "n.yaml", &route_yaml("n", "/n", 0, 1));
+    assert_eq!(wait_for("/n", "green").await, StatusCode::OK);
+
+    // Deleted, and created again: the new directory is watched in turn.
+    std::fs::remove_dir_all(&later).expect("remove later");
+    assert_eq!(wait_for("/late", "blue").await, StatusCode::OK);
+    std::fs::create_dir(&later).expect("create later again");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !serve_harness::get(admin, "/errors").await.1.contains("[]") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the recreated directory was never read"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    write(&later, "late.yaml", &route_yaml("late", "/late", 0, 1));
+    assert_eq!(wait_for("/late", "green").await, StatusCode::OK);
+    gateway.shutdown().await;
+}

@@ -6,6 +6,11 @@
 //! twice). Every change notification triggers a full rescan: the listing
 //! and contents go to [`FileSet`], which parses only what changed. Bursts of
 //! events (an editor's write-rename-chmod) are debounced into one reload.
+//!
+//! Directories are watched recursively (new subdirectories included). A
+//! configured path that does not exist yet is reported on `/errors` and its
+//! parent directory is watched: when it appears as a directory it is read
+//! and watched from then on, and so is a directory deleted and created again.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -92,39 +97,66 @@ impl FileSource {
     /// [`FileWatch::changed`].
     pub fn watch(&self) -> notify::Result<FileWatch> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let mut watcher =
-            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                let relevant = match &event {
-                    Ok(event) => is_change(&event.kind),
-                    Err(error) => {
-                        // Lost events (queue overflow...): a rescan repairs it.
-                        tracing::warn!(%error, "file watch error; rescanning");
-                        true
-                    }
-                };
-                if relevant {
-                    // The receiver is gone only when the gateway shut down.
-                    let _ = tx.send(());
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            let relevant = match &event {
+                Ok(event) => is_change(&event.kind),
+                Err(error) => {
+                    // Lost events (queue overflow...): a rescan repairs it.
+                    tracing::warn!(%error, "file watch error; rescanning");
+                    true
                 }
-            })?;
-        for path in &self.paths {
-            if path.is_dir() {
-                watcher.watch(path, RecursiveMode::Recursive)?;
-            } else {
-                // Watch the directory, not the file: an editor that replaces
-                // the file by renaming a new one over it would leave a
-                // watch on the old inode deaf.
-                let dir = match path.parent() {
-                    Some(dir) if !dir.as_os_str().is_empty() => dir,
-                    _ => Path::new("."),
-                };
-                watcher.watch(dir, RecursiveMode::NonRecursive)?;
+            };
+            if relevant {
+                // The receiver is gone only when the gateway shut down.
+                let _ = tx.send(());
+            }
+        })?;
+        let mut watch = FileWatch {
+            watcher,
+            events: rx,
+            paths: self.paths.clone(),
+            watched_dirs: vec![None; self.paths.len()],
+            watched_parents: Vec::new(),
+        };
+        for (i, path) in self.paths.iter().enumerate() {
+            match dir_identity(path) {
+                Some(identity) => {
+                    watch.watcher.watch(path, RecursiveMode::Recursive)?;
+                    watch.watched_dirs[i] = Some(identity);
+                }
+                // A file, or a path that does not exist yet. Watch the
+                // directory, not the file: an editor that replaces the file
+                // by renaming a new one over it would leave a watch on the
+                // old inode deaf. A path that appears later as a directory
+                // is watched from then on ([`FileWatch::changed`]).
+                None => watch.watch_parent(path)?,
             }
         }
-        Ok(FileWatch {
-            _watcher: watcher,
-            events: rx,
-        })
+        Ok(watch)
+    }
+}
+
+/// Identity (device, inode) of `path` when it is a directory, to tell a
+/// directory replaced by a new one from the one already watched.
+fn dir_identity(path: &Path) -> Option<(u64, u64)> {
+    let meta = std::fs::metadata(path).ok().filter(|m| m.is_dir())?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        Some((meta.dev(), meta.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        Some((0, 0))
+    }
+}
+
+/// The directory holding `path` (`.` for a bare file name).
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
     }
 }
 
@@ -140,13 +172,26 @@ fn is_change(kind: &EventKind) -> bool {
 
 /// A live watch on the manifest paths.
 pub struct FileWatch {
-    _watcher: RecommendedWatcher,
+    watcher: RecommendedWatcher,
     events: mpsc::UnboundedReceiver<()>,
+    /// The configured paths.
+    paths: Vec<PathBuf>,
+    /// For each configured path, the directory watched recursively there
+    /// (see [`dir_identity`]), if any.
+    watched_dirs: Vec<Option<(u64, u64)>>,
+    /// Directories watched (non-recursively) for a configured path in them
+    /// to change, appear or disappear.
+    watched_parents: Vec<PathBuf>,
 }
 
 impl FileWatch {
     /// Wait until the files changed and then stayed quiet for a moment.
     /// Returns `false` when the watch has stopped.
+    ///
+    /// Before returning, configured paths that became directories (a path
+    /// missing at startup, a directory deleted and created again) are
+    /// watched recursively. Files written there before that watch existed
+    /// are not missed: the rescan that follows this call reads them.
     pub async fn changed(&mut self) -> bool {
         if self.events.recv().await.is_none() {
             return false;
@@ -156,10 +201,54 @@ impl FileWatch {
             let quiet = (tokio::time::Instant::now() + DEBOUNCE).min(deadline);
             match tokio::time::timeout_at(quiet, self.events.recv()).await {
                 Ok(Some(())) if tokio::time::Instant::now() < deadline => continue,
-                Ok(Some(())) | Err(_) => return true,
+                Ok(Some(())) | Err(_) => {
+                    self.follow_directories();
+                    return true;
+                }
                 Ok(None) => return false,
             }
         }
+    }
+
+    /// Watch each configured path that is now a directory other than the
+    /// one watched there; when a watched directory is gone, watch its
+    /// parent to hear it come back. Failures are logged and retried at the
+    /// next change.
+    fn follow_directories(&mut self) {
+        for i in 0..self.paths.len() {
+            let path = self.paths[i].clone();
+            let now = dir_identity(&path);
+            if now == self.watched_dirs[i] {
+                continue;
+            }
+            if self.watched_dirs[i].take().is_some() {
+                // Already dropped by the OS when the directory was deleted.
+                let _ = self.watcher.unwatch(&path);
+            }
+            if now.is_some() {
+                match self.watcher.watch(&path, RecursiveMode::Recursive) {
+                    Ok(()) => {
+                        tracing::info!(path = %path.display(), "watching new directory");
+                        self.watched_dirs[i] = now;
+                    }
+                    Err(error) => {
+                        tracing::warn!(path = %path.display(), %error, "cannot watch directory")
+                    }
+                }
+            } else if let Err(error) = self.watch_parent(&path) {
+                tracing::warn!(path = %path.display(), %error, "cannot watch directory");
+            }
+        }
+    }
+
+    /// Watch the directory holding `path`, once.
+    fn watch_parent(&mut self, path: &Path) -> notify::Result<()> {
+        let dir = parent_dir(path);
+        if !self.watched_parents.iter().any(|d| d == dir) {
+            self.watcher.watch(dir, RecursiveMode::NonRecursive)?;
+            self.watched_parents.push(dir.to_path_buf());
+        }
+        Ok(())
     }
 }
 
