@@ -444,3 +444,57 @@ async fn a_configured_directory_that_appears_after_startup_is_watched() {
     assert_eq!(wait_for("/late", "green").await, StatusCode::OK);
     gateway.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_directory_deleted_and_created_again_is_watched() {
+    // Served by routes' presence in `/status`: no backends needed.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let base = dir.path().join("base");
+    std::fs::create_dir(&base).expect("create base");
+    write(
+        &base,
+        "gateway.yaml",
+        &serve_harness::gateway_yaml(serve_harness::free_port()),
+    );
+    // A second configured directory, there at startup.
+    let teams = dir.path().join("teams");
+    std::fs::create_dir(&teams).expect("create teams");
+    write(&teams, "t.yaml", &route_yaml("t", "/t", 0, 1));
+    let gateway = sluice::serve::start(sluice::serve::ServeConfig {
+        paths: vec![base, teams.clone()],
+        bind: std::net::Ipv4Addr::LOCALHOST.into(),
+        admin: (std::net::Ipv4Addr::LOCALHOST, 0).into(),
+    })
+    .await
+    .expect("gateway starts");
+    let admin = gateway.admin_addr();
+    let has_route = |name: &'static str| async move {
+        let body = serve_harness::get(admin, "/status").await.1;
+        let status: serde_json::Value = serde_json::from_str(&body).expect("/status is JSON");
+        status
+            .as_array()
+            .expect("/status is an array")
+            .iter()
+            .any(|o| o["kind"] == "HTTPRoute" && o["metadata"]["name"] == name)
+    };
+    let wait_for_route = |name: &'static str, present: bool| async move {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        while has_route(name).await != present {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "route {name} present: expected {present}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+    };
+    wait_for_route("t", true).await;
+    std::fs::remove_dir_all(&teams).expect("remove teams");
+    wait_for_route("t", false).await;
+    std::fs::create_dir(&teams).expect("create teams again");
+    write(&teams, "u.yaml", &route_yaml("u", "/u", 0, 1));
+    wait_for_route("u", true).await;
+    // And files edited in it later are heard too.
+    write(&teams, "v.yaml", &route_yaml("v", "/v", 0, 1));
+    wait_for_route("v", true).await;
+    gateway.shutdown().await;
+}
