@@ -37,6 +37,7 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_util::future::{self, Either, FutureExt};
 use http::header::HOST;
 use http::{HeaderValue, Request, Response};
 use http_body::{Body, Frame, SizeHint};
@@ -91,11 +92,16 @@ impl Pool {
     /// Send `req` (origin-form URI, HTTP/1.1) to `endpoint` on an idle
     /// connection or a new one. The response body keeps the connection
     /// and returns it to the pool when it has been read to its end.
-    pub async fn send(
+    ///
+    /// The request is handed to an idle connection before the returned
+    /// future is first polled, so the future holds the answer's receiver
+    /// and not the request as well: futures are moved whole, and this one
+    /// is part of every request's.
+    pub fn send(
         self: &Arc<Self>,
         endpoint: SocketAddr,
         mut req: Request<UpstreamBody>,
-    ) -> Result<Response<PooledBody>, UpstreamError> {
+    ) -> impl Future<Output = Result<Response<PooledBody>, UpstreamError>> + Send + 'static {
         if !req.headers().contains_key(HOST) {
             // hyper-util's client did this; requests from HTTP/2 clients
             // without an authority would otherwise have no Host at all.
@@ -103,17 +109,53 @@ impl Pool {
                 req.headers_mut().insert(HOST, v);
             }
         }
+        // Combinators rather than an `async` block: one would keep the
+        // request (or the sent request's future) twice.
+        match self.checkout(endpoint) {
+            Some(mut conn) => {
+                let pool = self.clone();
+                Either::Left(conn.try_send_request(req).then(move |answer| match answer {
+                    Ok(resp) => {
+                        Either::Left(future::ready(Ok(pool.response(endpoint, resp, conn))))
+                    }
+                    Err(mut e) => Either::Right(match e.take_message() {
+                        // Not a byte of it was written: the idle connection
+                        // had closed meanwhile. Another connection gets it.
+                        Some(unsent) => {
+                            Box::pin(async move { pool.send_again(endpoint, unsent).await })
+                                as Pin<Box<dyn Future<Output = _> + Send>>
+                        }
+                        None => {
+                            Box::pin(future::ready(Err(UpstreamError::exchange(e.into_error()))))
+                        }
+                    }),
+                }))
+            }
+            // Boxed: the future of the common case (an idle connection)
+            // stays small.
+            None => {
+                let pool = self.clone();
+                Either::Right(Box::pin(
+                    async move { pool.send_on_new(endpoint, req).await },
+                ))
+            }
+        }
+    }
+
+    /// [`Pool::send`] after an idle connection turned out closed: the
+    /// next idle ones, then a new one.
+    async fn send_again(
+        self: &Arc<Self>,
+        endpoint: SocketAddr,
+        mut req: Request<UpstreamBody>,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
         loop {
             let Some(mut conn) = self.checkout(endpoint) else {
-                // Boxed: the future of the common case (an idle connection)
-                // stays small, and futures are moved whole.
-                return Box::pin(self.send_on_new(endpoint, req)).await;
+                return self.send_on_new(endpoint, req).await;
             };
             match conn.try_send_request(req).await {
                 Ok(resp) => return Ok(self.response(endpoint, resp, conn)),
                 Err(mut e) => match e.take_message() {
-                    // Not a byte of it was written: the idle connection had
-                    // closed meanwhile. Another connection gets it.
                     Some(unsent) => req = unsent,
                     None => return Err(UpstreamError::exchange(e.into_error())),
                 },

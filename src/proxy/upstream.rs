@@ -13,6 +13,10 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use std::pin::Pin;
+
+use futures_util::FutureExt;
+use futures_util::future::Either;
 use http::uri::{Authority, Scheme};
 use http::{Request, Response, Uri, Version};
 use hyper_util::client::legacy::Client;
@@ -24,39 +28,79 @@ use super::error::{ProxyError, UpstreamError};
 use super::pool::Pool;
 use crate::route::BackendTls;
 
-/// The client for one backend's endpoints.
+/// The client for one backend's endpoints. hyper-util's clients are
+/// boxed: this is held across the request's awaits, and the common case
+/// (the pool) should not make every request's future a few hundred bytes
+/// larger.
 #[derive(Clone)]
 pub(super) enum Upstream {
     /// HTTP/1.1 over cleartext: sluice's pool.
     Pool(Arc<Pool>),
     /// hyper-util's pooled client (h2c, upgrades).
-    Pooled(Client<HttpConnector, UpstreamBody>),
+    Pooled(Box<Client<HttpConnector, UpstreamBody>>),
     /// TLS as a BackendTLSPolicy says (HTTP/1.1; ALPN is not offered).
-    Tls(Client<BackendTlsConnector, UpstreamBody>, Arc<BackendTls>),
+    Tls(Box<(Client<BackendTlsConnector, UpstreamBody>, Arc<BackendTls>)>),
 }
 
 impl Upstream {
     /// Send `req` (origin-form URI) to `endpoint`.
-    pub async fn send(
+    ///
+    /// Not an `async fn`: that would keep `req` in the future next to the
+    /// pool's, which holds it already; the future is part of every
+    /// request's and is moved whole.
+    pub fn send(
         &self,
         endpoint: SocketAddr,
         mut req: Request<UpstreamBody>,
-    ) -> Result<Response<ResponseBody>, ProxyError> {
-        let result = match self {
+    ) -> impl Future<Output = Result<Response<ResponseBody>, ProxyError>> + Send + '_ {
+        let pending = match self {
+            Upstream::Pool(pool) => Either::Left(
+                pool.send(endpoint, req)
+                    .map(|r| r.map(|r| r.map(ResponseBody::Pooled)).map_err(Ok)),
+            ),
+            // Boxed: h2c, upgrades and TLS are the rarer paths, and the
+            // future of the common one (the pool) stays small.
+            _ => {
+                let upstream = self.clone();
+                Either::Right(Box::pin(async move {
+                    *req.uri_mut() = absolute_uri(endpoint, req.uri()).map_err(Err)?;
+                    upstream.send_by_client(endpoint, req).await.map_err(Ok)
+                })
+                    as Pin<Box<dyn Future<Output = _> + Send>>)
+            }
+        };
+        // Combinators rather than an `async` block, which would keep
+        // `pending` twice.
+        pending.map(|result| {
+            result.map_err(|e| match e {
+                Ok(e) if caused_by_client_body(&e) => {
+                    ProxyError::BadRequest("malformed request body")
+                }
+                Ok(e) => ProxyError::Unreachable(e),
+                Err(e) => e,
+            })
+        })
+    }
+
+    /// [`Upstream::send`] through one of hyper-util's clients, `req`
+    /// with its absolute URI.
+    async fn send_by_client(
+        &self,
+        endpoint: SocketAddr,
+        mut req: Request<UpstreamBody>,
+    ) -> Result<Response<ResponseBody>, UpstreamError> {
+        match self {
             Upstream::Pool(pool) => pool
                 .send(endpoint, req)
                 .await
                 .map(|r| r.map(ResponseBody::Pooled)),
-            Upstream::Pooled(client) => {
-                *req.uri_mut() = absolute_uri(endpoint, req.uri())?;
-                client
-                    .request(req)
-                    .await
-                    .map(|r| r.map(ResponseBody::Upstream))
-                    .map_err(UpstreamError::from)
-            }
-            Upstream::Tls(client, tls) => {
-                *req.uri_mut() = absolute_uri(endpoint, req.uri())?;
+            Upstream::Pooled(client) => client
+                .request(req)
+                .await
+                .map(|r| r.map(ResponseBody::Upstream))
+                .map_err(UpstreamError::from),
+            Upstream::Tls(tls_client) => {
+                let (client, tls) = &**tls_client;
                 *req.version_mut() = Version::HTTP_11;
                 client
                     .request(req)
@@ -67,14 +111,7 @@ impl Upstream {
                         UpstreamError::from(e)
                     })
             }
-        };
-        result.map_err(|e| {
-            if caused_by_client_body(&e) {
-                ProxyError::BadRequest("malformed request body")
-            } else {
-                ProxyError::Unreachable(e)
-            }
-        })
+        }
     }
 }
 
