@@ -3,6 +3,8 @@
 #
 #   bash bench/run.sh            # the full run (about 8 minutes), prints the tables
 #   bash bench/run.sh --quick    # under a minute once built; CI's smoke test
+#   bash bench/run.sh --ab before=/tmp/sluice-old after=target/release/sluice
+#                                # paired A/B of sluice binaries (bench/ab.py)
 #
 # Installs nginx, HAProxy and wrk from Debian's packages when missing (needs
 # root), builds sluice and the bench tools in release mode in the shared
@@ -51,4 +53,8 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import js
 
 PYTHON=python3
 [[ -x /usr/bin/python3 ]] && PYTHON=/usr/bin/python3
+if [[ "${1:-}" == --ab ]]; then
+    shift
+    exec "$PYTHON" bench/ab.py --tools "$tools" "$@"
+fi
 exec "$PYTHON" bench/driver.py --sluice "$target_dir/release/sluice" --tools "$tools" "$@"
