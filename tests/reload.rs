@@ -72,18 +72,9 @@ async fn a_single_file_path_is_watched_through_rename_replace() {
     .expect("gateway starts");
     let listener = (std::net::Ipv4Addr::LOCALHOST, port).into();
     let wait_for = |path: &'static str, want: &'static str| async move {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            let (status, body) = serve_harness::get(listener, path).await;
-            if body == want {
-                return status;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{path}: still {status} {body:?}, expected {want}"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-        }
+        serve_harness::wait_for(listener, path, want, |_, body| body == want)
+            .await
+            .0
     };
     assert_eq!(wait_for("/", "blue").await, StatusCode::OK);
     rename_replace(dir.path(), "all.yaml", &all(0, 1));
@@ -385,18 +376,9 @@ async fn a_configured_directory_that_appears_after_startup_is_watched() {
     let listener: std::net::SocketAddr = (std::net::Ipv4Addr::LOCALHOST, port).into();
     let admin = gateway.admin_addr();
     let wait_for = |path: &'static str, want: &'static str| async move {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            let (status, body) = serve_harness::get(listener, path).await;
-            if body == want {
-                return status;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{path}: still {status} {body:?}, expected {want}"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-        }
+        serve_harness::wait_for(listener, path, want, |_, body| body == want)
+            .await
+            .0
     };
     assert_eq!(wait_for("/", "blue").await, StatusCode::OK);
     let errors = serve_harness::get(admin, "/errors").await.1;

@@ -222,18 +222,7 @@ impl Fixture {
         expected: &str,
         want: impl Fn(StatusCode, &str) -> bool,
     ) {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            let (status, body) = self.request(path).await;
-            if want(status, &body) {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{path}: still {status} {body:?}, expected {expected}"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        wait_for(self.listener, path, expected, want).await;
     }
 
     /// Poll until `path` answers 200 from `backend`.
@@ -313,5 +302,27 @@ pub async fn get(addr: SocketAddr, path: &str) -> (StatusCode, String) {
     match client.get(path).await {
         Ok(answer) => answer,
         Err(error) => (StatusCode::BAD_GATEWAY, format!("request: {error}")),
+    }
+}
+
+/// Poll `GET path` on `addr` until the answer satisfies `want` and return
+/// it, or panic at the deadline with the last answer.
+pub async fn wait_for(
+    addr: SocketAddr,
+    path: &str,
+    expected: &str,
+    want: impl Fn(StatusCode, &str) -> bool,
+) -> (StatusCode, String) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let (status, body) = get(addr, path).await;
+        if want(status, &body) {
+            return (status, body);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{path}: still {status} {body:?}, expected {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
