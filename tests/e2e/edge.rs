@@ -151,22 +151,7 @@ fn log_file(path: PathBuf) -> std::fs::File {
 /// for every host to `service`.
 fn gateway_two_ports(service: &str) -> String {
     format!(
-        r#"
-apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata:
-  name: sluice
-spec:
-  controllerName: sluice.dev/gateway-controller
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata:
-  name: gw
-  namespace: default
-spec:
-  gatewayClassName: sluice
-  listeners:
+        r#"{GATEWAY_HEAD}  listeners:
   - name: one
     protocol: HTTP
     port: {{{{PORT}}}}

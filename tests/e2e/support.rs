@@ -48,31 +48,19 @@ spec:
   gatewayClassName: sluice
 ";
 
+/// Gateway `default/gw` with one HTTP listener on `{{PORT}}` taking routes
+/// from every namespace.
 pub fn gateway() -> String {
-    r#"
-apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata:
-  name: sluice
-spec:
-  controllerName: sluice.dev/gateway-controller
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata:
-  name: gw
-  namespace: default
-spec:
-  gatewayClassName: sluice
-  listeners:
+    format!(
+        "{GATEWAY_HEAD}  listeners:
   - name: http
     protocol: HTTP
-    port: {{PORT}}
+    port: {{{{PORT}}}}
     allowedRoutes:
       namespaces:
         from: All
-"#
-    .to_string()
+"
+    )
 }
 
 /// The pods of one Service: echo servers on loopback.
