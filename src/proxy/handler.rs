@@ -20,7 +20,7 @@ use super::filters::{
     add_forwarded, modify_headers, modify_path, redirect_location, strip_hop_by_hop,
 };
 use super::upgrade::UpgradeRequest;
-use super::upstream::{Upstream, origin_uri};
+use super::upstream::{ClientUpstream, Upstream, origin_uri};
 use super::{cors, retry, tls};
 use crate::metrics::RequestKey;
 use crate::route::{
@@ -422,9 +422,16 @@ impl<'t> Forwarding<'_, 't> {
     fn upstream(&self, endpoints: &EndpointSet, h2: bool, upgrade: bool) -> Upstream {
         let shared = self.shared;
         match &endpoints.tls {
-            Some(tls) => Upstream::Tls(Box::new((shared.backend_tls.client(tls), tls.clone()))),
-            None if h2 => Upstream::Pooled(Box::new(shared.h2_client.clone())),
-            None if upgrade => Upstream::Pooled(Box::new(shared.client.clone())),
+            Some(tls) => Upstream::Client(Box::new(ClientUpstream::Tls(
+                shared.backend_tls.client(tls),
+                tls.clone(),
+            ))),
+            None if h2 => {
+                Upstream::Client(Box::new(ClientUpstream::Plain(shared.h2_client.clone())))
+            }
+            None if upgrade => {
+                Upstream::Client(Box::new(ClientUpstream::Plain(shared.client.clone())))
+            }
             None => Upstream::Pool(shared.pool.clone()),
         }
     }

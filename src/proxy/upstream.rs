@@ -36,10 +36,17 @@ use crate::route::BackendTls;
 pub(super) enum Upstream {
     /// HTTP/1.1 over cleartext: sluice's pool.
     Pool(Arc<Pool>),
-    /// hyper-util's pooled client (h2c, upgrades).
-    Pooled(Box<Client<HttpConnector, UpstreamBody>>),
+    /// One of hyper-util's clients (h2c, upgrades, TLS).
+    Client(Box<ClientUpstream>),
+}
+
+/// The rarer paths, through hyper-util's pooled clients.
+#[derive(Clone)]
+pub(super) enum ClientUpstream {
+    /// Cleartext (h2c, upgrades).
+    Plain(Client<HttpConnector, UpstreamBody>),
     /// TLS as a BackendTLSPolicy says (HTTP/1.1; ALPN is not offered).
-    Tls(Box<(Client<BackendTlsConnector, UpstreamBody>, Arc<BackendTls>)>),
+    Tls(Client<BackendTlsConnector, UpstreamBody>, Arc<BackendTls>),
 }
 
 impl Upstream {
@@ -51,7 +58,7 @@ impl Upstream {
     pub fn send(
         &self,
         endpoint: SocketAddr,
-        mut req: Request<UpstreamBody>,
+        req: Request<UpstreamBody>,
     ) -> impl Future<Output = Result<Response<ResponseBody>, ProxyError>> + Send + '_ {
         let pending = match self {
             Upstream::Pool(pool) => Either::Left(
@@ -60,13 +67,11 @@ impl Upstream {
             ),
             // Boxed: h2c, upgrades and TLS are the rarer paths, and the
             // future of the common one (the pool) stays small.
-            _ => {
-                let upstream = self.clone();
-                Either::Right(Box::pin(async move {
-                    *req.uri_mut() = absolute_uri(endpoint, req.uri()).map_err(Err)?;
-                    upstream.send_by_client(endpoint, req).await.map_err(Ok)
-                })
-                    as Pin<Box<dyn Future<Output = _> + Send>>)
+            Upstream::Client(client) => {
+                let client = (**client).clone();
+                Either::Right(
+                    Box::pin(client.send(endpoint, req)) as Pin<Box<dyn Future<Output = _> + Send>>
+                )
             }
         };
         // Combinators rather than an `async` block, which would keep
@@ -81,26 +86,25 @@ impl Upstream {
             })
         })
     }
+}
 
-    /// [`Upstream::send`] through one of hyper-util's clients, `req`
-    /// with its absolute URI.
-    async fn send_by_client(
-        &self,
+impl ClientUpstream {
+    /// [`Upstream::send`] through one of hyper-util's clients, which take
+    /// the request with its absolute URI. `Err(Err(_))`: no URI could be
+    /// made; `Err(Ok(_))`: the backend could not be reached.
+    async fn send(
+        self,
         endpoint: SocketAddr,
         mut req: Request<UpstreamBody>,
-    ) -> Result<Response<ResponseBody>, UpstreamError> {
+    ) -> Result<Response<ResponseBody>, Result<UpstreamError, ProxyError>> {
+        *req.uri_mut() = absolute_uri(endpoint, req.uri()).map_err(Err)?;
         match self {
-            Upstream::Pool(pool) => pool
-                .send(endpoint, req)
-                .await
-                .map(|r| r.map(ResponseBody::Pooled)),
-            Upstream::Pooled(client) => client
+            ClientUpstream::Plain(client) => client
                 .request(req)
                 .await
                 .map(|r| r.map(ResponseBody::Upstream))
-                .map_err(UpstreamError::from),
-            Upstream::Tls(tls_client) => {
-                let (client, tls) = &**tls_client;
+                .map_err(|e| Ok(UpstreamError::from(e))),
+            ClientUpstream::Tls(client, tls) => {
                 *req.version_mut() = Version::HTTP_11;
                 client
                     .request(req)
@@ -108,15 +112,13 @@ impl Upstream {
                     .map(|r| r.map(ResponseBody::Upstream))
                     .map_err(|e| {
                         tracing::debug!(policy = %tls.policy, error = %e, "TLS backend unreachable");
-                        UpstreamError::from(e)
+                        Ok(UpstreamError::from(e))
                     })
             }
         }
     }
 }
 
-/// The request URI sent to a backend, origin-form: the request's own path
-/// and query, or `path` (rewritten by a filter) with the request's query.
 pub(super) fn origin_uri(path: Option<&str>, original: &Uri) -> Result<Uri, ProxyError> {
     // The usual case: the path is not rewritten, so the request's own path
     // and query are reused as they are (no copy, no parse).
