@@ -43,11 +43,10 @@ use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
 use super::certificates::{KeyPair, ca_bundle, key_pair};
 use super::conditions::{ConditionMaker, set_condition};
+use super::meta::{namespace_of, sort_key};
+use super::output::{ObjectStatus, StatusMetadata, api_version};
 use super::references::{self, CoreRef, Referrer};
-use super::{ObjectStatus, StatusMetadata, api_version, sort_key};
-use crate::resources::{
-    BackendTlsPolicy, CONTROLLER_NAME, DEFAULT_NAMESPACE, GATEWAY_GROUP, Snapshot,
-};
+use crate::resources::{BackendTlsPolicy, CONTROLLER_NAME, GATEWAY_GROUP, Snapshot};
 use crate::route::BackendTls;
 
 /// `(reason, message)` of a condition that is False.
@@ -55,10 +54,6 @@ type Failure = (&'static str, String);
 
 /// `(namespace, name)` of a Gateway.
 type GatewayKey = (String, String);
-
-fn ns_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
-    meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE)
-}
 
 /// One BackendTLSPolicy, validated.
 struct PolicyView<'a> {
@@ -153,7 +148,7 @@ impl<'a> BackendTlsIndex<'a> {
             let Some(name) = gw.metadata.name.as_deref() else {
                 continue;
             };
-            let gw_ns = ns_of(&gw.metadata);
+            let gw_ns = namespace_of(&gw.metadata);
             let r = CoreRef {
                 group: r.group.as_deref().unwrap_or(""),
                 kind: r.kind.as_deref().unwrap_or("Secret"),
@@ -377,7 +372,7 @@ impl PolicyView<'_> {
 }
 
 fn validate_policy<'a>(snapshot: &Snapshot, policy: &'a BackendTlsPolicy) -> PolicyView<'a> {
-    let namespace = ns_of(&policy.metadata);
+    let namespace = namespace_of(&policy.metadata);
     let name = policy.metadata.name.as_deref().unwrap_or("");
     let v = &policy.spec.validation;
     let mut view = PolicyView {

@@ -17,9 +17,10 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::ServicePort;
 
 use super::backend_tls::BackendTlsIndex;
+use super::meta::namespace_of;
 use super::references::{Referrer, reference_allowed};
 use crate::resources::{EndpointSlice, Service, Snapshot};
-use crate::route::{AppProtocol, BackendTls};
+use crate::route::{AppProtocol, BackendTarget, BackendTls, EndpointSet};
 
 /// The label EndpointSlices carry to name their Service.
 pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -51,6 +52,30 @@ pub(crate) enum Resolution {
     },
 }
 
+/// A backendRef (or mirror backendRef) that did not resolve, for the
+/// route's `ResolvedRefs=False`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RefFailure {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// What the route table does with a backend that resolved so: send to its
+/// endpoints, or answer 503 (no ready endpoint) or 500 (unresolved).
+pub(crate) fn backend_target(resolution: Resolution) -> BackendTarget {
+    match resolution {
+        Resolution::Endpoints {
+            addrs,
+            protocol,
+            tls,
+        } => BackendTarget::Endpoints(EndpointSet::new(addrs, protocol).with_tls(tls.map(|t| t.0))),
+        Resolution::NoReadyEndpoints => BackendTarget::NoReadyEndpoints,
+        Resolution::Unresolved { reason, .. } => BackendTarget::Unresolved {
+            reason: reason.to_string(),
+        },
+    }
+}
+
 /// A backend's TLS settings, compared by their identity key.
 #[derive(Debug, Clone)]
 pub(crate) struct TlsSettings(pub Arc<BackendTls>);
@@ -70,18 +95,12 @@ pub(crate) struct BackendResolver<'a> {
     pub tls: BackendTlsIndex<'a>,
 }
 
-fn ns_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
-    meta.namespace
-        .as_deref()
-        .unwrap_or(crate::resources::DEFAULT_NAMESPACE)
-}
-
 impl<'a> BackendResolver<'a> {
     pub fn new(snapshot: &'a Snapshot) -> Self {
         let mut services = BTreeMap::new();
         for s in &snapshot.services {
             if let Some(name) = s.metadata.name.as_deref() {
-                services.insert((ns_of(&s.metadata), name), s);
+                services.insert((namespace_of(&s.metadata), name), s);
             }
         }
         let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
@@ -93,7 +112,7 @@ impl<'a> BackendResolver<'a> {
                 .and_then(|l| l.get(SERVICE_NAME_LABEL));
             if let Some(svc) = svc {
                 slices
-                    .entry((ns_of(&es.metadata), svc.as_str()))
+                    .entry((namespace_of(&es.metadata), svc.as_str()))
                     .or_default()
                     .push(es);
             }

@@ -16,8 +16,7 @@ use gateway_api::experimental::httproutes::{
 };
 use http::{HeaderName, HeaderValue, StatusCode};
 
-use super::backends::{BackendRefFields, BackendResolver, Resolution};
-use super::{RefFailure, backend_target};
+use super::backends::{BackendRefFields, BackendResolver, RefFailure, Resolution, backend_target};
 use crate::resources::filter_type_name;
 use crate::route::{
     Backend, CorsList, CorsPolicy, Filter, HeaderModifier, Mirror, OriginPattern, PathModifier,

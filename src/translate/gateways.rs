@@ -31,10 +31,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use rustls::sign::CertifiedKey;
 
+use super::TranslateOptions;
 use super::conditions::ConditionMaker;
 use super::listenersets::ListenerSetView;
+use super::meta::sort_key;
+use super::output::{ObjectStatus, StatusMetadata, api_version};
 use super::references::Referrer;
-use super::{ObjectStatus, StatusMetadata, TranslateOptions, api_version, sort_key};
 use crate::resources::{CONTROLLER_NAME, GATEWAY_GROUP, Gateway, GatewayClass, Snapshot};
 use crate::route::HostPattern;
 

@@ -31,8 +31,9 @@ use super::gateways::{
     AllowedNamespaces, GatewayView, ListenerTls, listener_status, listener_tls, listener_view,
     namespace_allowed,
 };
+use super::meta::sort_key;
+use super::output::{ObjectStatus, StatusMetadata, api_version};
 use super::references::Referrer;
-use super::{ObjectStatus, StatusMetadata, api_version, sort_key};
 use crate::resources::{DEFAULT_NAMESPACE, GATEWAY_GROUP, Gateway, Snapshot};
 
 /// One ListenerSet whose parentRef names one of our Gateways.

@@ -1,5 +1,6 @@
 //! translate: the pure function from a [`Snapshot`] to what sluice serves
-//! ([`RouteTable`]) and what it reports ([`StatusReport`]).
+//! ([`RouteTable`](crate::route::RouteTable)) and what it reports
+//! ([`StatusReport`]).
 //!
 //! All Gateway API semantics of *configuration* live here: which Gateways
 //! are ours, which routes attach to which listeners, hostname intersection,
@@ -8,172 +9,44 @@
 
 mod backend_tls;
 mod backends;
+mod bind_failures;
 mod certificates;
 mod conditions;
 mod filters;
 mod gateways;
 mod listenersets;
 mod matches;
+mod meta;
+mod output;
 mod references;
 mod routes;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, SocketAddr};
+pub use output::{
+    BackendOutcome, BackendSummary, ListenerBind, ObjectStatus, RuleSummary, StatusMetadata,
+    StatusReport, Translation,
+};
 
-use gateway_api::experimental::gateways::GatewayStatus;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
 use gateway_api::experimental::httproutes::{
     HttpRouteStatus, HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
 };
-use gateway_api::experimental::listenersets::ListenerSetStatus;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use serde::Serialize;
 
-use crate::resources::{CONTROLLER_NAME, DEFAULT_NAMESPACE, GATEWAY_GROUP, Snapshot};
-use crate::route::{BackendTarget, EndpointSet, RouteOrder, RouteTable, RouteTableBuilder};
+use crate::resources::{CONTROLLER_NAME, DEFAULT_NAMESPACE, Snapshot};
+use crate::route::{RouteOrder, RouteTableBuilder};
 
-use backends::{BackendResolver, Resolution};
-use conditions::{ConditionMaker, set_condition};
+use backends::BackendResolver;
+use conditions::ConditionMaker;
+use meta::{created_nanos, sort_key};
+use output::api_version;
 
 /// Settings that are not part of the manifests.
 #[derive(Debug, Clone)]
 pub struct TranslateOptions {
     /// Address listeners bind on when their Gateway has no `spec.addresses`.
     pub default_bind: IpAddr,
-}
-
-/// Everything translate produces.
-#[derive(Debug)]
-pub struct Translation {
-    pub table: RouteTable,
-    pub status: StatusReport,
-    /// Every HTTPRoute rule that is attached somewhere, with its backends'
-    /// shares (what `sluice check` prints), in (namespace, name, rule) order.
-    pub rules: Vec<RuleSummary>,
-    /// Traps worth a warning that are not errors (an omitted weight next to
-    /// explicit ones, a backend whose share will get 500 or 503, ...).
-    pub warnings: Vec<String>,
-}
-
-/// The status of every object, in the shape Kubernetes would hold it.
-#[derive(Debug, Clone, Default, Serialize)]
-#[serde(transparent)]
-pub struct StatusReport {
-    pub objects: Vec<ObjectStatus>,
-    /// Which socket each Gateway listener is served on, so that runtime bind
-    /// failures can be reported against the right listener.
-    #[serde(skip)]
-    pub listener_binds: Vec<ListenerBind>,
-}
-
-/// `{apiVersion, kind, metadata, status}` of one object.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct ObjectStatus {
-    pub api_version: String,
-    pub kind: String,
-    pub metadata: StatusMetadata,
-    pub status: serde_json::Value,
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct StatusMetadata {
-    pub name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    pub generation: i64,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ListenerBind {
-    pub gateway_namespace: String,
-    pub gateway_name: String,
-    /// `(namespace, name)` of the ListenerSet that defines the listener;
-    /// `None` for one of the Gateway's own listeners.
-    pub listener_set: Option<(String, String)>,
-    pub listener: String,
-    pub bind: SocketAddr,
-}
-
-/// One rule's backends and their shares, for `sluice check`.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct RuleSummary {
-    /// `<namespace>/<name>` of the HTTPRoute.
-    pub route: String,
-    pub rule: usize,
-    pub backends: Vec<BackendSummary>,
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct BackendSummary {
-    /// `<namespace>/<name>:<port>` (kind prefixed when not a Service).
-    pub name: String,
-    pub weight: u32,
-    /// The weight was omitted in the manifest (so it is 1).
-    pub weight_omitted: bool,
-    /// Percentage of the rule's traffic, `100 * weight / sum`.
-    pub share_percent: f64,
-    pub outcome: BackendOutcome,
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(
-    tag = "outcome",
-    rename_all = "camelCase",
-    rename_all_fields = "camelCase"
-)]
-pub enum BackendOutcome {
-    /// Resolved, with this many ready endpoints.
-    Serves { ready_endpoints: usize },
-    /// Resolved but no ready endpoint: its share gets 503.
-    NoReadyEndpoints,
-    /// Does not resolve: its share gets 500. `reason` is the spec's
-    /// (`BackendNotFound`, `InvalidKind`, `RefNotPermitted`).
-    Unresolved { reason: String, message: String },
-}
-
-/// A backendRef (or mirror backendRef) that did not resolve.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct RefFailure {
-    pub reason: &'static str,
-    pub message: String,
-}
-
-pub(crate) fn backend_target(resolution: Resolution) -> BackendTarget {
-    match resolution {
-        Resolution::Endpoints {
-            addrs,
-            protocol,
-            tls,
-        } => BackendTarget::Endpoints(EndpointSet::new(addrs, protocol).with_tls(tls.map(|t| t.0))),
-        Resolution::NoReadyEndpoints => BackendTarget::NoReadyEndpoints,
-        Resolution::Unresolved { reason, .. } => BackendTarget::Unresolved {
-            reason: reason.to_string(),
-        },
-    }
-}
-
-pub(crate) fn api_version() -> String {
-    format!("{GATEWAY_GROUP}/v1")
-}
-
-/// Inputs are ordered by (creationTimestamp, namespace, name) so that the
-/// output never depends on file order.
-pub(crate) fn sort_key(meta: &ObjectMeta) -> (i128, String, String) {
-    (
-        created_nanos(meta),
-        meta.namespace.clone().unwrap_or_default(),
-        meta.name.clone().unwrap_or_default(),
-    )
-}
-
-fn created_nanos(meta: &ObjectMeta) -> i128 {
-    meta.creation_timestamp
-        .as_ref()
-        .map(|t| t.0.as_nanosecond())
-        .unwrap_or(0)
 }
 
 /// Build the route table and status for a snapshot, with conditions
@@ -404,129 +277,6 @@ pub fn translate_at(
     }
 }
 
-impl StatusReport {
-    /// Report sockets the proxy could not listen on: their listeners get
-    /// `Accepted=False` (reason `PortUnavailable`, "the port is already in
-    /// use") and `Programmed=False` (reason `Pending`), with the OS error
-    /// as message; a Gateway none of whose listeners is programmed any more
-    /// gets `Programmed=False` with reason `AddressNotUsable`, a ListenerSet
-    /// likewise with reason `PortUnavailable`.
-    pub fn apply_bind_failures(&mut self, failures: &[(SocketAddr, String)]) {
-        // (kind, ns, name) of the object defining the listener -> listener
-        // -> errors
-        let mut failed: BTreeMap<(&str, &str, &str), BTreeMap<&str, Vec<String>>> = BTreeMap::new();
-        for b in &self.listener_binds {
-            for (addr, error) in failures {
-                if *addr == b.bind {
-                    let owner = match &b.listener_set {
-                        None => (
-                            "Gateway",
-                            b.gateway_namespace.as_str(),
-                            b.gateway_name.as_str(),
-                        ),
-                        Some((ns, name)) => ("ListenerSet", ns.as_str(), name.as_str()),
-                    };
-                    failed
-                        .entry(owner)
-                        .or_default()
-                        .entry(&b.listener)
-                        .or_default()
-                        .push(format!("cannot listen on {addr}: {error}"));
-                }
-            }
-        }
-        for ((kind, ns, name), listeners) in failed {
-            let Some(object) = self.objects.iter_mut().find(|o| {
-                o.kind == kind
-                    && o.metadata.namespace.as_deref() == Some(ns)
-                    && o.metadata.name == name
-            }) else {
-                continue;
-            };
-            let cond = ConditionMaker {
-                generation: object.metadata.generation,
-                now: Timestamp::now(),
-            };
-            let mark = |listener: &str, conditions: &mut Vec<Condition>| {
-                if let Some(errors) = listeners.get(listener) {
-                    let message = errors.join("; ");
-                    set_condition(
-                        conditions,
-                        cond.make("Accepted", false, "PortUnavailable", message.clone()),
-                    );
-                    set_condition(
-                        conditions,
-                        cond.make("Programmed", false, "Pending", message),
-                    );
-                }
-            };
-            let message = listeners
-                .iter()
-                .map(|(l, e)| format!("listener {l}: {}", e.join("; ")))
-                .collect::<Vec<_>>()
-                .join("; ");
-            let updated = if kind == "Gateway" {
-                let Ok(mut status) = serde_json::from_value::<GatewayStatus>(object.status.clone())
-                else {
-                    continue;
-                };
-                mark_listeners(
-                    status
-                        .listeners
-                        .iter_mut()
-                        .flatten()
-                        .map(|l| (l.name.as_str(), &mut l.conditions)),
-                    mark,
-                    &mut status.conditions,
-                    cond.make("Programmed", false, "AddressNotUsable", message),
-                );
-                serde_json::to_value(status)
-            } else {
-                let Ok(mut status) =
-                    serde_json::from_value::<ListenerSetStatus>(object.status.clone())
-                else {
-                    continue;
-                };
-                mark_listeners(
-                    status
-                        .listeners
-                        .iter_mut()
-                        .flatten()
-                        .map(|l| (l.name.as_str(), &mut l.conditions)),
-                    mark,
-                    &mut status.conditions,
-                    cond.make("Programmed", false, "PortUnavailable", message),
-                );
-                serde_json::to_value(status)
-            };
-            if let Ok(v) = updated {
-                object.status = v;
-            }
-        }
-    }
-}
-
-/// Apply `mark` to each (name, conditions) of one Gateway's or
-/// ListenerSet's listener statuses; when none of them is programmed
-/// afterwards, `not_programmed` is set among the object's `conditions`.
-fn mark_listeners<'a>(
-    listeners: impl Iterator<Item = (&'a str, &'a mut Vec<Condition>)>,
-    mark: impl Fn(&str, &mut Vec<Condition>),
-    conditions: &mut Option<Vec<Condition>>,
-    not_programmed: Condition,
-) {
-    let mut any_programmed = false;
-    for (name, listener_conditions) in listeners {
-        mark(name, listener_conditions);
-        any_programmed |= listener_conditions
-            .iter()
-            .any(|c| c.type_ == "Programmed" && c.status == "True");
-    }
-    if !any_programmed {
-        set_condition(conditions.get_or_insert_with(Vec::new), not_programmed);
-    }
-}
-
 #[cfg(test)]
 pub(crate) mod testing {
     //! Helpers the module tests share: manifests in, a snapshot or a
@@ -538,6 +288,26 @@ pub(crate) mod testing {
 
     use super::{TranslateOptions, Translation, translate_at};
     use crate::resources::{Generations, Object, Snapshot, parse_manifests};
+
+    /// Our GatewayClass `sluice`, and Service `web` (port 80) with one
+    /// ready endpoint.
+    pub(crate) const CLASS: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: sluice}
+spec: {controllerName: sluice.dev/gateway-controller}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec: {ports: [{port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.0.0.1]}]
+";
 
     fn objects(yaml: &str) -> Vec<Object> {
         let parsed = parse_manifests(yaml, "t.yaml");
@@ -571,28 +341,10 @@ mod tests {
     use super::*;
     use crate::route::Lookup;
     use http::{HeaderMap, Method};
-    use std::net::Ipv4Addr;
-
-    const CLASS: &str = "apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {name: sluice}
-spec: {controllerName: sluice.dev/gateway-controller}
----
-apiVersion: v1
-kind: Service
-metadata: {name: web}
-spec: {ports: [{port: 80}]}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
-addressType: IPv4
-ports: [{port: 8080}]
-endpoints: [{addresses: [10.0.0.1]}]
-";
+    use std::net::{Ipv4Addr, SocketAddr};
 
     fn translate_yaml(yaml: &str) -> Translation {
-        testing::translate_manifests(&format!("{CLASS}---\n{yaml}"))
+        testing::translate_manifests(&format!("{}---\n{yaml}", testing::CLASS))
     }
 
     fn bind(port: u16) -> SocketAddr {
@@ -734,72 +486,6 @@ spec:
                 .objects
                 .iter()
                 .all(|o| o.kind == "GatewayClass" && o.metadata.name == "sluice")
-        );
-    }
-
-    #[test]
-    fn bind_failures_mark_listeners_and_the_gateway() {
-        let mut t = translate_yaml(TWO_LISTENERS);
-        t.status
-            .apply_bind_failures(&[(bind(9090), "Address already in use (os error 98)".into())]);
-        let gw = t
-            .status
-            .objects
-            .iter()
-            .find(|o| o.kind == "Gateway")
-            .expect("the Gateway has status");
-        let listener = |name: &str| {
-            gw.status["listeners"]
-                .as_array()
-                .expect("listeners")
-                .iter()
-                .find(|l| l["name"] == name)
-                .expect("listener")
-                .clone()
-        };
-        let cond = |v: &serde_json::Value, ty: &str| {
-            v["conditions"]
-                .as_array()
-                .expect("conditions")
-                .iter()
-                .find(|c| c["type"] == ty)
-                .map(|c| {
-                    (
-                        c["status"].as_str().unwrap_or("").to_string(),
-                        c["reason"].as_str().unwrap_or("").to_string(),
-                    )
-                })
-        };
-        let other = listener("other");
-        assert_eq!(
-            cond(&other, "Programmed"),
-            Some(("False".into(), "Pending".into()))
-        );
-        assert_eq!(
-            cond(&other, "Accepted"),
-            Some(("False".into(), "PortUnavailable".into()))
-        );
-        assert_eq!(
-            cond(&listener("foo"), "Programmed"),
-            Some(("True".into(), "Programmed".into()))
-        );
-        // Other listeners still serve: the Gateway stays programmed.
-        assert_eq!(
-            cond(&gw.status, "Programmed"),
-            Some(("True".into(), "Programmed".into()))
-        );
-
-        t.status
-            .apply_bind_failures(&[(bind(8080), "denied".into())]);
-        let gw = t
-            .status
-            .objects
-            .iter()
-            .find(|o| o.kind == "Gateway")
-            .expect("status");
-        assert_eq!(
-            cond(&gw.status, "Programmed"),
-            Some(("False".into(), "AddressNotUsable".into()))
         );
     }
 

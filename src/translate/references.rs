@@ -15,7 +15,8 @@
 use k8s_openapi::Metadata;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::resources::{ConfigMap, DEFAULT_NAMESPACE, GATEWAY_GROUP, Secret, Snapshot};
+use super::meta::namespace_of;
+use crate::resources::{ConfigMap, GATEWAY_GROUP, Secret, Snapshot};
 
 /// The object that holds a reference: a kind of group
 /// `gateway.networking.k8s.io` (`Gateway`, `ListenerSet`, `HTTPRoute`,
@@ -158,10 +159,6 @@ pub(crate) fn resolve<T: CoreObject, U>(
         })
         .ok_or_else(|| RefError::Invalid(format!("{kind} {ns}/{name} not found")))?;
     read(object).map_err(|why| RefError::Invalid(format!("{kind} {ns}/{name}: {why}")))
-}
-
-fn namespace_of(meta: &ObjectMeta) -> &str {
-    meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE)
 }
 
 #[cfg(test)]

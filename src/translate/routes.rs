@@ -15,11 +15,11 @@ use gateway_api::experimental::httproutes::{
 };
 use http::StatusCode;
 
-use super::backends::{BackendRefFields, BackendResolver, Resolution};
+use super::backends::{BackendRefFields, BackendResolver, RefFailure, Resolution, backend_target};
 use super::filters::{backend_filters_as_rule_filters, compile_filters};
 use super::gateways::{GatewayView, namespace_allowed};
 use super::matches::{compile_match, compile_timeouts};
-use super::{BackendOutcome, BackendSummary, RefFailure, RuleSummary, backend_target};
+use super::output::{BackendOutcome, BackendSummary, RuleSummary};
 use crate::resources::{GATEWAY_GROUP, parse_gateway_duration};
 use crate::route::{
     Backend, BackendSplit, DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, Filter, HostPattern,

@@ -1,0 +1,234 @@
+//! Bind failures: sockets the proxy could not listen on, reported on the
+//! listeners served there once translation is done.
+//!
+//! Translation cannot know whether a port is free; serve binds the sockets
+//! of [`StatusReport::listener_binds`] and hands back what failed, and the
+//! status it writes then says so on the listeners concerned (per the spec,
+//! `PortUnavailable` "the port is already in use").
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use gateway_api::experimental::gateways::GatewayStatus;
+use gateway_api::experimental::listenersets::ListenerSetStatus;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+
+use super::StatusReport;
+use super::conditions::{ConditionMaker, set_condition};
+
+impl StatusReport {
+    /// Report sockets the proxy could not listen on: their listeners get
+    /// `Accepted=False` (reason `PortUnavailable`, "the port is already in
+    /// use") and `Programmed=False` (reason `Pending`), with the OS error
+    /// as message; a Gateway none of whose listeners is programmed any more
+    /// gets `Programmed=False` with reason `AddressNotUsable`, a ListenerSet
+    /// likewise with reason `PortUnavailable`.
+    pub fn apply_bind_failures(&mut self, failures: &[(SocketAddr, String)]) {
+        // (kind, ns, name) of the object defining the listener -> listener
+        // -> errors
+        let mut failed: BTreeMap<(&str, &str, &str), BTreeMap<&str, Vec<String>>> = BTreeMap::new();
+        for b in &self.listener_binds {
+            for (addr, error) in failures {
+                if *addr == b.bind {
+                    let owner = match &b.listener_set {
+                        None => (
+                            "Gateway",
+                            b.gateway_namespace.as_str(),
+                            b.gateway_name.as_str(),
+                        ),
+                        Some((ns, name)) => ("ListenerSet", ns.as_str(), name.as_str()),
+                    };
+                    failed
+                        .entry(owner)
+                        .or_default()
+                        .entry(&b.listener)
+                        .or_default()
+                        .push(format!("cannot listen on {addr}: {error}"));
+                }
+            }
+        }
+        for ((kind, ns, name), listeners) in failed {
+            let Some(object) = self.objects.iter_mut().find(|o| {
+                o.kind == kind
+                    && o.metadata.namespace.as_deref() == Some(ns)
+                    && o.metadata.name == name
+            }) else {
+                continue;
+            };
+            let cond = ConditionMaker {
+                generation: object.metadata.generation,
+                now: Timestamp::now(),
+            };
+            let mark = |listener: &str, conditions: &mut Vec<Condition>| {
+                if let Some(errors) = listeners.get(listener) {
+                    let message = errors.join("; ");
+                    set_condition(
+                        conditions,
+                        cond.make("Accepted", false, "PortUnavailable", message.clone()),
+                    );
+                    set_condition(
+                        conditions,
+                        cond.make("Programmed", false, "Pending", message),
+                    );
+                }
+            };
+            let message = listeners
+                .iter()
+                .map(|(l, e)| format!("listener {l}: {}", e.join("; ")))
+                .collect::<Vec<_>>()
+                .join("; ");
+            let updated = if kind == "Gateway" {
+                let Ok(mut status) = serde_json::from_value::<GatewayStatus>(object.status.clone())
+                else {
+                    continue;
+                };
+                mark_listeners(
+                    status
+                        .listeners
+                        .iter_mut()
+                        .flatten()
+                        .map(|l| (l.name.as_str(), &mut l.conditions)),
+                    mark,
+                    &mut status.conditions,
+                    cond.make("Programmed", false, "AddressNotUsable", message),
+                );
+                serde_json::to_value(status)
+            } else {
+                let Ok(mut status) =
+                    serde_json::from_value::<ListenerSetStatus>(object.status.clone())
+                else {
+                    continue;
+                };
+                mark_listeners(
+                    status
+                        .listeners
+                        .iter_mut()
+                        .flatten()
+                        .map(|l| (l.name.as_str(), &mut l.conditions)),
+                    mark,
+                    &mut status.conditions,
+                    cond.make("Programmed", false, "PortUnavailable", message),
+                );
+                serde_json::to_value(status)
+            };
+            if let Ok(v) = updated {
+                object.status = v;
+            }
+        }
+    }
+}
+
+/// Apply `mark` to each (name, conditions) of one Gateway's or
+/// ListenerSet's listener statuses; when none of them is programmed
+/// afterwards, `not_programmed` is set among the object's `conditions`.
+fn mark_listeners<'a>(
+    listeners: impl Iterator<Item = (&'a str, &'a mut Vec<Condition>)>,
+    mark: impl Fn(&str, &mut Vec<Condition>),
+    conditions: &mut Option<Vec<Condition>>,
+    not_programmed: Condition,
+) {
+    let mut any_programmed = false;
+    for (name, listener_conditions) in listeners {
+        mark(name, listener_conditions);
+        any_programmed |= listener_conditions
+            .iter()
+            .any(|c| c.type_ == "Programmed" && c.status == "True");
+    }
+    if !any_programmed {
+        set_condition(conditions.get_or_insert_with(Vec::new), not_programmed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use super::*;
+    use crate::translate::Translation;
+    use crate::translate::testing::{CLASS, translate_manifests};
+
+    fn bind(port: u16) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)
+    }
+
+    fn translate_yaml(yaml: &str) -> Translation {
+        translate_manifests(&format!("{CLASS}---\n{yaml}"))
+    }
+
+    const TWO_PORTS: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw}
+spec:
+  gatewayClassName: sluice
+  listeners:
+  - {name: foo, port: 8080, protocol: HTTP, hostname: foo.example.com}
+  - {name: other, port: 9090, protocol: HTTP}
+";
+
+    #[test]
+    fn bind_failures_mark_listeners_and_the_gateway() {
+        let mut t = translate_yaml(TWO_PORTS);
+        t.status
+            .apply_bind_failures(&[(bind(9090), "Address already in use (os error 98)".into())]);
+        let gw = t
+            .status
+            .objects
+            .iter()
+            .find(|o| o.kind == "Gateway")
+            .expect("the Gateway has status");
+        let listener = |name: &str| {
+            gw.status["listeners"]
+                .as_array()
+                .expect("listeners")
+                .iter()
+                .find(|l| l["name"] == name)
+                .expect("listener")
+                .clone()
+        };
+        let cond = |v: &serde_json::Value, ty: &str| {
+            v["conditions"]
+                .as_array()
+                .expect("conditions")
+                .iter()
+                .find(|c| c["type"] == ty)
+                .map(|c| {
+                    (
+                        c["status"].as_str().unwrap_or("").to_string(),
+                        c["reason"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+        };
+        let other = listener("other");
+        assert_eq!(
+            cond(&other, "Programmed"),
+            Some(("False".into(), "Pending".into()))
+        );
+        assert_eq!(
+            cond(&other, "Accepted"),
+            Some(("False".into(), "PortUnavailable".into()))
+        );
+        assert_eq!(
+            cond(&listener("foo"), "Programmed"),
+            Some(("True".into(), "Programmed".into()))
+        );
+        // Other listeners still serve: the Gateway stays programmed.
+        assert_eq!(
+            cond(&gw.status, "Programmed"),
+            Some(("True".into(), "Programmed".into()))
+        );
+
+        t.status
+            .apply_bind_failures(&[(bind(8080), "denied".into())]);
+        let gw = t
+            .status
+            .objects
+            .iter()
+            .find(|o| o.kind == "Gateway")
+            .expect("status");
+        assert_eq!(
+            cond(&gw.status, "Programmed"),
+            Some(("False".into(), "AddressNotUsable".into()))
+        );
+    }
+}
