@@ -29,18 +29,15 @@ pub use output::{
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use gateway_api::experimental::httproutes::{
-    HttpRouteStatus, HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
-};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::resources::{CONTROLLER_NAME, DEFAULT_NAMESPACE, Snapshot};
-use crate::route::{RouteOrder, RouteTableBuilder};
+use crate::resources::{CONTROLLER_NAME, Snapshot};
+use crate::route::{ListenerHandle, RouteOrder, RouteTableBuilder};
 
 use backends::BackendResolver;
-use conditions::ConditionMaker;
-use meta::{created_nanos, sort_key};
-use output::api_version;
+use gateways::GatewayView;
+use meta::{created_nanos, namespace_of, sort_key};
+use routes::AttachedRoute;
 
 /// Settings that are not part of the manifests.
 #[derive(Debug, Clone)]
@@ -57,34 +54,81 @@ pub fn translate(snapshot: &Snapshot, options: &TranslateOptions) -> Translation
 
 /// [`translate`] with the time conditions are stamped with
 /// (`lastTransitionTime`) given: the pure form, for tests.
+///
+/// Translation runs in phases, each owning one step: our Gateways with
+/// their listeners and conflicts (`gateways::gateways`), then
+/// `bind_listeners`, `attach_routes`, the routes' status
+/// (`routes::route_status`) and `assemble_status`.
 pub fn translate_at(
     snapshot: &Snapshot,
     options: &TranslateOptions,
     now: Timestamp,
 ) -> Translation {
     let mut warnings = Vec::new();
-    let (mut objects, classes) = gateways::gateway_classes(snapshot, now);
-    let namespace_labels: BTreeMap<&str, &BTreeMap<String, String>> = snapshot
+    let labels = namespace_labels(snapshot);
+    let (class_statuses, classes) = gateways::gateway_classes(snapshot, now);
+    let mut views = gateways::gateways(snapshot, &classes, options, &labels, now, &mut warnings);
+    let mut listeners = bind_listeners(&views);
+    let resolver = BackendResolver::new(snapshot);
+    let (attached, rules) = attach_routes(
+        snapshot,
+        &mut views,
+        &mut listeners,
+        &resolver,
+        &labels,
+        &mut warnings,
+    );
+    let route_statuses = attached
+        .iter()
+        .map(|route| routes::route_status(route, &views, now));
+    let objects = assemble_status(class_statuses, &views, route_statuses, &resolver, now);
+    Translation {
+        table: listeners.builder.build(),
+        status: StatusReport {
+            objects,
+            listener_binds: listeners.binds,
+        },
+        rules,
+        warnings,
+    }
+}
+
+/// Each namespace's labels, for `allowedRoutes` and `allowedListeners`
+/// selectors. Every namespace has `kubernetes.io/metadata.name` (Kubernetes
+/// sets it), even one the snapshot holds no Namespace object for.
+fn namespace_labels(snapshot: &Snapshot) -> impl Fn(&str) -> BTreeMap<String, String> + '_ {
+    let by_name: BTreeMap<&str, &BTreeMap<String, String>> = snapshot
         .namespaces
         .iter()
         .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()?)))
         .collect();
-    let labels = |ns: &str| -> BTreeMap<String, String> {
-        let mut l = namespace_labels
-            .get(ns)
-            .map(|l| (*l).clone())
-            .unwrap_or_default();
+    move |ns: &str| {
+        let mut l = by_name.get(ns).map(|l| (*l).clone()).unwrap_or_default();
         l.insert("kubernetes.io/metadata.name".into(), ns.to_string());
         l
-    };
+    }
+}
 
-    let mut views = gateways::gateways(snapshot, &classes, options, &labels, now, &mut warnings);
+/// The route table's listeners, before any route is attached.
+struct BoundListeners {
+    builder: RouteTableBuilder,
+    /// Which socket each listener is served on, for bind failures.
+    binds: Vec<ListenerBind>,
+    /// `handles[gateway][listener]`: one per socket the listener is served
+    /// on (none when it is not served).
+    handles: Vec<Vec<Vec<ListenerHandle>>>,
+}
 
+/// Phase: bind listeners. Every listener that is served
+/// ([`GatewayView::serves`]) gets a route table listener on each of its
+/// sockets, with its certificate and client validation, and a
+/// [`ListenerBind`] so that a socket that cannot be bound is reported on
+/// it. Listeners that are not served get no socket.
+fn bind_listeners(views: &[GatewayView]) -> BoundListeners {
     let mut builder = RouteTableBuilder::new();
-    let mut listener_binds = Vec::new();
-    // handles[gateway][listener]: one per socket the listener is served on.
+    let mut binds = Vec::new();
     let mut handles = Vec::new();
-    for view in &views {
+    for view in views {
         let mut per_listener = Vec::new();
         for (l, listener) in view.listeners.iter().enumerate() {
             let mut hs = Vec::new();
@@ -99,7 +143,7 @@ pub fn translate_at(
                         builder.set_port_client_validation(*bind, v.clone());
                     }
                     hs.push(handle);
-                    listener_binds.push(ListenerBind {
+                    binds.push(ListenerBind {
                         gateway_namespace: view.namespace.clone(),
                         gateway_name: view.name.clone(),
                         listener_set: listener.owner.map(|s| {
@@ -115,20 +159,38 @@ pub fn translate_at(
         }
         handles.push(per_listener);
     }
+    BoundListeners {
+        builder,
+        binds,
+        handles,
+    }
+}
 
-    let resolver = BackendResolver::new(snapshot);
+/// Phase: attach routes. Each HTTPRoute, oldest first, is attached through
+/// its parentRefs ([`routes::attach`]) and compiled
+/// ([`routes::compile_route`]). Unless it asks for something sluice cannot
+/// honour, its rules are added to every listener it attached to, and each
+/// such listener counts it once however many parentRefs reach it. A route
+/// that names none of our Gateways only gets a warning.
+///
+/// Returns the routes to report on, in that order, and the rule summaries
+/// of those accepted somewhere, by (route, rule).
+fn attach_routes<'a>(
+    snapshot: &'a Snapshot,
+    views: &mut [GatewayView],
+    listeners: &mut BoundListeners,
+    resolver: &BackendResolver<'_>,
+    labels: &dyn Fn(&str) -> BTreeMap<String, String>,
+    warnings: &mut Vec<String>,
+) -> (Vec<AttachedRoute<'a>>, Vec<RuleSummary>) {
     let mut routes: Vec<_> = snapshot.http_routes.iter().collect();
     routes.sort_by_key(|r| sort_key(&r.metadata));
-    let mut route_statuses = Vec::new();
+    let mut attached_routes = Vec::new();
     let mut rules = Vec::new();
     for route in routes {
-        let ns = route
-            .metadata
-            .namespace
-            .as_deref()
-            .unwrap_or(DEFAULT_NAMESPACE);
+        let ns = namespace_of(&route.metadata);
         let name = route.metadata.name.as_deref().unwrap_or("");
-        let parents = routes::attach(route, ns, &views, &labels);
+        let parents = routes::attach(route, ns, views, labels);
         if parents.is_empty() {
             warnings.push(format!(
                 "HTTPRoute {ns}/{name}: no parentRef names a Gateway of {CONTROLLER_NAME}, or a ListenerSet whose parent is one; the route is ignored"
@@ -148,117 +210,69 @@ pub fn translate_at(
                 })
                 .collect(),
         );
-        let compiled = routes::compile_route(route, ns, name, &resolver);
-        let cond = ConditionMaker {
-            generation: route.metadata.generation.unwrap_or(0),
-            now,
-        };
+        let compiled = routes::compile_route(route, ns, name, resolver);
         let order = RouteOrder {
             created: created_nanos(&route.metadata),
             namespace: ns.to_string(),
             name: name.to_string(),
         };
-        let resolved = match compiled.ref_failures.first() {
-            None => cond.make(
-                "ResolvedRefs",
-                true,
-                "ResolvedRefs",
-                "all references resolved",
-            ),
-            Some(first) => cond.make(
-                "ResolvedRefs",
-                false,
-                first.reason,
-                compiled
-                    .ref_failures
-                    .iter()
-                    .map(|f| f.message.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            ),
-        };
+        // (gateway, listener) pairs the route is attached to already.
         let mut attached: BTreeSet<(usize, usize)> = BTreeSet::new();
-        let mut status_parents = Vec::new();
         let mut accepted_anywhere = false;
-        for parent in &parents {
-            let accepted = if !compiled.unsupported.is_empty() {
-                cond.make(
-                    "Accepted",
-                    false,
-                    "UnsupportedValue",
-                    compiled.unsupported.join("; "),
-                )
-            } else {
-                match &parent.accepted {
-                    Err((reason, message)) => cond.make("Accepted", false, reason, message.clone()),
-                    Ok(attachments) => {
-                        accepted_anywhere = true;
-                        let mut names = Vec::new();
-                        for a in attachments {
-                            names.push(views[a.gateway].listeners[a.listener].name.clone());
-                            if !attached.insert((a.gateway, a.listener)) {
-                                continue; // attached here through another parentRef
-                            }
-                            views[a.gateway].listeners[a.listener].attached_routes += 1;
-                            for handle in &handles[a.gateway][a.listener] {
-                                for r in &compiled.rules {
-                                    builder.add_rule(
-                                        *handle,
-                                        &a.hostnames,
-                                        &order,
-                                        r.rule.clone(),
-                                        r.matches.clone(),
-                                    );
-                                }
-                            }
+        if compiled.unsupported.is_empty() {
+            for attachments in parents.iter().filter_map(|p| p.accepted.as_ref().ok()) {
+                accepted_anywhere = true;
+                for a in attachments {
+                    if !attached.insert((a.gateway, a.listener)) {
+                        continue; // attached here through another parentRef
+                    }
+                    views[a.gateway].listeners[a.listener].attached_routes += 1;
+                    for handle in &listeners.handles[a.gateway][a.listener] {
+                        for r in &compiled.rules {
+                            listeners.builder.add_rule(
+                                *handle,
+                                &a.hostnames,
+                                &order,
+                                r.rule.clone(),
+                                r.matches.clone(),
+                            );
                         }
-                        cond.make(
-                            "Accepted",
-                            true,
-                            "Accepted",
-                            format!("attached to listener(s) {}", names.join(", ")),
-                        )
                     }
                 }
-            };
-            let p = parent.parent_ref;
-            status_parents.push(HttpRouteStatusParents {
-                conditions: vec![accepted, resolved.clone()],
-                controller_name: CONTROLLER_NAME.to_string(),
-                parent_ref: HttpRouteStatusParentsParentRef {
-                    group: p.group.clone(),
-                    kind: p.kind.clone(),
-                    name: p.name.clone(),
-                    namespace: p.namespace.clone(),
-                    port: p.port,
-                    section_name: p.section_name.clone(),
-                },
-            });
+            }
         }
         if accepted_anywhere {
             rules.extend(compiled.summaries);
             warnings.extend(compiled.warnings);
         }
-        route_statuses.push(ObjectStatus {
-            api_version: api_version(),
-            kind: "HTTPRoute".into(),
-            metadata: StatusMetadata {
-                name: name.to_string(),
-                namespace: Some(ns.to_string()),
-                generation: cond.generation,
-            },
-            status: serde_json::to_value(HttpRouteStatus {
-                parents: status_parents,
-            })
-            .unwrap_or_default(),
+        attached_routes.push(AttachedRoute {
+            route,
+            namespace: ns,
+            name,
+            parents,
+            unsupported: compiled.unsupported,
+            ref_failures: compiled.ref_failures,
         });
     }
     rules.sort_by(|a, b| (&a.route, a.rule).cmp(&(&b.route, b.rule)));
+    (attached_routes, rules)
+}
 
-    views
-        .iter()
-        .for_each(|v| objects.push(gateways::gateway_status(v)));
-    for view in &views {
+/// Phase: assemble the status, in this order: GatewayClasses, Gateways
+/// (their listeners now count the routes attached), ListenerSets,
+/// HTTPRoutes; then what only the compiled routes tell: the Gateways'
+/// `ResolvedRefs` for their backend client certificate, and the
+/// BackendTLSPolicies the attached routes' backends use.
+fn assemble_status(
+    class_statuses: Vec<ObjectStatus>,
+    views: &[GatewayView],
+    route_statuses: impl Iterator<Item = ObjectStatus>,
+    resolver: &BackendResolver<'_>,
+    now: Timestamp,
+) -> Vec<ObjectStatus> {
+    let mut objects = class_statuses;
+    objects.extend(views.iter().map(gateways::gateway_status));
+    for view in views {
         for set in &view.listener_sets {
             objects.push(listenersets::listener_set_status(view, set));
         }
@@ -266,15 +280,7 @@ pub fn translate_at(
     objects.extend(route_statuses);
     resolver.tls.apply_gateway_conditions(&mut objects, now);
     objects.extend(resolver.tls.policy_statuses(now));
-    Translation {
-        table: builder.build(),
-        status: StatusReport {
-            objects,
-            listener_binds,
-        },
-        rules,
-        warnings,
-    }
+    objects
 }
 
 #[cfg(test)]
