@@ -17,6 +17,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::ServicePort;
 
 use super::backend_tls::BackendTlsIndex;
+use super::conditions::Reason;
 use super::meta::namespace_of;
 use super::references::{Referrer, reference_allowed};
 use crate::resources::{EndpointSlice, Service, Snapshot};
@@ -47,7 +48,7 @@ pub(crate) enum Resolution {
     },
     NoReadyEndpoints,
     Unresolved {
-        reason: &'static str,
+        reason: Reason,
         message: String,
     },
 }
@@ -56,7 +57,7 @@ pub(crate) enum Resolution {
 /// route's `ResolvedRefs=False`.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RefFailure {
-    pub reason: &'static str,
+    pub reason: Reason,
     pub message: String,
 }
 
@@ -146,7 +147,7 @@ impl<'a> BackendResolver<'a> {
             let group = r.group.unwrap_or("");
             let kind = r.kind.unwrap_or("Service");
             return Resolution::Unresolved {
-                reason: "InvalidKind",
+                reason: Reason::InvalidKind,
                 message: format!(
                     "backendRef {}: kind {kind:?} of group {group:?} is not supported; only core Services are",
                     Self::label(route_ns, r)
@@ -160,7 +161,7 @@ impl<'a> BackendResolver<'a> {
         };
         if !reference_allowed(self.snapshot, from, "Service", ns, r.name) {
             return Resolution::Unresolved {
-                reason: "RefNotPermitted",
+                reason: Reason::RefNotPermitted,
                 message: format!(
                     "backendRef {}: no ReferenceGrant in namespace {ns} allows HTTPRoutes from namespace {route_ns} to refer to Service {}",
                     Self::label(route_ns, r),
@@ -170,7 +171,7 @@ impl<'a> BackendResolver<'a> {
         }
         let Some(service) = self.services.get(&(ns, r.name)) else {
             return Resolution::Unresolved {
-                reason: "BackendNotFound",
+                reason: Reason::BackendNotFound,
                 message: format!(
                     "backendRef {}: Service {ns}/{} not found",
                     Self::label(route_ns, r),
@@ -180,7 +181,7 @@ impl<'a> BackendResolver<'a> {
         };
         let Some(port_number) = r.port else {
             return Resolution::Unresolved {
-                reason: "BackendNotFound",
+                reason: Reason::BackendNotFound,
                 message: format!(
                     "backendRef {}: a port is required for a Service",
                     Self::label(route_ns, r)
@@ -194,7 +195,7 @@ impl<'a> BackendResolver<'a> {
             .unwrap_or_default();
         let Some(port) = ports.iter().find(|p| p.port == port_number) else {
             return Resolution::Unresolved {
-                reason: "BackendNotFound",
+                reason: Reason::BackendNotFound,
                 message: format!(
                     "backendRef {}: Service {ns}/{} has no port {port_number}",
                     Self::label(route_ns, r),
@@ -349,20 +350,20 @@ endpoints:
         };
         assert_eq!(
             reason(res.resolve("shop", &r("nope", None, 80))),
-            "BackendNotFound"
+            Reason::BackendNotFound
         );
         assert_eq!(
             reason(res.resolve("shop", &r("web", None, 81))),
-            "BackendNotFound"
+            Reason::BackendNotFound
         );
         assert_eq!(
             reason(res.resolve("default", &r("web", Some("shop"), 80))),
-            "RefNotPermitted"
+            Reason::RefNotPermitted
         );
         let mut other = r("bucket", None, 80);
         other.group = Some("storage.example.com");
         other.kind = Some("Bucket");
-        assert_eq!(reason(res.resolve("shop", &other)), "InvalidKind");
+        assert_eq!(reason(res.resolve("shop", &other)), Reason::InvalidKind);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
 use super::StatusReport;
-use super::conditions::{ConditionMaker, set_condition};
+use super::conditions::{ConditionMaker, ConditionType, Reason, find, set_condition};
 
 impl StatusReport {
     /// Report sockets the proxy could not listen on: their listeners get
@@ -65,11 +65,16 @@ impl StatusReport {
                     let message = errors.join("; ");
                     set_condition(
                         conditions,
-                        cond.make("Accepted", false, "PortUnavailable", message.clone()),
+                        cond.make(
+                            ConditionType::Accepted,
+                            false,
+                            Reason::PortUnavailable,
+                            message.clone(),
+                        ),
                     );
                     set_condition(
                         conditions,
-                        cond.make("Programmed", false, "Pending", message),
+                        cond.make(ConditionType::Programmed, false, Reason::Pending, message),
                     );
                 }
             };
@@ -91,7 +96,12 @@ impl StatusReport {
                         .map(|l| (l.name.as_str(), &mut l.conditions)),
                     mark,
                     &mut status.conditions,
-                    cond.make("Programmed", false, "AddressNotUsable", message),
+                    cond.make(
+                        ConditionType::Programmed,
+                        false,
+                        Reason::AddressNotUsable,
+                        message,
+                    ),
                 );
                 serde_json::to_value(status)
             } else {
@@ -108,7 +118,12 @@ impl StatusReport {
                         .map(|l| (l.name.as_str(), &mut l.conditions)),
                     mark,
                     &mut status.conditions,
-                    cond.make("Programmed", false, "PortUnavailable", message),
+                    cond.make(
+                        ConditionType::Programmed,
+                        false,
+                        Reason::PortUnavailable,
+                        message,
+                    ),
                 );
                 serde_json::to_value(status)
             };
@@ -131,9 +146,7 @@ fn mark_listeners<'a>(
     let mut any_programmed = false;
     for (name, listener_conditions) in listeners {
         mark(name, listener_conditions);
-        any_programmed |= listener_conditions
-            .iter()
-            .any(|c| c.type_ == "Programmed" && c.status == "True");
+        any_programmed |= find(listener_conditions, ConditionType::Programmed, true).is_some();
     }
     if !any_programmed {
         set_condition(conditions.get_or_insert_with(Vec::new), not_programmed);

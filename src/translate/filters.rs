@@ -359,6 +359,7 @@ fn header_modifier<'a>(
 mod tests {
     use super::*;
     use crate::resources::Snapshot;
+    use crate::translate::conditions::Reason;
 
     fn compile(yaml: &str) -> CompiledFilters {
         let filters: Vec<HttpRouteRulesFilters> =
@@ -465,6 +466,6 @@ mod tests {
         );
         assert!(c.filters.is_empty());
         assert_eq!(c.ref_failures.len(), 1);
-        assert_eq!(c.ref_failures[0].reason, "BackendNotFound");
+        assert_eq!(c.ref_failures[0].reason, Reason::BackendNotFound);
     }
 }

@@ -26,7 +26,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::conditions::ConditionMaker;
+use super::conditions::{ConditionMaker, ConditionType, Reason};
 use super::gateways::{
     AllowedNamespaces, GatewayView, ListenerTls, listener_status, listener_tls, listener_view,
     namespace_allowed,
@@ -47,7 +47,7 @@ pub(crate) struct ListenerSetView {
     /// `(reason, message)` of `Accepted=False` when the Gateway does not
     /// take it (`NotAllowed`, `ParentNotAccepted`): none of its listeners
     /// are merged.
-    pub rejected: Option<(&'static str, String)>,
+    pub rejected: Option<(Reason, String)>,
 }
 
 impl ListenerSetView {
@@ -124,11 +124,11 @@ pub(crate) fn admit(
         };
         let rejected = if let Some((reason, _)) = &view.rejected {
             Some((
-                "ParentNotAccepted",
+                Reason::ParentNotAccepted,
                 format!("Gateway {gw_ns}/{} is not accepted ({reason})", parent.name),
             ))
         } else {
-            not_allowed(gateway, gw_ns, &parent.name, ns, labels).map(|m| ("NotAllowed", m))
+            not_allowed(gateway, gw_ns, &parent.name, ns, labels).map(|m| (Reason::NotAllowed, m))
         };
         if rejected.is_none() {
             for (i, l) in set.spec.listeners.iter().enumerate() {
@@ -223,15 +223,15 @@ pub(crate) fn listener_set_status(view: &GatewayView, set: &ListenerSetView) -> 
     let mut status = ListenerSetStatus::default();
     match &set.rejected {
         Some((reason, message)) => {
-            let programmed = if *reason == "ParentNotAccepted" {
-                "ParentNotProgrammed"
+            let programmed = if *reason == Reason::ParentNotAccepted {
+                Reason::ParentNotProgrammed
             } else {
-                reason
+                *reason
             };
             status.conditions = Some(vec![
-                c.make("Accepted", false, reason, message.clone()),
+                c.make(ConditionType::Accepted, false, *reason, message.clone()),
                 c.make(
-                    "Programmed",
+                    ConditionType::Programmed,
                     false,
                     programmed,
                     format!("not merged into its Gateway: {message}"),
@@ -250,23 +250,33 @@ pub(crate) fn listener_set_status(view: &GatewayView, set: &ListenerSetView) -> 
             status.conditions = Some(if invalid.len() == own.len() {
                 let message = format!("no listener is valid: {}", invalid.join(", "));
                 vec![
-                    c.make("Accepted", false, "ListenersNotValid", message.clone()),
-                    c.make("Programmed", false, "ListenersNotValid", message),
+                    c.make(
+                        ConditionType::Accepted,
+                        false,
+                        Reason::ListenersNotValid,
+                        message.clone(),
+                    ),
+                    c.make(
+                        ConditionType::Programmed,
+                        false,
+                        Reason::ListenersNotValid,
+                        message,
+                    ),
                 ]
             } else {
                 vec![
                     if invalid.is_empty() {
                         c.make(
-                            "Accepted",
+                            ConditionType::Accepted,
                             true,
-                            "Accepted",
+                            Reason::Accepted,
                             format!("merged into {gateway}"),
                         )
                     } else {
                         c.make(
-                            "Accepted",
+                            ConditionType::Accepted,
                             true,
-                            "ListenersNotValid",
+                            Reason::ListenersNotValid,
                             format!(
                                 "merged into {gateway}; listeners not valid: {}; the others are served",
                                 invalid.join(", ")
@@ -274,9 +284,19 @@ pub(crate) fn listener_set_status(view: &GatewayView, set: &ListenerSetView) -> 
                         )
                     },
                     if any_served {
-                        c.make("Programmed", true, "Programmed", "ListenerSet programmed")
+                        c.make(
+                            ConditionType::Programmed,
+                            true,
+                            Reason::Programmed,
+                            "ListenerSet programmed",
+                        )
                     } else {
-                        c.make("Programmed", false, "Invalid", "no listener can be served")
+                        c.make(
+                            ConditionType::Programmed,
+                            false,
+                            Reason::Invalid,
+                            "no listener can be served",
+                        )
                     },
                 ]
             });

@@ -21,6 +21,7 @@ mod output;
 mod references;
 mod routes;
 
+pub(crate) use conditions::ConditionType;
 pub use output::{
     BackendOutcome, BackendSummary, ListenerBind, ObjectStatus, RuleSummary, StatusMetadata,
     StatusReport, Translation,

@@ -15,6 +15,7 @@
 use k8s_openapi::Metadata;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::conditions::Reason;
 use super::meta::namespace_of;
 use crate::resources::{ConfigMap, GATEWAY_GROUP, Secret, Snapshot};
 
@@ -52,14 +53,10 @@ pub(crate) enum RefError {
 impl RefError {
     /// `(reason, message)`: `unsupported_kind` for [`RefError::UnsupportedKind`],
     /// `RefNotPermitted`, `invalid` for [`RefError::Invalid`].
-    pub fn reason(
-        self,
-        unsupported_kind: &'static str,
-        invalid: &'static str,
-    ) -> (&'static str, String) {
+    pub fn reason(self, unsupported_kind: Reason, invalid: Reason) -> (Reason, String) {
         match self {
             RefError::UnsupportedKind(m) => (unsupported_kind, m),
-            RefError::NotPermitted(m) => ("RefNotPermitted", m),
+            RefError::NotPermitted(m) => (Reason::RefNotPermitted, m),
             RefError::Invalid(m) => (invalid, m),
         }
     }
@@ -274,12 +271,21 @@ spec:
 
     #[test]
     fn ref_errors_map_onto_the_callers_reasons() {
-        let r = |e: RefError| e.reason("InvalidKind", "InvalidCACertificateRef").0;
-        assert_eq!(r(RefError::UnsupportedKind(String::new())), "InvalidKind");
-        assert_eq!(r(RefError::NotPermitted(String::new())), "RefNotPermitted");
+        let r = |e: RefError| {
+            e.reason(Reason::InvalidKind, Reason::InvalidCACertificateRef)
+                .0
+        };
+        assert_eq!(
+            r(RefError::UnsupportedKind(String::new())),
+            Reason::InvalidKind
+        );
+        assert_eq!(
+            r(RefError::NotPermitted(String::new())),
+            Reason::RefNotPermitted
+        );
         assert_eq!(
             r(RefError::Invalid(String::new())),
-            "InvalidCACertificateRef"
+            Reason::InvalidCACertificateRef
         );
     }
 }

@@ -18,7 +18,7 @@ use http::StatusCode;
 use k8s_openapi::jiff::Timestamp;
 
 use super::backends::{BackendRefFields, BackendResolver, RefFailure, Resolution, backend_target};
-use super::conditions::ConditionMaker;
+use super::conditions::{ConditionMaker, ConditionType, Reason};
 use super::filters::{backend_filters_as_rule_filters, compile_filters};
 use super::gateways::{GatewayView, namespace_allowed};
 use super::matches::{compile_match, compile_timeouts};
@@ -169,7 +169,7 @@ fn compile_rule(
                     ));
                 }
                 out.ref_failures.push(RefFailure {
-                    reason,
+                    reason: *reason,
                     message: format!("{bfield}: {message}"),
                 });
                 BackendOutcome::Unresolved {
@@ -306,7 +306,7 @@ pub(crate) struct Attachment {
 pub(crate) struct ParentResult<'a> {
     pub parent_ref: &'a HttpRouteParentRefs,
     /// `Err((reason, message))` when the route is not accepted here.
-    pub accepted: Result<Vec<Attachment>, (&'static str, String)>,
+    pub accepted: Result<Vec<Attachment>, (Reason, String)>,
 }
 
 /// Attach a route through each of its parentRefs that names one of our
@@ -371,7 +371,7 @@ pub(crate) fn attach<'a>(
         let set_rejected = owner.and_then(|s| view.listener_sets[s].rejected.as_ref());
         let accepted = if let Some((reason, message)) = set_rejected {
             Err((
-                "NoMatchingParent",
+                Reason::NoMatchingParent,
                 format!(
                     "ListenerSet {parent_ns}/{} is not attached to its Gateway ({reason}: {message})",
                     parent.name
@@ -379,7 +379,7 @@ pub(crate) fn attach<'a>(
             ))
         } else if selected.is_empty() {
             Err((
-                "NoMatchingParent",
+                Reason::NoMatchingParent,
                 match (&parent.section_name, parent.port) {
                     (Some(s), Some(p)) => format!(
                         "{kind} {parent_ns}/{} has no listener {s} on port {p}",
@@ -420,7 +420,7 @@ pub(crate) fn attach<'a>(
                     .iter()
                     .any(|&l| view.listeners[l].accepts_http_routes);
                 Err((
-                    "NotAllowedByListeners",
+                    Reason::NotAllowedByListeners,
                     if kind_ok {
                         format!(
                             "no listener of {kind} {parent_ns}/{} that the parentRef selects allows HTTPRoutes from namespace {ns}",
@@ -459,7 +459,7 @@ pub(crate) fn attach<'a>(
                         .map(|&l| view.listeners[l].hostname.to_string())
                         .collect();
                     Err((
-                        "NoMatchingListenerHostname",
+                        Reason::NoMatchingListenerHostname,
                         format!(
                             "no route hostname intersects the listener hostnames ({})",
                             listener_hosts.join(", ")
@@ -512,13 +512,13 @@ pub(crate) fn route_status(
     };
     let resolved = match route.ref_failures.first() {
         None => cond.make(
-            "ResolvedRefs",
+            ConditionType::ResolvedRefs,
             true,
-            "ResolvedRefs",
+            Reason::ResolvedRefs,
             "all references resolved",
         ),
         Some(first) => cond.make(
-            "ResolvedRefs",
+            ConditionType::ResolvedRefs,
             false,
             first.reason,
             route
@@ -533,23 +533,25 @@ pub(crate) fn route_status(
     for parent in &route.parents {
         let accepted = if !route.unsupported.is_empty() {
             cond.make(
-                "Accepted",
+                ConditionType::Accepted,
                 false,
-                "UnsupportedValue",
+                Reason::UnsupportedValue,
                 route.unsupported.join("; "),
             )
         } else {
             match &parent.accepted {
-                Err((reason, message)) => cond.make("Accepted", false, reason, message.clone()),
+                Err((reason, message)) => {
+                    cond.make(ConditionType::Accepted, false, *reason, message.clone())
+                }
                 Ok(attachments) => {
                     let names: Vec<&str> = attachments
                         .iter()
                         .map(|a| views[a.gateway].listeners[a.listener].name.as_str())
                         .collect();
                     cond.make(
-                        "Accepted",
+                        ConditionType::Accepted,
                         true,
-                        "Accepted",
+                        Reason::Accepted,
                         format!("attached to listener(s) {}", names.join(", ")),
                     )
                 }
