@@ -155,93 +155,40 @@ fn mark_listeners<'a>(
 
 #[cfg(test)]
 mod tests {
-    use std::net::{IpAddr, Ipv4Addr};
-
-    use super::*;
-    use crate::translate::Translation;
-    use crate::translate::testing::{CLASS, translate_manifests};
-
-    fn bind(port: u16) -> SocketAddr {
-        SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)
-    }
-
-    fn translate_yaml(yaml: &str) -> Translation {
-        translate_manifests(&format!("{CLASS}---\n{yaml}"))
-    }
-
-    const TWO_PORTS: &str = "apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: gw}
-spec:
-  gatewayClassName: sluice
-  listeners:
-  - {name: foo, port: 8080, protocol: HTTP, hostname: foo.example.com}
-  - {name: other, port: 9090, protocol: HTTP}
-";
+    use crate::translate::testing::{
+        TWO_LISTENERS, bind, condition, listener, status, translate_yaml,
+    };
 
     #[test]
     fn bind_failures_mark_listeners_and_the_gateway() {
-        let mut t = translate_yaml(TWO_PORTS);
+        let mut t = translate_yaml(TWO_LISTENERS);
         t.status
             .apply_bind_failures(&[(bind(9090), "Address already in use (os error 98)".into())]);
-        let gw = t
-            .status
-            .objects
-            .iter()
-            .find(|o| o.kind == "Gateway")
-            .expect("the Gateway has status");
-        let listener = |name: &str| {
-            gw.status["listeners"]
-                .as_array()
-                .expect("listeners")
-                .iter()
-                .find(|l| l["name"] == name)
-                .expect("listener")
-                .clone()
-        };
-        let cond = |v: &serde_json::Value, ty: &str| {
-            v["conditions"]
-                .as_array()
-                .expect("conditions")
-                .iter()
-                .find(|c| c["type"] == ty)
-                .map(|c| {
-                    (
-                        c["status"].as_str().unwrap_or("").to_string(),
-                        c["reason"].as_str().unwrap_or("").to_string(),
-                    )
-                })
-        };
-        let other = listener("other");
+        let gw = status(&t, "Gateway", "gw");
+        let other = &listener(gw, "other")["conditions"];
         assert_eq!(
-            cond(&other, "Programmed"),
-            Some(("False".into(), "Pending".into()))
+            condition(other, "Programmed"),
+            ("False".into(), "Pending".into())
         );
         assert_eq!(
-            cond(&other, "Accepted"),
-            Some(("False".into(), "PortUnavailable".into()))
+            condition(other, "Accepted"),
+            ("False".into(), "PortUnavailable".into())
         );
         assert_eq!(
-            cond(&listener("foo"), "Programmed"),
-            Some(("True".into(), "Programmed".into()))
+            condition(&listener(gw, "foo")["conditions"], "Programmed"),
+            ("True".into(), "Programmed".into())
         );
         // Other listeners still serve: the Gateway stays programmed.
         assert_eq!(
-            cond(&gw.status, "Programmed"),
-            Some(("True".into(), "Programmed".into()))
+            condition(&gw["conditions"], "Programmed"),
+            ("True".into(), "Programmed".into())
         );
 
         t.status
             .apply_bind_failures(&[(bind(8080), "denied".into())]);
-        let gw = t
-            .status
-            .objects
-            .iter()
-            .find(|o| o.kind == "Gateway")
-            .expect("status");
         assert_eq!(
-            cond(&gw.status, "Programmed"),
-            Some(("False".into(), "AddressNotUsable".into()))
+            condition(&status(&t, "Gateway", "gw")["conditions"], "Programmed"),
+            ("False".into(), "AddressNotUsable".into())
         );
     }
 }

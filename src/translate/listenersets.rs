@@ -321,10 +321,8 @@ pub(crate) fn listener_set_status(view: &GatewayView, set: &ListenerSetView) -> 
 
 #[cfg(test)]
 mod tests {
-    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-
     use crate::translate::Translation;
-    use crate::translate::testing::translate_manifests;
+    use crate::translate::testing::{bind, condition, listener, status, translate_manifests};
 
     const GATEWAY: &str = "apiVersion: gateway.networking.k8s.io/v1
 kind: GatewayClass
@@ -344,28 +342,6 @@ spec:
         translate_manifests(&format!("{GATEWAY}---\n{yaml}"))
     }
 
-    fn status<'a>(t: &'a Translation, kind: &str, name: &str) -> &'a serde_json::Value {
-        &t.status
-            .objects
-            .iter()
-            .find(|o| o.kind == kind && o.metadata.name == name)
-            .unwrap_or_else(|| panic!("{kind} {name} has a status"))
-            .status
-    }
-
-    fn condition(conditions: &serde_json::Value, ty: &str) -> (String, String) {
-        let c = conditions
-            .as_array()
-            .expect("conditions")
-            .iter()
-            .find(|c| c["type"] == ty)
-            .unwrap_or_else(|| panic!("no {ty} in {conditions}"));
-        (
-            c["status"].as_str().unwrap_or("").into(),
-            c["reason"].as_str().unwrap_or("").into(),
-        )
-    }
-
     const TWO_PORTS: &str = "apiVersion: gateway.networking.k8s.io/v1
 kind: ListenerSet
 metadata: {name: set}
@@ -379,25 +355,15 @@ spec:
     #[test]
     fn bind_failures_mark_the_listener_set_that_defines_the_listener() {
         let mut t = translate_yaml(TWO_PORTS);
-        let bind = |port| SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port);
         t.status
             .apply_bind_failures(&[(bind(9090), "Address already in use".into())]);
-        let set = status(&t, "ListenerSet", "set").clone();
-        let listener = |name: &str| {
-            set["listeners"]
-                .as_array()
-                .expect("listeners")
-                .iter()
-                .find(|l| l["name"] == name)
-                .expect("listener")
-                .clone()
-        };
+        let set = status(&t, "ListenerSet", "set");
         assert_eq!(
-            condition(&listener("a")["conditions"], "Accepted"),
+            condition(&listener(set, "a")["conditions"], "Accepted"),
             ("False".into(), "PortUnavailable".into())
         );
         assert_eq!(
-            condition(&listener("b")["conditions"], "Programmed"),
+            condition(&listener(set, "b")["conditions"], "Programmed"),
             ("True".into(), "Programmed".into())
         );
         assert_eq!(

@@ -289,7 +289,7 @@ pub(crate) mod testing {
     //! Helpers the module tests share: manifests in, a snapshot or a
     //! translation out.
 
-    use std::net::{IpAddr, Ipv4Addr};
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
     use k8s_openapi::jiff::Timestamp;
 
@@ -314,6 +314,19 @@ metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
 addressType: IPv4
 ports: [{port: 8080}]
 endpoints: [{addresses: [10.0.0.1]}]
+";
+
+    /// Gateway `gw` of class `sluice`: listeners `foo` (foo.example.com)
+    /// and `wild` (*.example.com) on port 8080, `other` on 9090.
+    pub(crate) const TWO_LISTENERS: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw}
+spec:
+  gatewayClassName: sluice
+  listeners:
+  - {name: foo, port: 8080, protocol: HTTP, hostname: foo.example.com}
+  - {name: wild, port: 8080, protocol: HTTP, hostname: '*.example.com'}
+  - {name: other, port: 9090, protocol: HTTP}
 ";
 
     fn objects(yaml: &str) -> Vec<Object> {
@@ -341,22 +354,59 @@ endpoints: [{addresses: [10.0.0.1]}]
             Timestamp::UNIX_EPOCH,
         )
     }
+
+    /// `0.0.0.0:port`, where listeners bind by default.
+    pub(crate) fn bind(port: u16) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)
+    }
+
+    /// `yaml` after [`CLASS`], translated with [`translate_manifests`].
+    pub(crate) fn translate_yaml(yaml: &str) -> Translation {
+        translate_manifests(&format!("{CLASS}---\n{yaml}"))
+    }
+
+    /// The `status` of object `kind` `name`.
+    pub(crate) fn status<'a>(t: &'a Translation, kind: &str, name: &str) -> &'a serde_json::Value {
+        &t.status
+            .objects
+            .iter()
+            .find(|o| o.kind == kind && o.metadata.name == name)
+            .unwrap_or_else(|| panic!("{kind} {name} has a status"))
+            .status
+    }
+
+    /// The entry of listener `name` in a Gateway's or ListenerSet's
+    /// `status`.
+    pub(crate) fn listener<'a>(status: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+        status["listeners"]
+            .as_array()
+            .expect("listeners")
+            .iter()
+            .find(|l| l["name"] == name)
+            .unwrap_or_else(|| panic!("no listener {name} in {status}"))
+    }
+
+    /// `(status, reason)` of the condition of type `ty` among `conditions`.
+    pub(crate) fn condition(conditions: &serde_json::Value, ty: &str) -> (String, String) {
+        let c = conditions
+            .as_array()
+            .expect("conditions")
+            .iter()
+            .find(|c| c["type"] == ty)
+            .unwrap_or_else(|| panic!("no {ty} in {conditions}"));
+        (
+            c["status"].as_str().unwrap_or("").into(),
+            c["reason"].as_str().unwrap_or("").into(),
+        )
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::testing::{TWO_LISTENERS, bind, translate_yaml};
     use super::*;
     use crate::route::Lookup;
     use http::{HeaderMap, Method};
-    use std::net::{Ipv4Addr, SocketAddr};
-
-    fn translate_yaml(yaml: &str) -> Translation {
-        testing::translate_manifests(&format!("{}---\n{yaml}", testing::CLASS))
-    }
-
-    fn bind(port: u16) -> SocketAddr {
-        SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)
-    }
 
     /// `route ns/name` of the rule a GET for `host` + `path` reaches.
     fn route_for(t: &Translation, port: u16, host: &str, path: &str) -> Option<String> {
@@ -379,17 +429,6 @@ mod tests {
              spec:\n{extra}  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]\n"
         )
     }
-
-    const TWO_LISTENERS: &str = "apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: gw}
-spec:
-  gatewayClassName: sluice
-  listeners:
-  - {name: foo, port: 8080, protocol: HTTP, hostname: foo.example.com}
-  - {name: wild, port: 8080, protocol: HTTP, hostname: '*.example.com'}
-  - {name: other, port: 9090, protocol: HTTP}
-";
 
     #[test]
     fn section_name_attaches_to_that_listener_only() {
