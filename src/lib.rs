@@ -24,3 +24,4 @@ pub mod serve;
 pub mod source;
 pub mod status;
 pub mod translate;
+pub mod yaml;

@@ -124,13 +124,16 @@ fn run_case(input: &Path) -> String {
         warnings: t.warnings,
         probes: probes(&text).iter().map(|p| probe(&t.table, p)).collect(),
     };
-    serde_yaml::to_string(&golden).expect("golden output serializes")
+    sluice::yaml::to_string(&golden).expect("golden output serializes")
 }
 
 fn probes(text: &str) -> Vec<ProbeRequest> {
     let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        let Ok(d) = ProbesDoc::deserialize(doc) else {
+    let Ok(docs) = sluice::yaml::documents(text) else {
+        return out;
+    };
+    for doc in docs {
+        let Ok(d) = serde_json::from_value::<ProbesDoc>(doc.value) else {
             continue;
         };
         if d.api_version.as_deref() == Some(PROBES_API_VERSION)

@@ -110,36 +110,9 @@ fn split_documents(text: &str, file: &str) -> Result<Vec<(usize, Value)>, LoadEr
         return Ok(docs);
     }
 
-    let mut values = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        match <serde_yaml::Value as serde::Deserialize>::deserialize(doc) {
-            Ok(v) => values.push(v),
-            Err(e) => {
-                let line = e.location().map(|l| l.line()).unwrap_or(1);
-                return Err(syntax(line, format!("invalid YAML: {e}")));
-            }
-        }
-    }
-    let starts = yaml_document_starts(text);
-    // Our scan of `---` markers and the parser agree on the number of
-    // documents in every ordinary file; if they do not, line 1 is the best
-    // we can say.
-    let lines_known = starts.len() == values.len();
-    let line_for = |i: usize| if lines_known { starts[i] } else { 1 };
-    let mut docs = Vec::new();
-    for (i, v) in values.into_iter().enumerate() {
-        let json = match serde_json::to_value(&v) {
-            Ok(j) => j,
-            Err(e) => {
-                return Err(syntax(
-                    line_for(i),
-                    format!("YAML that has no JSON equivalent: {e}"),
-                ));
-            }
-        };
-        docs.push((line_for(i), json));
-    }
-    Ok(docs)
+    crate::yaml::documents(text)
+        .map(|docs| docs.into_iter().map(|d| (d.line, d.value)).collect())
+        .map_err(|e| syntax(e.line, format!("invalid YAML: {e}")))
 }
 
 fn line_of(text: &str, byte: usize) -> usize {
@@ -148,49 +121,6 @@ fn line_of(text: &str, byte: usize) -> usize {
         .filter(|&&b| b == b'\n')
         .count()
         + 1
-}
-
-/// First content line of each YAML document, as the parser splits them: a
-/// `---` line starts a document; text before the first marker is a
-/// document only when it holds something besides comments.
-fn yaml_document_starts(text: &str) -> Vec<usize> {
-    let mut starts = Vec::new();
-    // (start line of the current document, first content line seen)
-    let mut current: Option<(usize, Option<usize>)> = Some((1, None));
-    let mut explicit = false;
-    for (i, raw) in text.lines().enumerate() {
-        let line = i + 1;
-        let is_marker =
-            raw.starts_with("---") && raw[3..].chars().next().is_none_or(char::is_whitespace);
-        if is_marker {
-            if let Some((start, content)) = current.take()
-                && (explicit || content.is_some())
-            {
-                starts.push(content.unwrap_or(start));
-            }
-            explicit = true;
-            let rest = raw[3..].trim();
-            let content = (!rest.is_empty() && !rest.starts_with('#')).then_some(line);
-            current = Some((line + 1, content));
-            continue;
-        }
-        if raw.starts_with("...") {
-            continue;
-        }
-        let t = raw.trim();
-        if let Some((_, content @ None)) = &mut current
-            && !t.is_empty()
-            && !t.starts_with('#')
-        {
-            *content = Some(line);
-        }
-    }
-    if let Some((start, content)) = current
-        && (explicit || content.is_some())
-    {
-        starts.push(content.unwrap_or(start));
-    }
-    starts
 }
 
 /// Load one document (or one item of a `List`, with `prefix` `items[3].`).

@@ -589,7 +589,7 @@ mod tests {
     use std::time::Duration;
 
     fn retry(yaml: &str) -> Result<RetryPolicy, String> {
-        compile_retry(&serde_yaml::from_str(yaml).expect("test retry parses"))
+        compile_retry(&crate::yaml::from_str(yaml).expect("test retry parses"))
     }
 
     #[test]
