@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::resources::{Generations, Object, Snapshot, parse_manifests};
+use crate::resources::{Generations, Snapshot, parse_manifests};
 use crate::route::{Lookup, RouteTable, normalize_host};
 use crate::translate::{TranslateOptions, translate_at};
 
@@ -25,9 +25,9 @@ const PROBES: [(&str, &str, &str); 4] = [
 
 fn snapshot_from(text: &str) -> Snapshot {
     let parsed = parse_manifests(text, "fuzz.yaml");
-    let mut objects: Vec<Object> = parsed.objects.into_iter().map(|o| o.object).collect();
-    Generations::new().assign(&mut objects, Timestamp::UNIX_EPOCH);
-    Snapshot::from_objects(objects)
+    Snapshot::from_loaded(parsed.objects, |objects| {
+        Generations::new().assign(objects, Timestamp::UNIX_EPOCH);
+    })
 }
 
 /// Arbitrary bytes as a manifest file: load, validate, translate, then

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use http::{HeaderMap, HeaderName, Method};
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
-use sluice::resources::{Generations, Object, Snapshot, parse_manifests};
+use sluice::resources::{Generations, Snapshot, parse_manifests};
 use sluice::route::{
     Backend, BackendTarget, CorsList, Filter, HeaderModifier, Lookup, PathMatch, PathModifier,
     RouteTable,
@@ -88,9 +88,9 @@ fn run_case(input: &Path) -> String {
         .to_string_lossy()
         .to_string();
     let parsed = parse_manifests(&text, &file);
-    let mut objects: Vec<Object> = parsed.objects.into_iter().map(|o| o.object).collect();
-    Generations::new().assign(&mut objects, Timestamp::UNIX_EPOCH);
-    let snapshot = Snapshot::from_objects(objects);
+    let snapshot = Snapshot::from_loaded(parsed.objects, |objects| {
+        Generations::new().assign(objects, Timestamp::UNIX_EPOCH);
+    });
     let options = TranslateOptions {
         default_bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
     };

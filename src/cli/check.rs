@@ -8,14 +8,14 @@
 //! 2 when the input cannot be read at all (missing path, unreadable file,
 //! a file that is not YAML/JSON).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 
 use serde_json::Value;
 
-use crate::resources::{Generations, LoadedObject, Object, Snapshot, parse_manifests};
+use crate::resources::{Generations, Snapshot, parse_manifests};
 use crate::source::files::read_all;
 use crate::source::{ConfigError, FileSet};
 use crate::translate::{
@@ -42,6 +42,9 @@ pub struct Checked {
     pub refused: Vec<ConfigError>,
     /// Documents of kinds sluice does not read (not an error).
     pub ignored: Vec<String>,
+    /// `(route namespace/name, rule, backendRef)` of the backendRefs whose
+    /// weight the manifest omitted (the CRD default made it 1).
+    pub omitted_weights: BTreeSet<(String, usize, usize)>,
 }
 
 /// Read, parse, validate and translate the manifests under `paths`.
@@ -83,10 +86,10 @@ pub fn load(paths: &[PathBuf]) -> Checked {
         .filter(|e| !unreadable.contains(e))
         .collect();
 
-    let mut objects: Vec<Object> = loaded.into_iter().map(|l: LoadedObject| l.object).collect();
-    Generations::default().assign(&mut objects, k8s_openapi::jiff::Timestamp::now());
-    let count = objects.len();
-    let snapshot = Snapshot::from_objects(objects);
+    let count = loaded.len();
+    let snapshot = Snapshot::from_loaded(loaded, |objects| {
+        Generations::default().assign(objects, k8s_openapi::jiff::Timestamp::now());
+    });
     let translation = translate(
         &snapshot,
         &TranslateOptions {
@@ -99,6 +102,7 @@ pub fn load(paths: &[PathBuf]) -> Checked {
         unreadable,
         refused,
         ignored,
+        omitted_weights: snapshot.omitted_weights.clone(),
     }
 }
 
@@ -137,7 +141,7 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
             );
             if let Some(rules) = rules_by_route.remove(key.as_str()) {
                 for rule in rules {
-                    write_rule(rule, out, &mut problems)?;
+                    write_rule(rule, &checked.omitted_weights, out, &mut problems)?;
                 }
             }
         }
@@ -147,7 +151,7 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
     for rules in rules_by_route.values() {
         for rule in rules {
             writeln!(out, "HTTPRoute {}", rule.route)?;
-            write_rule(rule, out, &mut problems)?;
+            write_rule(rule, &checked.omitted_weights, out, &mut problems)?;
         }
     }
 
@@ -305,6 +309,7 @@ fn describe_parent_ref(parent_ref: Option<&Value>, route_namespace: Option<&str>
 
 fn write_rule(
     rule: &RuleSummary,
+    omitted_weights: &BTreeSet<(String, usize, usize)>,
     out: &mut impl Write,
     problems: &mut Vec<String>,
 ) -> std::io::Result<()> {
@@ -322,8 +327,9 @@ fn write_rule(
     let weights: Vec<String> = rule
         .backends
         .iter()
-        .map(|b| {
-            if b.weight_omitted {
+        .enumerate()
+        .map(|(j, b)| {
+            if omitted_weights.contains(&(rule.route.clone(), rule.rule, j)) {
                 format!("{} (omitted)", b.weight)
             } else {
                 b.weight.to_string()

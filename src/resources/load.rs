@@ -9,6 +9,7 @@
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use super::defaults::apply_defaults;
 use super::validate::validate;
 use super::{DEFAULT_NAMESPACE, is_namespaced_kind, object_id};
 
@@ -21,6 +22,10 @@ pub struct LoadedObject {
     /// First line of the document the object came from (1-based).
     pub line: usize,
     pub object: Object,
+    /// `(rule, backendRef)` indices of an HTTPRoute's backendRefs whose
+    /// weight the manifest omitted: the CRD default made them 1, and `check`
+    /// still points out an omitted weight next to explicit ones.
+    pub omitted_weights: Vec<(usize, usize)>,
 }
 
 /// Everything read from one file.
@@ -218,35 +223,16 @@ fn load_document(mut value: Value, file: &str, line: usize, prefix: &str, out: &
         name.as_deref().unwrap_or("<unnamed>"),
     );
 
-    let gateway = matches!(
-        api_version.as_str(),
-        "gateway.networking.k8s.io/v1" | "gateway.networking.k8s.io/v1beta1"
-    );
-    let parsed: Result<Object, (Option<String>, String)> =
-        match (kind.as_str(), api_version.as_str()) {
-            ("GatewayClass", _) if gateway => typed(value).map(Object::GatewayClass),
-            ("Gateway", _) if gateway => typed(value).map(Object::Gateway),
-            ("HTTPRoute", _) if gateway => typed(value).map(Object::HttpRoute),
-            ("ReferenceGrant", _) if gateway => typed(value).map(Object::ReferenceGrant),
-            ("ListenerSet", "gateway.networking.k8s.io/v1") => {
-                typed(value).map(Object::ListenerSet)
-            }
-            ("BackendTLSPolicy", "gateway.networking.k8s.io/v1") => {
-                typed(value).map(Object::BackendTlsPolicy)
-            }
-            ("ConfigMap", "v1") => typed(value).map(Object::ConfigMap),
-            ("Service", "v1") => typed(value).map(Object::Service),
-            ("Namespace", "v1") => typed(value).map(Object::Namespace),
-            ("Secret", "v1") => typed(value).map(Object::Secret),
-            ("EndpointSlice", "discovery.k8s.io/v1") => typed(value).map(Object::EndpointSlice),
-            _ => {
-                out.ignored.push(format!(
-                    "{file}:{line}: {id} ({api_version}): not a kind sluice reads"
-                ));
-                return;
-            }
-        };
-    let object = match parsed {
+    let parsed = match typed_object(&kind, &api_version, value) {
+        Some(parsed) => parsed,
+        None => {
+            out.ignored.push(format!(
+                "{file}:{line}: {id} ({api_version}): not a kind sluice reads"
+            ));
+            return;
+        }
+    };
+    let mut object = match parsed {
         Ok(o) => o,
         Err((field, message)) => {
             out.errors.push(error(
@@ -265,6 +251,8 @@ fn load_document(mut value: Value, file: &str, line: usize, prefix: &str, out: &
         ));
         return;
     }
+    let omitted_weights = omitted_weights(&object);
+    apply_defaults(&mut object);
     let problems = validate(&object);
     if !problems.is_empty() {
         for (field, message) in problems {
@@ -280,7 +268,52 @@ fn load_document(mut value: Value, file: &str, line: usize, prefix: &str, out: &
         file: file.to_string(),
         line,
         object,
+        omitted_weights,
     });
+}
+
+/// The backendRefs of an HTTPRoute without a weight, before defaults.
+fn omitted_weights(object: &Object) -> Vec<(usize, usize)> {
+    let Object::HttpRoute(route) = object else {
+        return Vec::new();
+    };
+    let rules = route.spec.rules.iter().flatten().enumerate();
+    rules
+        .flat_map(|(i, rule)| {
+            let refs = rule.backend_refs.iter().flatten().enumerate();
+            refs.filter(|(_, b)| b.weight.is_none())
+                .map(move |(j, _)| (i, j))
+        })
+        .collect()
+}
+
+/// The typed object of a document of a kind sluice reads (`None` for other
+/// kinds and versions), or the field at fault and why it does not fit.
+pub(crate) fn typed_object(
+    kind: &str,
+    api_version: &str,
+    value: Value,
+) -> Option<Result<Object, (Option<String>, String)>> {
+    let gateway = matches!(
+        api_version,
+        "gateway.networking.k8s.io/v1" | "gateway.networking.k8s.io/v1beta1"
+    );
+    Some(match (kind, api_version) {
+        ("GatewayClass", _) if gateway => typed(value).map(Object::GatewayClass),
+        ("Gateway", _) if gateway => typed(value).map(Object::Gateway),
+        ("HTTPRoute", _) if gateway => typed(value).map(Object::HttpRoute),
+        ("ReferenceGrant", _) if gateway => typed(value).map(Object::ReferenceGrant),
+        ("ListenerSet", "gateway.networking.k8s.io/v1") => typed(value).map(Object::ListenerSet),
+        ("BackendTLSPolicy", "gateway.networking.k8s.io/v1") => {
+            typed(value).map(Object::BackendTlsPolicy)
+        }
+        ("ConfigMap", "v1") => typed(value).map(Object::ConfigMap),
+        ("Service", "v1") => typed(value).map(Object::Service),
+        ("Namespace", "v1") => typed(value).map(Object::Namespace),
+        ("Secret", "v1") => typed(value).map(Object::Secret),
+        ("EndpointSlice", "discovery.k8s.io/v1") => typed(value).map(Object::EndpointSlice),
+        _ => return None,
+    })
 }
 
 /// Deserialize into a typed object, with the path of the field at fault.

@@ -10,11 +10,13 @@
 //! the API server's CRD schema would refuse, with errors that name the file,
 //! line, object and field.
 
+pub mod defaults;
 mod duration;
 pub mod generations;
 pub mod load;
 mod validate;
 
+pub use defaults::apply_defaults;
 pub use duration::parse_gateway_duration;
 pub use generations::Generations;
 pub use load::{LoadError, LoadedObject, ParsedFile, parse_manifests};
@@ -28,6 +30,8 @@ pub use gateway_api::experimental::listenersets::ListenerSet;
 pub use gateway_api::experimental::referencegrants::ReferenceGrant;
 pub use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 pub use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use std::collections::BTreeSet;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -64,6 +68,11 @@ pub struct Snapshot {
     /// ConfigMaps, for CA certificates (`ca.crt`): frontend client
     /// certificate validation and BackendTLSPolicy validation.
     pub config_maps: Vec<ConfigMap>,
+    /// `(route namespace/name, rule, backendRef)` of the backendRefs whose
+    /// weight the manifest omitted before the CRD default made it 1, so that
+    /// an omitted weight next to explicit ones is still pointed out. Only
+    /// files know it: a cluster's objects arrive defaulted.
+    pub omitted_weights: BTreeSet<(String, usize, usize)>,
 }
 
 impl Snapshot {
@@ -86,6 +95,31 @@ impl Snapshot {
             }
         }
         s
+    }
+
+    /// Sort loaded objects into a snapshot, keeping what their manifests
+    /// omitted before defaults; `assign` fills in generations (see
+    /// [`Generations`]) between loading and sorting.
+    pub fn from_loaded(
+        loaded: impl IntoIterator<Item = LoadedObject>,
+        assign: impl FnOnce(&mut Vec<Object>),
+    ) -> Snapshot {
+        let mut omitted_weights = BTreeSet::new();
+        let mut objects = Vec::new();
+        for l in loaded {
+            let route = format!("{}/{}", l.object.namespace().unwrap_or(""), l.object.name());
+            omitted_weights.extend(
+                l.omitted_weights
+                    .iter()
+                    .map(|&(i, j)| (route.clone(), i, j)),
+            );
+            objects.push(l.object);
+        }
+        assign(&mut objects);
+        Snapshot {
+            omitted_weights,
+            ..Snapshot::from_objects(objects)
+        }
     }
 }
 

@@ -21,7 +21,7 @@ use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
-use crate::resources::{Generations, Object, Snapshot};
+use crate::resources::{Generations, Snapshot};
 
 use super::merge::{FileRead, FileSet};
 use super::{ConfigError, SourceUpdate};
@@ -82,12 +82,13 @@ impl FileSource {
         }
         self.reported = errors.clone();
 
-        let mut objects: Vec<Object> = loaded.into_iter().map(|l| l.object).collect();
-        self.generations
-            .assign(&mut objects, k8s_openapi::jiff::Timestamp::now());
-        let count = objects.len();
+        let count = loaded.len();
+        let generations = &mut self.generations;
+        let snapshot = Snapshot::from_loaded(loaded, |objects| {
+            generations.assign(objects, k8s_openapi::jiff::Timestamp::now());
+        });
         Some(SourceUpdate {
-            snapshot: Snapshot::from_objects(objects),
+            snapshot,
             errors,
             objects: count,
         })

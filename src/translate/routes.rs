@@ -120,7 +120,11 @@ fn compile_rule(
     );
 
     let refs = rule.backend_refs.as_deref().unwrap_or_default();
-    let explicit_weights = refs.iter().any(|b| b.weight.is_some());
+    // Omitted by the manifest (the CRD default made it 1), or not defaulted.
+    let omitted = |j: usize| {
+        refs[j].weight.is_none() || resolver.weight_omitted(&format!("{ns}/{name}"), i, j)
+    };
+    let explicit_weights = (0..refs.len()).any(|j| !omitted(j));
     let mut backends = Vec::new();
     let mut summaries = Vec::new();
     for (j, b) in refs.iter().enumerate() {
@@ -144,7 +148,7 @@ fn compile_rule(
                 0
             }
         };
-        if b.weight.is_none() && explicit_weights {
+        if omitted(j) && explicit_weights {
             out.warnings.push(format!(
                 "{route_id}: {bfield} ({label}) has no weight, so it weighs 1, next to explicit weights"
             ));
@@ -209,7 +213,6 @@ fn compile_rule(
         summaries.push(BackendSummary {
             name: label.clone(),
             weight,
-            weight_omitted: b.weight.is_none(),
             share_percent: 0.0,
             outcome,
         });

@@ -1,0 +1,305 @@
+//! The Gateway API CRDs' `default:` values, applied on load as the API
+//! server applies them before any controller sees an object.
+//!
+//! A cluster stores `parentRefs: [{name: gw}]` as `{group:
+//! gateway.networking.k8s.io, kind: Gateway, name: gw}`; so does sluice, in
+//! both modes (the Kubernetes source loads through the same function, where
+//! the API server has already defaulted and this changes nothing). `/status`,
+//! `check`, `explain` and the route table then see what a cluster would
+//! store, and a status compared by value (as the upstream conformance suite
+//! compares parentRefs) matches.
+//!
+//! The API server's rule, followed here: a default fills a field that is
+//! absent from an object that is present (and a defaulted object is itself
+//! defaulted inside). Hand-written against the typed structs; the test
+//! `every_crd_default_is_applied` walks the upstream CRD schemas and fails
+//! when one of their defaults is missing here.
+
+use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicyStatusAncestorsAncestorRef;
+use gateway_api::experimental::gatewayclasses::GatewayClassStatus;
+use gateway_api::experimental::gateways::{
+    GatewayAllowedListenersNamespaces, GatewayAllowedListenersNamespacesFrom,
+    GatewayListenersAllowedRoutes, GatewayListenersAllowedRoutesNamespaces,
+    GatewayListenersAllowedRoutesNamespacesFrom, GatewayListenersTlsMode, GatewayStatus,
+    GatewayTlsFrontendDefaultValidationMode, GatewayTlsFrontendPerPortTlsValidationMode,
+};
+use gateway_api::experimental::httproutes::{
+    HttpRouteRules, HttpRouteRulesMatches, HttpRouteRulesMatchesHeadersType,
+    HttpRouteRulesMatchesPath, HttpRouteRulesMatchesPathType, HttpRouteRulesMatchesQueryParamsType,
+    HttpRouteRulesSessionPersistenceCookieConfigLifetimeType, HttpRouteRulesSessionPersistenceType,
+};
+use gateway_api::experimental::listenersets::{
+    ListenerSetListenersAllowedRoutes, ListenerSetListenersAllowedRoutesNamespaces,
+    ListenerSetListenersAllowedRoutesNamespacesFrom, ListenerSetListenersTlsMode,
+    ListenerSetStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use super::{
+    BackendTlsPolicy, GATEWAY_GROUP, Gateway, GatewayClass, HttpRoute, ListenerSet, Object,
+};
+
+/// Apply every CRD default to a Gateway API object; other kinds are left
+/// as they are.
+pub fn apply_defaults(object: &mut Object) {
+    match object {
+        Object::GatewayClass(o) => gateway_class(o),
+        Object::Gateway(o) => gateway(o),
+        Object::HttpRoute(o) => http_route(o),
+        Object::ListenerSet(o) => listener_set(o),
+        Object::BackendTlsPolicy(o) => backend_tls_policy(o),
+        Object::ReferenceGrant(_)
+        | Object::Service(_)
+        | Object::EndpointSlice(_)
+        | Object::Namespace(_)
+        | Object::Secret(_)
+        | Object::ConfigMap(_) => {}
+    }
+}
+
+fn or(field: &mut Option<String>, value: &str) {
+    if field.is_none() {
+        *field = Some(value.to_string());
+    }
+}
+
+fn or_with<T>(field: &mut Option<T>, value: impl FnOnce() -> T) -> &mut T {
+    field.get_or_insert_with(value)
+}
+
+/// The condition a Gateway API status starts with until a controller
+/// writes one (`status` defaults of GatewayClass, Gateway, ListenerSet).
+fn pending(type_: &str) -> Condition {
+    Condition {
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        message: "Waiting for controller".into(),
+        observed_generation: None,
+        reason: "Pending".into(),
+        status: "Unknown".into(),
+        type_: type_.into(),
+    }
+}
+
+fn gateway_class(o: &mut GatewayClass) {
+    let status = or_with(&mut o.status, GatewayClassStatus::default);
+    or_with(&mut status.conditions, || vec![pending("Accepted")]);
+}
+
+fn gateway(o: &mut Gateway) {
+    let spec = &mut o.spec;
+    for address in spec.addresses.iter_mut().flatten() {
+        or(&mut address.r#type, "IPAddress");
+    }
+    if let Some(allowed) = &mut spec.allowed_listeners {
+        let namespaces = or_with(&mut allowed.namespaces, || {
+            GatewayAllowedListenersNamespaces::default()
+        });
+        or_with(&mut namespaces.from, || {
+            GatewayAllowedListenersNamespacesFrom::None
+        });
+    }
+    for listener in &mut spec.listeners {
+        let routes = or_with(&mut listener.allowed_routes, || {
+            GatewayListenersAllowedRoutes {
+                kinds: None,
+                namespaces: None,
+            }
+        });
+        for kind in routes.kinds.iter_mut().flatten() {
+            or(&mut kind.group, GATEWAY_GROUP);
+        }
+        let namespaces = or_with(&mut routes.namespaces, || {
+            GatewayListenersAllowedRoutesNamespaces::default()
+        });
+        or_with(&mut namespaces.from, || {
+            GatewayListenersAllowedRoutesNamespacesFrom::Same
+        });
+        if let Some(tls) = &mut listener.tls {
+            or_with(&mut tls.mode, || GatewayListenersTlsMode::Terminate);
+            for r in tls.certificate_refs.iter_mut().flatten() {
+                or(&mut r.group, "");
+                or(&mut r.kind, "Secret");
+            }
+        }
+    }
+    if let Some(tls) = &mut spec.tls {
+        if let Some(r) = tls
+            .backend
+            .as_mut()
+            .and_then(|b| b.client_certificate_ref.as_mut())
+        {
+            or(&mut r.group, "");
+            or(&mut r.kind, "Secret");
+        }
+        if let Some(frontend) = &mut tls.frontend {
+            if let Some(v) = &mut frontend.default.validation {
+                or_with(&mut v.mode, || {
+                    GatewayTlsFrontendDefaultValidationMode::AllowValidOnly
+                });
+            }
+            for port in frontend.per_port.iter_mut().flatten() {
+                if let Some(v) = &mut port.tls.validation {
+                    or_with(&mut v.mode, || {
+                        GatewayTlsFrontendPerPortTlsValidationMode::AllowValidOnly
+                    });
+                }
+            }
+        }
+    }
+
+    let status = or_with(&mut o.status, GatewayStatus::default);
+    or_with(&mut status.conditions, || {
+        vec![pending("Accepted"), pending("Programmed")]
+    });
+    for address in status.addresses.iter_mut().flatten() {
+        or(&mut address.r#type, "IPAddress");
+    }
+    for listener in status.listeners.iter_mut().flatten() {
+        for kind in listener.supported_kinds.iter_mut().flatten() {
+            or(&mut kind.group, GATEWAY_GROUP);
+        }
+    }
+}
+
+fn listener_set(o: &mut ListenerSet) {
+    let spec = &mut o.spec;
+    or(&mut spec.parent_ref.group, GATEWAY_GROUP);
+    or(&mut spec.parent_ref.kind, "Gateway");
+    for listener in &mut spec.listeners {
+        let routes = or_with(&mut listener.allowed_routes, || {
+            ListenerSetListenersAllowedRoutes {
+                kinds: None,
+                namespaces: None,
+            }
+        });
+        for kind in routes.kinds.iter_mut().flatten() {
+            or(&mut kind.group, GATEWAY_GROUP);
+        }
+        let namespaces = or_with(&mut routes.namespaces, || {
+            ListenerSetListenersAllowedRoutesNamespaces::default()
+        });
+        or_with(&mut namespaces.from, || {
+            ListenerSetListenersAllowedRoutesNamespacesFrom::Same
+        });
+        if let Some(tls) = &mut listener.tls {
+            or_with(&mut tls.mode, || ListenerSetListenersTlsMode::Terminate);
+            for r in tls.certificate_refs.iter_mut().flatten() {
+                or(&mut r.group, "");
+                or(&mut r.kind, "Secret");
+            }
+        }
+    }
+    let status = or_with(&mut o.status, ListenerSetStatus::default);
+    or_with(&mut status.conditions, || {
+        vec![pending("Accepted"), pending("Programmed")]
+    });
+    for listener in status.listeners.iter_mut().flatten() {
+        for kind in listener.supported_kinds.iter_mut().flatten() {
+            or(&mut kind.group, GATEWAY_GROUP);
+        }
+    }
+}
+
+/// The defaults of an HTTPRoute filter, rule-level or backendRef-level (two
+/// generated types with the same fields).
+macro_rules! filter_defaults {
+    ($filter:expr) => {{
+        let filter = $filter;
+        if let Some(cors) = &mut filter.cors {
+            or_with(&mut cors.max_age, || 5);
+        }
+        if let Some(auth) = &mut filter.external_auth {
+            or(&mut auth.backend_ref.group, "");
+            or(&mut auth.backend_ref.kind, "Service");
+        }
+        if let Some(mirror) = &mut filter.request_mirror {
+            or(&mut mirror.backend_ref.group, "");
+            or(&mut mirror.backend_ref.kind, "Service");
+            if let Some(fraction) = &mut mirror.fraction {
+                or_with(&mut fraction.denominator, || 100);
+            }
+        }
+        if let Some(redirect) = &mut filter.request_redirect {
+            or_with(&mut redirect.status_code, || 302);
+        }
+    }};
+}
+
+/// `matches: [{path: {type: PathPrefix, value: /}}]`, the default of a
+/// rule's `matches` (and of `spec.rules`' one rule).
+fn match_everything() -> Vec<HttpRouteRulesMatches> {
+    vec![HttpRouteRulesMatches {
+        path: Some(HttpRouteRulesMatchesPath {
+            r#type: Some(HttpRouteRulesMatchesPathType::PathPrefix),
+            value: Some("/".into()),
+        }),
+        ..HttpRouteRulesMatches::default()
+    }]
+}
+
+fn http_route(o: &mut HttpRoute) {
+    let spec = &mut o.spec;
+    for r in spec.parent_refs.iter_mut().flatten() {
+        or(&mut r.group, GATEWAY_GROUP);
+        or(&mut r.kind, "Gateway");
+    }
+    let rules = or_with(&mut spec.rules, || {
+        vec![HttpRouteRules {
+            matches: Some(match_everything()),
+            ..HttpRouteRules::default()
+        }]
+    });
+    for rule in rules {
+        for m in or_with(&mut rule.matches, match_everything) {
+            let path = or_with(&mut m.path, HttpRouteRulesMatchesPath::default);
+            or_with(&mut path.r#type, || {
+                HttpRouteRulesMatchesPathType::PathPrefix
+            });
+            or(&mut path.value, "/");
+            for h in m.headers.iter_mut().flatten() {
+                or_with(&mut h.r#type, || HttpRouteRulesMatchesHeadersType::Exact);
+            }
+            for q in m.query_params.iter_mut().flatten() {
+                or_with(&mut q.r#type, || {
+                    HttpRouteRulesMatchesQueryParamsType::Exact
+                });
+            }
+        }
+        for f in rule.filters.iter_mut().flatten() {
+            filter_defaults!(f);
+        }
+        for b in rule.backend_refs.iter_mut().flatten() {
+            or(&mut b.group, "");
+            or(&mut b.kind, "Service");
+            or_with(&mut b.weight, || 1);
+            for f in b.filters.iter_mut().flatten() {
+                filter_defaults!(f);
+            }
+        }
+        if let Some(sp) = &mut rule.session_persistence {
+            or_with(&mut sp.r#type, || {
+                HttpRouteRulesSessionPersistenceType::Cookie
+            });
+            if let Some(cookie) = &mut sp.cookie_config {
+                or_with(&mut cookie.lifetime_type, || {
+                    HttpRouteRulesSessionPersistenceCookieConfigLifetimeType::Session
+                });
+            }
+        }
+    }
+    for parent in o.status.iter_mut().flat_map(|s| s.parents.iter_mut()) {
+        or(&mut parent.parent_ref.group, GATEWAY_GROUP);
+        or(&mut parent.parent_ref.kind, "Gateway");
+    }
+}
+
+fn backend_tls_policy(o: &mut BackendTlsPolicy) {
+    for ancestor in o.status.iter_mut().flat_map(|s| s.ancestors.iter_mut()) {
+        let r: &mut BackendTlsPolicyStatusAncestorsAncestorRef = &mut ancestor.ancestor_ref;
+        or(&mut r.group, GATEWAY_GROUP);
+        or(&mut r.kind, "Gateway");
+    }
+}
+
+#[cfg(test)]
+mod tests;
