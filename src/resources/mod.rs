@@ -10,6 +10,7 @@
 //! the API server's CRD schema would refuse, with errors that name the file,
 //! line, object and field.
 
+pub mod crd;
 pub mod defaults;
 mod duration;
 pub mod generations;
