@@ -31,6 +31,9 @@ enum Command {
         /// Admin listener: /status, /errors, /metrics, /healthz, /readyz.
         #[arg(long, default_value = "127.0.0.1:9901")]
         admin: SocketAddr,
+        /// CustomResourceDefinitions (files or directories, e.g. the upstream standard-install.yaml): objects of the kinds they define are validated by their schema and CEL rules. CRD documents among the -f manifests count too. Repeatable.
+        #[arg(long = "crds", value_name = "PATH")]
+        crds: Vec<PathBuf>,
         /// Watch the Kubernetes API server instead of files, and write status back (as leader).
         #[arg(long, conflicts_with = "paths")]
         kubernetes: bool,
@@ -58,9 +61,11 @@ enum Command {
     },
     /// Print every object's conditions and every rule's backend shares; exit 1 if anything is not accepted or resolved.
     Check {
-        /// Manifest file or directory (read recursively). Repeatable.
-        #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
-        paths: Vec<PathBuf>,
+        #[command(flatten)]
+        manifests: sluice::cli::Manifests,
+        /// Report format: the text report (one `file:line: Kind ns/name: field: message` line per problem at its end), or one JSON document.
+        #[arg(long, value_enum, default_value_t)]
+        output: sluice::cli::check::Output,
     },
     /// Run the examples with built-in echo backends and show each backend's share of real traffic.
     Demo {
@@ -192,6 +197,7 @@ fn main() -> ExitCode {
             paths,
             bind,
             admin,
+            crds,
             kubernetes,
             kubeconfig,
             gateway_service,
@@ -214,16 +220,27 @@ fn main() -> ExitCode {
                     lease_namespace,
                     lease_name,
                     lease_duration: std::time::Duration::from_secs(lease_duration),
+                    crds,
                 };
                 return runtime.block_on(serve(sluice::serve::start_kubernetes_with_limits(
                     config, limits,
                 )));
             }
-            let config = sluice::serve::ServeConfig { paths, bind, admin };
+            let config = sluice::serve::ServeConfig {
+                paths,
+                bind,
+                admin,
+                crds,
+            };
             runtime.block_on(serve(sluice::serve::start_with_limits(config, limits)))
         }
-        Command::Check { paths } => {
-            let code = sluice::cli::check::run(&paths, &mut std::io::stdout().lock());
+        Command::Check { manifests, output } => {
+            let code = sluice::cli::check::run(
+                &manifests.paths,
+                &manifests.crds,
+                output,
+                &mut std::io::stdout().lock(),
+            );
             ExitCode::from(u8::try_from(code).unwrap_or(2))
         }
         Command::Demo { requests, verbose } => {

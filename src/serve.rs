@@ -33,6 +33,9 @@ pub struct ServeConfig {
     pub bind: IpAddr,
     /// Admin listener (`/status`, `/errors`, `/metrics`, `/healthz`, `/readyz`).
     pub admin: SocketAddr,
+    /// CustomResourceDefinition files or directories (`--crds`): objects of
+    /// the kinds they define are validated by them. Watched like `paths`.
+    pub crds: Vec<PathBuf>,
 }
 
 /// A gateway started in this process. Dropping it leaves the gateway
@@ -100,7 +103,8 @@ pub async fn start_with_limits(
     limits: ProxyLimits,
 ) -> anyhow::Result<RunningGateway> {
     let metrics = Metrics::shared();
-    let source = FileSource::new(config.paths.clone(), metrics.clone());
+    let source =
+        FileSource::new(config.paths.clone(), metrics.clone()).with_crds(config.crds.clone());
     // Watch before the first read so that no change in between is missed.
     let watch = source
         .watch()
@@ -301,6 +305,11 @@ pub struct KubernetesConfig {
     pub lease_namespace: Option<String>,
     pub lease_name: String,
     pub lease_duration: std::time::Duration,
+    /// CustomResourceDefinition files or directories (`--crds`), read once
+    /// at start: objects of the kinds they define are validated by them
+    /// (the API server already did; this makes refusals the same in both
+    /// modes).
+    pub crds: Vec<PathBuf>,
 }
 
 /// What the serve loop last served: the snapshot and the status translate
@@ -341,9 +350,16 @@ pub async fn start_kubernetes_with_limits(
     let proxy = Proxy::with_limits(metrics.clone(), limits);
 
     let (updates_tx, updates) = tokio::sync::mpsc::channel(1);
+    let crds = crate::source::files::read_crds(&config.crds);
+    for error in &crds.1 {
+        tracing::warn!("--crds: {error}");
+    }
     let source = tokio::spawn(kube_source::run(
         kube_source::watch_all(&client),
-        SourceOptions::default(),
+        SourceOptions {
+            crds: crds.0,
+            ..SourceOptions::default()
+        },
         updates_tx,
         shutdown_rx.clone(),
     ));

@@ -12,10 +12,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::resources::{Generations, Snapshot, parse_manifests};
+use crate::resources::crd::Crds;
+use crate::resources::{Generations, Snapshot};
 use crate::source::files::read_all;
 use crate::source::{ConfigError, FileSet};
 use crate::translate::{
@@ -29,6 +31,17 @@ pub const EXIT_OK: i32 = 0;
 pub const EXIT_PROBLEMS: i32 = 1;
 /// The input could not be read.
 pub const EXIT_UNREADABLE: i32 = 2;
+
+/// How `check` prints its findings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Output {
+    /// Every object's conditions and every rule's shares, then one line
+    /// per problem (`file:line: Kind ns/name: field: message`).
+    #[default]
+    Text,
+    /// One JSON document: problems, warnings, status and rule shares.
+    Json,
+}
 
 /// Manifests loaded and translated the way `serve` does it.
 #[derive(Debug)]
@@ -45,47 +58,37 @@ pub struct Checked {
     /// `(route namespace/name, rule, backendRef)` of the backendRefs whose
     /// weight the manifest omitted (the CRD default made it 1).
     pub omitted_weights: BTreeSet<(String, usize, usize)>,
+    /// Where each object loaded came from: `Kind ns/name` -> (file, line).
+    pub locations: BTreeMap<String, (String, usize)>,
+    /// The CRDs objects were validated with (`--crds` and CRD documents
+    /// among the manifests).
+    pub crds: Arc<Crds>,
 }
 
-/// Read, parse, validate and translate the manifests under `paths`.
-pub fn load(paths: &[PathBuf]) -> Checked {
+/// Read, parse, validate (by the CRDs in `crd_paths` and among the
+/// manifests, else by hand) and translate the manifests under `paths`.
+pub fn load(paths: &[PathBuf], crd_paths: &[PathBuf]) -> Checked {
     let listing = read_all(paths);
-    let mut unreadable = listing.problems;
-    let mut ignored = Vec::new();
-    for read in &listing.reads {
-        match &read.content {
-            Err(message) => unreadable.push(ConfigError {
-                file: read.file.clone(),
-                line: None,
-                object: None,
-                field: None,
-                message: format!("cannot read file: {message}"),
-            }),
-            Ok(text) => {
-                // Errors tied to neither an object nor a field mean the text
-                // itself is not a manifest stream (YAML/JSON syntax): the
-                // file is unreadable.
-                let parsed = parse_manifests(text, &read.file);
-                ignored.extend(parsed.ignored);
-                unreadable.extend(
-                    parsed
-                        .errors
-                        .iter()
-                        .filter(|e| e.object.is_none() && e.field.is_none())
-                        .map(ConfigError::from),
-                );
-            }
-        }
-    }
-
+    let crd_listing = read_all(crd_paths);
     let mut files = FileSet::new();
+    files.update_crd_files(crd_listing.reads);
     files.update(listing.reads);
     let (loaded, errors) = files.merged();
-    let refused = errors
+    // Errors tied to neither an object nor a field mean the text itself is
+    // not a manifest stream (YAML/JSON syntax, unreadable): the file is
+    // unreadable.
+    let (mut unreadable, refused): (Vec<ConfigError>, Vec<ConfigError>) = errors
         .into_iter()
-        .filter(|e| !unreadable.contains(e))
-        .collect();
+        .partition(|e| e.object.is_none() && e.field.is_none());
+    unreadable.splice(
+        0..0,
+        listing.problems.into_iter().chain(crd_listing.problems),
+    );
 
+    let locations = loaded
+        .iter()
+        .map(|l| (l.object.id(), (l.file.clone(), l.line)))
+        .collect();
     let count = loaded.len();
     let snapshot = Snapshot::from_loaded(loaded, |objects| {
         Generations::default().assign(objects, k8s_openapi::jiff::Timestamp::now());
@@ -101,16 +104,22 @@ pub fn load(paths: &[PathBuf]) -> Checked {
         objects: count,
         unreadable,
         refused,
-        ignored,
+        ignored: files.ignored(),
         omitted_weights: snapshot.omitted_weights.clone(),
+        locations,
+        crds: files.crds(),
     }
 }
 
-/// Run `sluice check` on `paths`, writing the report to `out`. Returns the
-/// process exit code.
-pub fn run(paths: &[PathBuf], out: &mut impl Write) -> i32 {
-    let checked = load(paths);
-    match report(&checked, out) {
+/// Run `sluice check`, writing the report to `out`. Returns the process
+/// exit code.
+pub fn run(paths: &[PathBuf], crd_paths: &[PathBuf], output: Output, out: &mut impl Write) -> i32 {
+    let checked = load(paths, crd_paths);
+    let written = match output {
+        Output::Text => report(&checked, out),
+        Output::Json => report_json(&checked, out),
+    };
+    match written {
         Ok(code) => code,
         // The report could not be written (closed pipe): nothing sensible
         // to print either.
@@ -118,10 +127,21 @@ pub fn run(paths: &[PathBuf], out: &mut impl Write) -> i32 {
     }
 }
 
-/// Print the report for already loaded manifests; returns the exit code.
-pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
+/// What `check` found: the text report, the problems (one
+/// `file:line: Kind ns/name: field: message` each) and the exit code.
+struct Findings {
+    text: Vec<u8>,
+    problems: Vec<ConfigError>,
+    code: i32,
+}
+
+fn findings(checked: &Checked) -> std::io::Result<Findings> {
     let translation = &checked.translation;
-    let mut problems: Vec<String> = Vec::new();
+    let mut out = Vec::new();
+    let mut problems = Problems {
+        list: Vec::new(),
+        locations: &checked.locations,
+    };
 
     let mut rules_by_route: BTreeMap<&str, Vec<&RuleSummary>> = BTreeMap::new();
     for rule in &translation.rules {
@@ -132,7 +152,7 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
     }
 
     for object in &translation.status.objects {
-        write_object(object, out, &mut problems)?;
+        write_object(object, &mut out, &mut problems)?;
         if object.kind == "HTTPRoute" {
             let key = format!(
                 "{}/{}",
@@ -141,7 +161,7 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
             );
             if let Some(rules) = rules_by_route.remove(key.as_str()) {
                 for rule in rules {
-                    write_rule(rule, &checked.omitted_weights, out, &mut problems)?;
+                    write_rule(rule, &checked.omitted_weights, &mut out, &mut problems)?;
                 }
             }
         }
@@ -151,7 +171,7 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
     for rules in rules_by_route.values() {
         for rule in rules {
             writeln!(out, "HTTPRoute {}", rule.route)?;
-            write_rule(rule, &checked.omitted_weights, out, &mut problems)?;
+            write_rule(rule, &checked.omitted_weights, &mut out, &mut problems)?;
         }
     }
 
@@ -169,6 +189,21 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
             writeln!(out, "  {ignored}")?;
         }
     }
+    if !checked.crds.is_empty() {
+        let stats = checked.crds.stats();
+        writeln!(out)?;
+        writeln!(
+            out,
+            "validated by CRDs ({} CEL rules; {} transition rules need the stored object and are not run):",
+            stats.compiled, stats.transition
+        )?;
+        for crd in checked.crds.describe() {
+            writeln!(out, "  {crd}")?;
+        }
+        for (rule, error) in &stats.failed {
+            writeln!(out, "  not evaluated (does not compile): {rule}: {error}")?;
+        }
+    }
     if !checked.refused.is_empty() || !checked.unreadable.is_empty() {
         writeln!(out)?;
         writeln!(out, "errors:")?;
@@ -178,6 +213,8 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
     }
 
     writeln!(out)?;
+    let mut all: Vec<ConfigError> = checked.refused.clone();
+    all.extend(problems.list);
     let code = if !checked.unreadable.is_empty() {
         writeln!(
             out,
@@ -185,16 +222,15 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
              what they hold was not checked",
             checked.unreadable.len()
         )?;
+        all.splice(0..0, checked.unreadable.iter().cloned());
         EXIT_UNREADABLE
     } else if checked.objects == 0 {
         writeln!(out, "FAIL: no objects found in the given paths")?;
         EXIT_PROBLEMS
-    } else if !problems.is_empty() || !checked.refused.is_empty() {
-        let refused = checked.refused.iter().map(ToString::to_string);
-        let all: Vec<String> = refused.chain(problems).collect();
+    } else if !all.is_empty() {
         writeln!(out, "FAIL: {} problem(s):", all.len())?;
         for problem in &all {
-            writeln!(out, "  {problem}")?;
+            writeln!(out, "{problem}")?;
         }
         EXIT_PROBLEMS
     } else {
@@ -205,13 +241,72 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
         )?;
         EXIT_OK
     };
-    Ok(code)
+    Ok(Findings {
+        text: out,
+        problems: all,
+        code,
+    })
+}
+
+/// Print the report for already loaded manifests; returns the exit code.
+pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
+    let f = findings(checked)?;
+    out.write_all(&f.text)?;
+    Ok(f.code)
+}
+
+/// The report as one JSON document; returns the exit code.
+pub fn report_json(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
+    let f = findings(checked)?;
+    let stats = checked.crds.stats();
+    let doc = serde_json::json!({
+        "ok": f.code == EXIT_OK,
+        "exitCode": f.code,
+        "objects": checked.objects,
+        "problems": f.problems,
+        "warnings": checked.translation.warnings,
+        "ignored": checked.ignored,
+        "crds": {
+            "kinds": checked.crds.describe(),
+            "celRules": stats.compiled,
+            "transitionRules": stats.transition,
+            "notCompiled": stats.failed.iter().map(|(r, e)| serde_json::json!({"rule": r, "error": e})).collect::<Vec<_>>(),
+        },
+        "status": checked.translation.status.objects,
+        "rules": checked.translation.rules,
+    });
+    serde_json::to_writer_pretty(&mut *out, &doc)?;
+    writeln!(out)?;
+    Ok(f.code)
+}
+
+/// The problems found in status and rules, each placed at its object's
+/// file and line.
+struct Problems<'a> {
+    list: Vec<ConfigError>,
+    locations: &'a BTreeMap<String, (String, usize)>,
+}
+
+impl Problems<'_> {
+    fn push(&mut self, object: &str, field: String, message: String) {
+        let (file, line) = match self.locations.get(object) {
+            Some((file, line)) => (file.clone(), Some(*line)),
+            None => (String::from("-"), None),
+        };
+        self.list.push(ConfigError {
+            file,
+            line,
+            object: Some(object.to_string()),
+            field: Some(field),
+            message,
+        });
+    }
 }
 
 fn write_object(
     object: &ObjectStatus,
     out: &mut impl Write,
-    problems: &mut Vec<String>,
+    problems: &mut Problems<'_>,
 ) -> std::io::Result<()> {
     let namespace = object.metadata.namespace.as_deref();
     let name = match namespace {
@@ -220,8 +315,15 @@ fn write_object(
     };
     writeln!(out, "{name} (generation {})", object.metadata.generation)?;
     let status = &object.status;
-    write_conditions(status.get("conditions"), "  ", &name, out, problems)?;
-    for listener in array(status.get("listeners")) {
+    let at = |field: String, suffix: String| (name.clone(), field, suffix);
+    write_conditions(
+        status.get("conditions"),
+        "  ",
+        at("status.conditions".into(), String::new()),
+        out,
+        problems,
+    )?;
+    for (i, listener) in array(status.get("listeners")).iter().enumerate() {
         let listener_name = listener.get("name").and_then(Value::as_str).unwrap_or("?");
         let attached = listener
             .get("attachedRoutes")
@@ -231,14 +333,30 @@ fn write_object(
             out,
             "  listener {listener_name}: {attached} attached route(s)"
         )?;
-        let context = format!("{name} listener {listener_name}");
-        write_conditions(listener.get("conditions"), "    ", &context, out, problems)?;
+        write_conditions(
+            listener.get("conditions"),
+            "    ",
+            at(
+                format!("status.listeners[{i}]"),
+                format!(" (listener {listener_name})"),
+            ),
+            out,
+            problems,
+        )?;
     }
-    for parent in array(status.get("parents")) {
+    for (i, parent) in array(status.get("parents")).iter().enumerate() {
         let parent_name = describe_parent_ref(parent.get("parentRef"), namespace);
         writeln!(out, "  parent {parent_name}:")?;
-        let context = format!("{name} parent {parent_name}");
-        write_conditions(parent.get("conditions"), "    ", &context, out, problems)?;
+        write_conditions(
+            parent.get("conditions"),
+            "    ",
+            at(
+                format!("status.parents[{i}]"),
+                format!(" (parent {parent_name})"),
+            ),
+            out,
+            problems,
+        )?;
     }
     Ok(())
 }
@@ -247,21 +365,20 @@ fn array(value: Option<&Value>) -> &[Value] {
     value.and_then(Value::as_array).map_or(&[], Vec::as_slice)
 }
 
+/// `(object, field, suffix)`: where a condition problem is reported.
+type ConditionPlace = (String, String, String);
+
 fn write_conditions(
     conditions: Option<&Value>,
     indent: &str,
-    context: &str,
+    (object, field, suffix): ConditionPlace,
     out: &mut impl Write,
-    problems: &mut Vec<String>,
+    problems: &mut Problems<'_>,
 ) -> std::io::Result<()> {
     for condition in array(conditions) {
-        let field = |key: &str| condition.get(key).and_then(Value::as_str).unwrap_or("");
-        let (kind, status, reason, message) = (
-            field("type"),
-            field("status"),
-            field("reason"),
-            field("message"),
-        );
+        let get = |key: &str| condition.get(key).and_then(Value::as_str).unwrap_or("");
+        let (kind, status, reason, message) =
+            (get("type"), get("status"), get("reason"), get("message"));
         let mut line = format!("{kind}={status} {reason}");
         if !message.is_empty() {
             line.push_str(": ");
@@ -269,7 +386,7 @@ fn write_conditions(
         }
         if condition_is_problem(kind, status) {
             writeln!(out, "{indent}{line}   <-- problem")?;
-            problems.push(format!("{context}: {line}"));
+            problems.push(&object, field.clone(), format!("{line}{suffix}"));
         } else {
             writeln!(out, "{indent}{line}")?;
         }
@@ -311,7 +428,7 @@ fn write_rule(
     rule: &RuleSummary,
     omitted_weights: &BTreeSet<(String, usize, usize)>,
     out: &mut impl Write,
-    problems: &mut Vec<String>,
+    problems: &mut Problems<'_>,
 ) -> std::io::Result<()> {
     writeln!(out, "  rule {}:", rule.rule)?;
     if rule.backends.is_empty() {
@@ -337,7 +454,7 @@ fn write_rule(
         })
         .collect();
     let weight_width = weights.iter().map(String::len).max().unwrap_or(0);
-    for (backend, weight) in rule.backends.iter().zip(&weights) {
+    for (j, (backend, weight)) in rule.backends.iter().zip(&weights).enumerate() {
         let (outcome, problem) = describe_outcome(backend);
         writeln!(
             out,
@@ -347,10 +464,11 @@ fn write_rule(
             format_share(backend.share_percent),
         )?;
         if problem {
-            problems.push(format!(
-                "HTTPRoute {} rule {}: backend {}: {outcome}",
-                rule.route, rule.rule, backend.name
-            ));
+            problems.push(
+                &format!("HTTPRoute {}", rule.route),
+                format!("spec.rules[{}].backendRefs[{j}]", rule.rule),
+                format!("backend {}: {outcome}", backend.name),
+            );
         }
     }
     Ok(())

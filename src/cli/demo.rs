@@ -134,6 +134,7 @@ pub async fn run_with_output(
         paths: vec![dir.path.clone()],
         bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
         admin: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        crds: Vec::new(),
     })
     .await
     .context("cannot start the gateway")?;

@@ -20,7 +20,10 @@ mod validate;
 pub use defaults::apply_defaults;
 pub use duration::parse_gateway_duration;
 pub use generations::Generations;
-pub use load::{LoadError, LoadedObject, ParsedFile, parse_manifests};
+pub use load::{
+    LoadError, LoadedObject, ParsedFile, load_documents, parse_manifests, parse_manifests_with,
+    read_documents,
+};
 pub(crate) use validate::filter_type_name;
 
 pub use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;

@@ -33,7 +33,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use kube::api::DynamicObject;
 use kube::runtime::watcher::Event;
 
-use crate::resources::{DEFAULT_NAMESPACE, Gateway, Object, Snapshot, parse_manifests};
+use std::sync::Arc;
+
+use crate::resources::crd::Crds;
+use crate::resources::{DEFAULT_NAMESPACE, Gateway, Object, Snapshot, parse_manifests_with};
 use crate::source::{ConfigError, SourceUpdate};
 
 /// A kind sluice watches: where it lives in the API.
@@ -183,6 +186,8 @@ struct KindCache {
 #[derive(Debug)]
 pub struct ClusterCache {
     kinds: Vec<(WatchedKind, KindCache)>,
+    /// CRDs that validate the objects of the kinds they define.
+    crds: Arc<Crds>,
 }
 
 impl Default for ClusterCache {
@@ -195,7 +200,14 @@ impl ClusterCache {
     pub fn new(kinds: &[WatchedKind]) -> Self {
         ClusterCache {
             kinds: kinds.iter().map(|k| (*k, KindCache::default())).collect(),
+            crds: Arc::default(),
         }
+    }
+
+    /// Validate the objects of the kinds `crds` defines by their CRD.
+    pub fn with_crds(mut self, crds: Arc<Crds>) -> Self {
+        self.crds = crds;
+        self
     }
 
     /// Every kind has completed its first list.
@@ -228,7 +240,7 @@ impl ClusterCache {
                 false
             }
             Event::InitApply(object) => {
-                let (key, loaded) = load(watched, object);
+                let (key, loaded) = load(watched, &self.crds, object);
                 cache
                     .relisting
                     .get_or_insert_with(BTreeMap::new)
@@ -248,7 +260,7 @@ impl ClusterCache {
             }
             Event::Apply(object) => {
                 cache.not_installed = false;
-                let (key, loaded) = load(watched, object);
+                let (key, loaded) = load(watched, &self.crds, object);
                 cache.current.insert(key, loaded.clone()) != Some(loaded)
             }
             Event::Delete(object) => {
@@ -493,7 +505,7 @@ fn key_of(watched: &WatchedKind, object: &DynamicObject) -> (Key, String) {
 
 /// Load an API object with the manifest loader. List items carry no
 /// `apiVersion`/`kind`, so the watched kind's are set first.
-fn load(watched: &WatchedKind, mut object: DynamicObject) -> (Key, Loaded) {
+fn load(watched: &WatchedKind, crds: &Crds, mut object: DynamicObject) -> (Key, Loaded) {
     let (key, id) = key_of(watched, &object);
     object.types = Some(kube::api::TypeMeta {
         api_version: watched.api_version(),
@@ -506,7 +518,7 @@ fn load(watched: &WatchedKind, mut object: DynamicObject) -> (Key, Loaded) {
     }
     let loaded = match serde_json::to_string(&object) {
         Ok(json) => {
-            let parsed = parse_manifests(&json, "kubernetes");
+            let parsed = parse_manifests_with(&json, "kubernetes", crds);
             Loaded {
                 objects: parsed.objects.into_iter().map(|o| o.object).collect(),
                 errors: parsed

@@ -23,6 +23,7 @@
 
 pub mod cache;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{self, BoxStream, StreamExt};
@@ -35,6 +36,7 @@ use tokio::time::Instant;
 
 pub use cache::{ClusterCache, WATCHED_KINDS, WatchedKind};
 
+use crate::resources::crd::Crds;
 use crate::source::SourceUpdate;
 
 /// How updates are paced.
@@ -44,6 +46,8 @@ pub struct SourceOptions {
     pub debounce: Duration,
     /// Longest an update waits for a burst to end.
     pub max_delay: Duration,
+    /// CRDs that validate the objects of the kinds they define (`--crds`).
+    pub crds: Arc<Crds>,
 }
 
 impl Default for SourceOptions {
@@ -51,6 +55,7 @@ impl Default for SourceOptions {
         SourceOptions {
             debounce: Duration::from_millis(100),
             max_delay: Duration::from_secs(1),
+            crds: Arc::default(),
         }
     }
 }
@@ -96,7 +101,7 @@ pub async fn run(
     updates: mpsc::Sender<SourceUpdate>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut cache = ClusterCache::default();
+    let mut cache = ClusterCache::default().with_crds(Arc::clone(&options.crds));
     let mut events = stream::select_all(watches);
     // (first unsent change, last change)
     let mut pending: Option<(Instant, Instant)> = None;
@@ -249,6 +254,7 @@ mod tests {
         let options = SourceOptions {
             debounce: Duration::from_millis(50),
             max_delay: Duration::from_millis(500),
+            ..SourceOptions::default()
         };
         let task = tokio::spawn(run(watches, options, tx, stop_rx));
         let svc = service_index();
