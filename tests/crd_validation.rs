@@ -53,3 +53,116 @@ fn every_rule_of_the_upstream_crds_compiles() {
         assert!(stats.compiled > 200, "{channel}: {stats:?}");
     }
 }
+
+/// Every upstream conformance manifest is one a cluster with the
+/// experimental CRDs accepts (the suite applies them): no false refusals.
+#[test]
+fn every_conformance_manifest_passes_validation() {
+    let Some(crds) = upstream("experimental") else {
+        return;
+    };
+    let dir = match sluice::upstream::gateway_api_dir("conformance") {
+        Ok(dir) => dir,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let mut files = Vec::new();
+    for sub in ["base", "tests"] {
+        for e in std::fs::read_dir(dir.join(sub)).expect("conformance folder") {
+            let path = e.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    let mut refused = Vec::new();
+    let mut validated = 0;
+    for file in &files {
+        // The suite fills these in before applying.
+        let text = std::fs::read_to_string(file)
+            .expect("readable")
+            .replace("{GATEWAY_CLASS_NAME}", "sluice")
+            .replace("{GATEWAY_CONTROLLER_NAME}", "sluice.dev/gateway-controller")
+            .replace("PLACEHOLDER_USABLE_ADDRS", "192.0.2.1")
+            .replace("PLACEHOLDER_UNUSABLE_ADDRS", "198.51.100.1");
+        let parsed =
+            sluice::resources::parse_manifests_with(&text, &file.display().to_string(), &crds);
+        validated += parsed
+            .objects
+            .iter()
+            .filter(|o| crds.covers("gateway.networking.k8s.io/v1", o.object.kind()))
+            .count();
+        refused.extend(parsed.errors.iter().map(ToString::to_string));
+    }
+    assert!(refused.is_empty(), "refused:\n{}", refused.join("\n"));
+    assert!(
+        validated > 200,
+        "only {validated} objects validated by a CRD"
+    );
+    println!(
+        "{} files, {validated} Gateway API objects validated, none refused",
+        files.len()
+    );
+}
+
+/// The table of invalid manifests (`tests/crd_validation/invalid.yaml`):
+/// each is refused with exactly the errors it lists.
+#[test]
+fn invalid_manifests_get_the_api_servers_messages() {
+    let Some(crds) = upstream("standard") else {
+        return;
+    };
+    let table = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/crd_validation/invalid.yaml");
+    let text = std::fs::read_to_string(&table).expect("the table is readable");
+    let cases: Vec<serde_json::Value> = sluice::yaml::from_str(&text).expect("the table is YAML");
+    assert!(cases.len() >= 40, "only {} cases", cases.len());
+    let mut wrong = Vec::new();
+    for case in &cases {
+        let name = case["name"].as_str().expect("a case has a name");
+        let object = match case.get("object") {
+            Some(o) => o.clone(),
+            None => {
+                let mut route = serde_json::json!({
+                    "apiVersion": "gateway.networking.k8s.io/v1",
+                    "kind": "HTTPRoute",
+                    "metadata": {"name": "r"},
+                    "spec": {"parentRefs": [{"name": "gw"}],
+                             "rules": [{"backendRefs": [{"name": "a", "port": 80}]}]},
+                });
+                for (k, v) in case["spec"].as_object().expect("a case has spec or object") {
+                    route["spec"][k] = v.clone();
+                }
+                route
+            }
+        };
+        let manifest = sluice::yaml::to_string(&object).expect("serializes");
+        let parsed = sluice::resources::parse_manifests_with(&manifest, "case.yaml", &crds);
+        let got: Vec<String> = parsed
+            .errors
+            .iter()
+            .map(|e| match &e.field {
+                Some(f) => format!("{f}: {}", e.message),
+                None => e.message.clone(),
+            })
+            .collect();
+        let want: Vec<String> = case["expect"]
+            .as_array()
+            .expect("a case has expect")
+            .iter()
+            .map(|e| e.as_str().expect("expectations are strings").to_string())
+            .collect();
+        if got != want || !parsed.objects.is_empty() {
+            wrong.push(format!("{name}:\n  want {want:#?}\n  got  {got:#?}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} cases differ:\n{}",
+        wrong.len(),
+        cases.len(),
+        wrong.join("\n")
+    );
+}

@@ -408,6 +408,28 @@ fn composites(schema: &Schema, v: &Value, path: &FieldPath, errors: &mut Vec<Fie
             message,
         )
     };
+    // kube-openapi keeps the errors of the alternative with the most
+    // checks passed; the properties it validated are the measure here.
+    let best = |alternatives: &[Schema], results: Vec<Vec<FieldError>>| {
+        alternatives
+            .iter()
+            .zip(results)
+            .map(|(s, errs)| {
+                let passed = s
+                    .properties
+                    .keys()
+                    .filter(|k| v.get(k.as_str()).is_some())
+                    .filter(|k| {
+                        let p = path.child(k);
+                        !errs.iter().any(|e| e.path.as_str().starts_with(p.as_str()))
+                    })
+                    .count();
+                (passed, errs)
+            })
+            .max_by(|(pa, ea), (pb, eb)| pa.cmp(pb).then(eb.len().cmp(&ea.len())))
+            .map(|(_, errs)| errs)
+            .unwrap_or_default()
+    };
     for s in &schema.all_of {
         errors.extend(run(s));
     }
@@ -418,9 +440,7 @@ fn composites(schema: &Schema, v: &Value, path: &FieldPath, errors: &mut Vec<Fie
                 "{} must validate at least one schema (anyOf)",
                 go_quote(path.as_str())
             )));
-            if let Some(best) = results.into_iter().min_by_key(Vec::len) {
-                errors.extend(best);
-            }
+            errors.extend(best(&schema.any_of, results));
         }
     }
     if !schema.one_of.is_empty() {
@@ -436,10 +456,8 @@ fn composites(schema: &Schema, v: &Value, path: &FieldPath, errors: &mut Vec<Fie
                 "{} must validate one and only one schema (oneOf). {detail}",
                 go_quote(path.as_str())
             )));
-            if valid == 0
-                && let Some(best) = results.into_iter().min_by_key(Vec::len)
-            {
-                errors.extend(best);
+            if valid == 0 {
+                errors.extend(best(&schema.one_of, results));
             }
         }
     }
