@@ -166,3 +166,126 @@ fn invalid_manifests_get_the_api_servers_messages() {
         wrong.join("\n")
     );
 }
+
+/// Every manifest set the repository and the upstream suite have: the
+/// golden inputs and the conformance manifests (placeholders filled in).
+fn manifest_sets() -> Vec<(String, String)> {
+    let mut sets = Vec::new();
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/translate");
+    let mut inputs: Vec<_> = std::fs::read_dir(&golden)
+        .expect("golden inputs")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.to_string_lossy().ends_with(".in.yaml"))
+        .collect();
+    if let Ok(dir) = sluice::upstream::gateway_api_dir("conformance") {
+        let base =
+            std::fs::read_to_string(dir.join("base/manifests.yaml")).expect("base manifests");
+        for e in std::fs::read_dir(dir.join("tests")).expect("conformance tests") {
+            let path = e.expect("entry").path();
+            let text = std::fs::read_to_string(&path).expect("readable");
+            // Each test's manifests with the base ones and our GatewayClass,
+            // as the suite applies them.
+            let class = "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\n\
+                         metadata: {name: sluice}\nspec: {controllerName: sluice.dev/gateway-controller}\n";
+            sets.push((
+                path.display().to_string(),
+                format!("{class}---\n{base}\n---\n{text}"),
+            ));
+        }
+    }
+    inputs.sort();
+    for p in inputs {
+        sets.push((
+            p.display().to_string(),
+            std::fs::read_to_string(&p).expect("readable"),
+        ));
+    }
+    for (_, text) in &mut sets {
+        *text = text
+            .replace("{GATEWAY_CLASS_NAME}", "sluice")
+            .replace("{GATEWAY_CONTROLLER_NAME}", "sluice.dev/gateway-controller")
+            .replace("PLACEHOLDER_USABLE_ADDRS", "192.0.2.1")
+            .replace("PLACEHOLDER_UNUSABLE_ADDRS", "198.51.100.1");
+    }
+    sets
+}
+
+/// Every status body sluice writes, on `/status` and in the Kubernetes
+/// mode's server-side apply bodies, is one the CRD's status schema (and its
+/// CEL rules) accepts.
+#[test]
+fn every_status_body_sluice_writes_fits_the_crd_status_schema() {
+    use sluice::resources::{Generations, Snapshot};
+    use sluice::translate::{TranslateOptions, translate_at};
+
+    let Some(crds) = upstream("experimental") else {
+        return;
+    };
+    let mut checked = 0;
+    let mut refused = Vec::new();
+    for (name, text) in manifest_sets() {
+        let parsed = sluice::resources::parse_manifests_with(&text, &name, &crds);
+        let snapshot = Snapshot::from_loaded(parsed.objects, |objects| {
+            Generations::new().assign(objects, k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        });
+        let options = TranslateOptions {
+            default_bind: std::net::Ipv4Addr::LOCALHOST.into(),
+        };
+        let translation = translate_at(&snapshot, &options, k8s_openapi::jiff::Timestamp::now());
+        let addresses = [
+            gateway_api::experimental::gateways::GatewayStatusAddresses {
+                r#type: Some("IPAddress".into()),
+                value: "192.0.2.10".into(),
+            },
+        ];
+        let patches = sluice::status::plan(&snapshot, &translation.status, Some(&addresses));
+        let bodies = translation
+            .status
+            .objects
+            .iter()
+            .map(|o| {
+                (
+                    "/status",
+                    o.api_version.clone(),
+                    o.kind.clone(),
+                    o.status.clone(),
+                )
+            })
+            .chain(patches.iter().map(|p| {
+                (
+                    "apply",
+                    p.body["apiVersion"].as_str().unwrap_or("").to_string(),
+                    p.kind.to_string(),
+                    p.body["status"].clone(),
+                )
+            }));
+        for (place, api_version, kind, mut status) in bodies {
+            let Some(errors) = crds.admit_status(&api_version, &kind, &mut status) else {
+                continue;
+            };
+            checked += 1;
+            refused.extend(
+                errors
+                    .iter()
+                    .map(|e| format!("{name}: {place} {kind}: {e}")),
+            );
+        }
+    }
+    assert!(
+        refused.is_empty(),
+        "status refused:\n{}",
+        refused.join("\n")
+    );
+    assert!(checked > 1000, "only {checked} status bodies checked");
+    // The check can fail: a condition status the schema does not allow.
+    let mut bad = serde_json::json!({"conditions": [{"type": "Accepted", "status": "Maybe",
+        "reason": "Accepted", "message": "", "lastTransitionTime": "1970-01-01T00:00:00Z"}]});
+    let errors = crds
+        .admit_status("gateway.networking.k8s.io/v1", "GatewayClass", &mut bad)
+        .expect("GatewayClass has a status schema");
+    assert_eq!(
+        errors[0].to_string(),
+        "status.conditions[0].status: Unsupported value: \"Maybe\": supported values: \"True\", \"False\", \"Unknown\""
+    );
+    println!("{checked} status bodies checked");
+}
