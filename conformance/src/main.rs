@@ -55,7 +55,7 @@ struct Args {
     #[arg(long)]
     only: Vec<String>,
     /// Tests that must pass (one name a line).
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/conformance/expected-pass.txt"))]
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/expected-pass.txt"))]
     expected: PathBuf,
 }
 
