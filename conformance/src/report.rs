@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use serde_json::json;
 
-use crate::suite::TestInfo;
+use crate::registry::{Profile, Test};
 
 /// Gateway API release whose suite this runner reproduces.
 pub const GATEWAY_API_VERSION: &str = "v1.6.1";
@@ -21,7 +21,7 @@ pub enum Outcome {
 }
 
 pub struct TestResult {
-    pub info: &'static TestInfo,
+    pub test: &'static Test,
     pub outcome: Outcome,
 }
 
@@ -46,7 +46,7 @@ impl Totals {
                 Outcome::Fail(_) => t.failed += 1,
                 Outcome::NotApplicable(_) => t.not_applicable += 1,
             }
-            if r.info.is_core() {
+            if r.test.is_core() {
                 t.core_total += 1;
                 t.core_passed += usize::from(pass);
             } else {
@@ -58,13 +58,6 @@ impl Totals {
     }
 }
 
-/// The extended features a test exercises beyond Gateway/HTTPRoute/ReferenceGrant.
-fn extended_features(info: &TestInfo) -> impl Iterator<Item = &'static str> {
-    info.features.iter().copied().filter(|f| {
-        !crate::suite::CORE_FEATURES.contains(f) && !crate::suite::UNCLAIMED_FEATURES.contains(f)
-    })
-}
-
 fn section(results: &[&TestResult], extended: bool) -> serde_json::Value {
     let passed = results
         .iter()
@@ -73,12 +66,12 @@ fn section(results: &[&TestResult], extended: bool) -> serde_json::Value {
     let failed: Vec<&str> = results
         .iter()
         .filter(|r| matches!(r.outcome, Outcome::Fail(_)))
-        .map(|r| r.info.name)
+        .map(|r| r.test.name)
         .collect();
     let skipped: Vec<&str> = results
         .iter()
         .filter(|r| matches!(r.outcome, Outcome::NotApplicable(_)))
-        .map(|r| r.info.name)
+        .map(|r| r.test.name)
         .collect();
     let result = if !failed.is_empty() {
         "failure"
@@ -102,7 +95,7 @@ fn section(results: &[&TestResult], extended: bool) -> serde_json::Value {
         let mut all = BTreeSet::new();
         let mut broken = BTreeSet::new();
         for r in results {
-            for f in extended_features(r.info) {
+            for f in r.test.extended_features() {
                 all.insert(f);
                 if !matches!(r.outcome, Outcome::Pass) {
                     broken.insert(f);
@@ -119,8 +112,10 @@ fn section(results: &[&TestResult], extended: bool) -> serde_json::Value {
 
 /// The ConformanceReport YAML.
 pub fn conformance_report(results: &[TestResult]) -> anyhow::Result<String> {
-    let core: Vec<&TestResult> = results.iter().filter(|r| r.info.is_core()).collect();
-    let extended: Vec<&TestResult> = results.iter().filter(|r| !r.info.is_core()).collect();
+    let profiles: Vec<serde_json::Value> = Profile::ALL
+        .iter()
+        .filter_map(|&p| profile_report(p, results))
+        .collect();
     let report = json!({
         "apiVersion": "gateway.networking.k8s.io/v1",
         "kind": "ConformanceReport",
@@ -136,18 +131,32 @@ pub fn conformance_report(results: &[TestResult]) -> anyhow::Result<String> {
         "gatewayAPIVersion": GATEWAY_API_VERSION,
         "gatewayAPIChannel": "experimental",
         "mode": "standalone",
-        "profiles": [{
-            "name": "GATEWAY-HTTP",
-            "summary": format!(
-                "Core tests {}. Extended tests {}.",
-                summary(&core),
-                summary(&extended)
-            ),
-            "core": section(&core, false),
-            "extended": section(&extended, true),
-        }],
+        "profiles": profiles,
     });
     Ok(serde_yaml::to_string(&report)?)
+}
+
+/// The report of `profile` (its `ProfileReport`), if any of its tests ran.
+fn profile_report(profile: Profile, results: &[TestResult]) -> Option<serde_json::Value> {
+    let of: Vec<&TestResult> = results
+        .iter()
+        .filter(|r| r.test.profile == profile)
+        .collect();
+    if of.is_empty() {
+        return None;
+    }
+    let core: Vec<&TestResult> = of.iter().copied().filter(|r| r.test.is_core()).collect();
+    let extended: Vec<&TestResult> = of.iter().copied().filter(|r| !r.test.is_core()).collect();
+    Some(json!({
+        "name": profile.name(),
+        "summary": format!(
+            "Core tests {}. Extended tests {}.",
+            summary(&core),
+            summary(&extended)
+        ),
+        "core": section(&core, false),
+        "extended": section(&extended, true),
+    }))
 }
 
 /// The suite's `buildReportSummary` wording for one section.
@@ -248,8 +257,8 @@ pub fn markdown(results: &[TestResult]) -> String {
         let _ = writeln!(s, "### {title}\n");
         let _ = writeln!(s, "| Test | Features | Result |");
         let _ = writeln!(s, "|---|---|---|");
-        for r in results.iter().filter(|r| r.info.is_core() == core) {
-            let features: Vec<&str> = r.info.features.to_vec();
+        for r in results.iter().filter(|r| r.test.is_core() == core) {
+            let features: Vec<&str> = r.test.features.to_vec();
             let result = match &r.outcome {
                 Outcome::Pass => "PASS".to_owned(),
                 Outcome::Fail(why) => format!("FAIL: {}", cell(why)),
@@ -258,13 +267,13 @@ pub fn markdown(results: &[TestResult]) -> String {
             let _ = writeln!(
                 s,
                 "| {} | {} | {result} |",
-                r.info.name,
+                r.test.name,
                 features.join(", ")
             );
         }
         let _ = writeln!(s);
     }
-    let extended: Vec<&TestResult> = results.iter().filter(|r| !r.info.is_core()).collect();
+    let extended: Vec<&TestResult> = results.iter().filter(|r| !r.test.is_core()).collect();
     let sec = section(&extended, true);
     let list = |v: &serde_json::Value| {
         v.as_array()
