@@ -40,7 +40,7 @@ impl Ctx<'_> {
         &mut self,
         kind: &str,
         id: &str,
-        change: impl FnOnce(&mut serde_yaml::Value),
+        change: impl FnOnce(&mut serde_json::Value),
     ) -> anyhow::Result<()> {
         let doc = self
             .files
@@ -87,8 +87,8 @@ impl Ctx<'_> {
                     "conditions": {"ready": true, "serving": true, "terminating": false},
                     "targetRef": {"kind": "Pod", "name": pod.server.identity().pod, "namespace": namespace},
                 }]);
-                filled["endpoints"] = serde_yaml::to_value(endpoint)?;
-                if let Some(ports) = filled["ports"].as_sequence_mut() {
+                filled["endpoints"] = serde_json::to_value(endpoint)?;
+                if let Some(ports) = filled["ports"].as_array_mut() {
                     for p in ports {
                         let target = p["port"].as_u64().and_then(|v| u16::try_from(v).ok());
                         p["port"] = pod.server.port_for(target).into();
@@ -112,7 +112,7 @@ impl Ctx<'_> {
             .and_then(|s| s.get("listeners"))
             .and_then(|l| l.get(0))
             .and_then(|l| l.get("port"))
-            .and_then(serde_yaml::Value::as_u64)
+            .and_then(serde_json::Value::as_u64)
             .and_then(|p| u16::try_from(p).ok())
             .ok_or_else(|| anyhow!("Gateway {gateway} has no listener port"))
     }
