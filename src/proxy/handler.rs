@@ -100,8 +100,8 @@ async fn route<'t>(
 ) -> Result<Response<ResponseBody>, ProxyError> {
     check_request_head(&req)?;
     let host = request_host(&req);
-    if let Some(resp) = tls::misdirected(table, bind, &req, &host) {
-        return Ok(resp);
+    if tls::misdirected(table, bind, &req, &host) {
+        return Err(ProxyError::Misdirected);
     }
     let uri = req.uri();
     let found = table.lookup(

@@ -377,7 +377,7 @@ async fn serve<S>(
         }
         async move {
             let resp = match limits::refuse(&shared.limits, &req) {
-                Some(refused) => refused,
+                Some(refused) => refused.into_response(),
                 None => handler::handle(&shared, req, &peer, bind).await,
             };
             Ok::<_, Infallible>(resp.map(|body| TrackedBody::new(body, guard)))
