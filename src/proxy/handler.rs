@@ -153,7 +153,7 @@ async fn route<'t>(
 /// (request smuggling) or that name no single host. hyper already refuses
 /// malformed Content-Length values, differing duplicates, obs-fold, bare CR
 /// and NUL; these are the cases it accepts.
-fn check_request_head<B>(req: &Request<B>) -> Result<(), ProxyError> {
+pub(super) fn check_request_head<B>(req: &Request<B>) -> Result<(), ProxyError> {
     use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
     let headers = req.headers();
     let http1 = matches!(req.version(), Version::HTTP_10 | Version::HTTP_11);

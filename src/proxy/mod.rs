@@ -27,6 +27,7 @@ mod cors;
 mod error;
 mod filters;
 mod forwarded;
+pub mod h1;
 mod handler;
 mod limits;
 mod pool;
@@ -63,6 +64,14 @@ use crate::metrics::Metrics;
 use crate::route::RouteTable;
 use body::UpstreamBody;
 use conn::{FloodLimits, InFlight, TrackedBody, Watched};
+
+/// Whether the proxy refuses a request hyper's HTTP/1 server parsed, before
+/// routing it: the limits (target length, `_` in names) and the framing and
+/// Host checks hyper leaves to it. The reference of the differential fuzz
+/// target (`crate::fuzzing::h1_framing`).
+pub(crate) fn refuses_parsed_head<B>(limits: &ProxyLimits, req: &hyper::Request<B>) -> bool {
+    limits::refuse(limits, req).is_some() || handler::check_request_head(req).is_err()
+}
 
 /// A socket the proxy could not listen on.
 #[derive(Debug, Clone, PartialEq, Eq)]
