@@ -28,6 +28,8 @@ impl UpgradeRequest {
         if parts.version != Version::HTTP_11 {
             return None;
         }
+        // Most requests have no Upgrade field: one lookup decides.
+        let protocol = parts.headers.get(UPGRADE)?.clone();
         let asks = parts
             .headers
             .get_all(CONNECTION)
@@ -35,7 +37,6 @@ impl UpgradeRequest {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
-        let protocol = parts.headers.get(UPGRADE)?.clone();
         if !asks {
             return None;
         }
