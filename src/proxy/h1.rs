@@ -301,12 +301,23 @@ impl ChunkedWalker {
     /// Walk `bytes`, the next bytes of the body. Returns how many belong to
     /// the body: all of them, or fewer when it ended within them.
     pub fn walk(&mut self, bytes: &[u8]) -> Result<usize, ProxyError> {
+        self.walk_with(bytes, |_| {})
+    }
+
+    /// [`ChunkedWalker::walk`], calling `on_data` with each range of
+    /// `bytes` that is chunk data (to decode the body on the way).
+    pub fn walk_with(
+        &mut self,
+        bytes: &[u8],
+        mut on_data: impl FnMut(Range<usize>),
+    ) -> Result<usize, ProxyError> {
         let mut i = 0;
         while i < bytes.len() {
             if let Chunk::Data(left) = self.state {
                 let take = usize::try_from(left)
                     .unwrap_or(usize::MAX)
                     .min(bytes.len() - i);
+                on_data(i..i + take);
                 i += take;
                 let left = left - take as u64;
                 self.state = if left == 0 {
@@ -592,6 +603,21 @@ mod tests {
         }
         // Incomplete.
         assert_eq!(walk_all(b"4\r\nab").unwrap(), (5, 4, false));
+    }
+
+    #[test]
+    fn chunk_data_is_reported_as_it_goes_by() {
+        let body = b"4\r\nabcd\r\n1;ext=v\r\nx\r\n0\r\n\r\n";
+        for cut in 0..body.len() {
+            let mut w = ChunkedWalker::default();
+            let mut data = Vec::new();
+            for part in [&body[..cut], &body[cut..]] {
+                w.walk_with(part, |r| data.extend_from_slice(&part[r]))
+                    .unwrap();
+            }
+            assert_eq!(data, b"abcdx", "cut at {cut}");
+            assert!(w.is_done());
+        }
     }
 
     #[test]

@@ -11,10 +11,9 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 use super::Shared;
-use super::body::{ClientBody, ResponseBody, Tee, UpstreamBody};
+use super::body::{ClientBody, RequestBody, ResponseBody, Tee, UpstreamBody};
 use super::error::ProxyError;
 use super::filters::{
     add_forwarded, modify_headers, modify_path, redirect_location, strip_hop_by_hop,
@@ -63,7 +62,7 @@ struct Outcome<'t> {
 /// `client`. Never fails: every error becomes its response.
 pub(super) async fn handle(
     shared: &Shared,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     client: &Peer,
     bind: SocketAddr,
 ) -> Response<ResponseBody> {
@@ -93,7 +92,7 @@ pub(super) async fn handle(
 async fn route<'t>(
     shared: &Shared,
     table: &'t RouteTable,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     client: &Peer,
     bind: SocketAddr,
     outcome: &mut Outcome<'t>,
@@ -239,7 +238,7 @@ struct Forwarding<'a, 't> {
 impl<'t> Forwarding<'_, 't> {
     async fn run(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         outcome: &mut Outcome<'t>,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         let (mut parts, body) = req.into_parts();
