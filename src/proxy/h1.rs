@@ -99,9 +99,18 @@ fn has_token(list: &[u8], token: &[u8]) -> bool {
 /// Parse the request head at the start of `buf`. `Ok(None)`: the head is
 /// not complete yet (and within the limits so far).
 pub fn parse_request(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>, ProxyError> {
-    let mut fields = vec![httparse::EMPTY_HEADER; limits.max_headers.max(1)];
-    let mut req = httparse::Request::new(&mut fields);
-    let len = match req.parse(buf) {
+    // Uninitialized room for the fields: on the stack for the usual limit
+    // (a zeroed heap array of 100 fields per request was 3 KB to fill).
+    let mut on_stack = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; 128];
+    let mut on_heap = Vec::new();
+    let fields = if limits.max_headers <= on_stack.len() {
+        &mut on_stack[..limits.max_headers.max(1)]
+    } else {
+        on_heap.resize_with(limits.max_headers, std::mem::MaybeUninit::uninit);
+        &mut on_heap[..]
+    };
+    let mut req = httparse::Request::new(&mut []);
+    let len = match req.parse_with_uninit_headers(buf, fields) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => {
             return if buf.len() >= limits.max_head_bytes {
@@ -181,6 +190,16 @@ pub fn parse_request(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHe
     }
     if hosts > 1 {
         return Err(bad("more than one Host"));
+    }
+    // Host (and an absolute-form target's authority, which takes its
+    // place) is `host[:port]`: nothing a backend could read as another
+    // host, a path or credentials.
+    if host.as_ref().is_some_and(|h| !valid_host(&buf[h.clone()]))
+        || uri
+            .authority()
+            .is_some_and(|a| !valid_host(a.as_str().as_bytes()))
+    {
+        return Err(bad("malformed Host"));
     }
     if hosts == 0 && minor == 1 && uri.authority().is_none() {
         return Err(bad("missing Host"));
@@ -419,8 +438,12 @@ fn is_token(b: u8) -> bool {
 
 /// Is `host` (a Host field value or URI authority) `host[:port]` as RFC
 /// 3986 has it: a reg-name, an IPv4 address or a bracketed IPv6 literal,
-/// then an optional port of digits; no userinfo, no path, no spaces.
+/// then an optional port of digits; no userinfo, no path, no spaces. An
+/// empty Host is valid (RFC 9112 §3.2: a target without an authority).
 pub fn valid_host(host: &[u8]) -> bool {
+    if host.is_empty() {
+        return true;
+    }
     let (name, port) = if let Some(rest) = host.strip_prefix(b"[") {
         let Some(end) = rest.iter().position(|b| *b == b']') else {
             return false;
@@ -448,7 +471,7 @@ pub fn valid_host(host: &[u8]) -> bool {
     let name_ok = name
         .iter()
         .all(|b| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=".contains(b));
-    port_ok && name_ok && !(host.is_empty())
+    port_ok && name_ok
 }
 
 #[cfg(test)]
@@ -578,6 +601,15 @@ mod tests {
         // Absolute-form needs no Host.
         let abs = head("GET http://a.example/x HTTP/1.1\r\n\r\n");
         assert_eq!(abs.uri.host(), Some("a.example"));
+        for bad in [
+            "GET / HTTP/1.1\r\nHost: a b\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a/b\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: user@a\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a:xyz\r\n\r\n",
+            "GET http://user@a/ HTTP/1.1\r\nHost: a\r\n\r\n",
+        ] {
+            assert!(refused(bad.as_bytes()).starts_with("400"), "{bad:?}");
+        }
     }
 
     fn walk_all(body: &[u8]) -> Result<(usize, u64, bool), ProxyError> {
@@ -646,6 +678,7 @@ mod tests {
     fn hosts_are_host_and_port_only() {
         for ok in [
             &b"example.com"[..],
+            b"",
             b"example.com:8080",
             b"127.0.0.1",
             b"[::1]:443",
@@ -658,7 +691,7 @@ mod tests {
             b"a/b",
             b"user@a",
             b"a:xyz",
-            b"",
+            b":80x",
             b"[::1",
             b"a:1:2",
             b"a:123456",

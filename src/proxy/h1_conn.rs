@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
-use http::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue, TRANSFER_ENCODING};
+use http::header::{CONNECTION, CONTENT_LENGTH, HOST, HeaderName, HeaderValue, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, Request, StatusCode, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
@@ -41,8 +41,11 @@ use super::h1::{self, ChunkedWalker, Framing, HeadLimits, RequestHead};
 use super::upgrade::{LeanUpgrade, Upgraded};
 use super::{Shared, TlsConnection, handler};
 
-/// Free space kept in the read buffer while a request is read.
+/// Free space kept in the read buffer while a request body is read.
 const READ_CHUNK: usize = 8 * 1024;
+/// Room a request head is read into first (nginx's
+/// `client_header_buffer_size`); a larger head doubles it as it comes.
+const HEAD_CHUNK: usize = 1024;
 /// An idle connection frees its buffers after this long without a byte.
 pub(super) const RELEASE_AFTER: Duration = Duration::from_secs(1);
 /// Request body frames the loop may read ahead of the upstream exchange.
@@ -116,8 +119,9 @@ pub(super) async fn serve<S>(
         }
 
         // The handler runs while the loop reads the request body for it.
-        let handling = handler::handle(&shared, req, &peer, bind);
-        tokio::pin!(handling);
+        // Boxed per request: the connection's task is sized by its largest
+        // state, and an idle connection should not keep room for a request.
+        let mut handling = Box::pin(handler::handle(&shared, req, &peer, bind));
         let resp = loop {
             match &mut pump {
                 Some(p) if p.active() => {
@@ -197,8 +201,8 @@ impl Conn {
             } else if *draining.borrow() {
                 return Ok(None);
             }
-            if self.buf.capacity() - self.buf.len() < 1024 && !self.released {
-                self.buf.reserve(READ_CHUNK);
+            if self.buf.capacity() == self.buf.len() && !self.released {
+                self.buf.reserve(self.buf.len().max(HEAD_CHUNK));
             }
             let idle = self.buf.is_empty();
             let timer = release_at.unwrap_or(deadline);
@@ -332,13 +336,22 @@ fn build_request(
     bytes: &Bytes,
     body: LeanBody,
 ) -> Result<Request<RequestBody>, ProxyError> {
-    let mut headers = HeaderMap::with_capacity(head.headers.len());
+    // Room for the fields the handler adds (X-Forwarded-*, X-Real-IP, a
+    // filter's): growing the map is a reallocation per request.
+    let mut headers = HeaderMap::with_capacity(head.headers.len() + 8);
     for (name, value) in &head.headers {
         let name = HeaderName::from_bytes(&bytes[name.clone()])
             .map_err(|_| ProxyError::BadRequest("malformed header name"))?;
         let value = HeaderValue::from_maybe_shared(bytes.slice(value.clone()))
             .map_err(|_| ProxyError::BadRequest("malformed header value"))?;
         headers.append(name, value);
+    }
+    // An absolute-form target names the host, whatever the Host field
+    // says (RFC 9112 §3.2.2): the field is replaced by its authority.
+    if let Some(authority) = head.uri.authority() {
+        let value = HeaderValue::from_str(authority.as_str())
+            .map_err(|_| ProxyError::BadRequest("malformed Host"))?;
+        headers.insert(HOST, value);
     }
     let mut req = Request::new(RequestBody::Lean(body));
     *req.method_mut() = head.method;
