@@ -354,7 +354,8 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAdd
             let server_name = stream.get_ref().1.server_name().map(Arc::from);
             let tls = Some(TlsConnection { server_name });
             if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
-                serve(shared, stream, tls, client, bind, permits).await;
+                // Boxed: HTTP/1.1 connections' tasks are not sized for it.
+                Box::pin(serve(shared, stream, tls, client, bind, permits)).await;
             } else {
                 h1_conn::serve(shared, stream, tls, client, bind, permits).await;
             }
@@ -380,7 +381,8 @@ async fn serve_cleartext(
         _ = draining.wait_for(|d| *d) => return,
     };
     if h2 {
-        serve(shared, stream, None, client, bind, permits).await;
+        // Boxed: HTTP/1.1 connections' tasks are not sized for it.
+        Box::pin(serve(shared, stream, None, client, bind, permits)).await;
     } else {
         h1_conn::serve(shared, stream, None, client, bind, permits).await;
     }
