@@ -784,7 +784,9 @@ def held(args, exes, backends):
                 time.sleep(0.5)
                 before = status_kib(target.pids(), "VmRSS")
                 socks = hold_connections(target, n)
-                time.sleep(1.0)
+                # Longer than sluice's 1 s before an idle connection frees
+                # its buffers (nginx frees them at once).
+                time.sleep(2.5)
                 after = status_kib(target.pids(), "VmRSS")
                 failed = answer_again(socks, mode)
                 row = {"name": f"{kind} {mode}", "proxy": kind, "mode": mode, "connections": n,
