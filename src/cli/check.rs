@@ -19,8 +19,8 @@ use crate::resources::{Generations, LoadedObject, Object, Snapshot, parse_manife
 use crate::source::files::read_all;
 use crate::source::{ConfigError, FileSet};
 use crate::translate::{
-    BackendOutcome, BackendSummary, ObjectStatus, RuleSummary, TranslateOptions, Translation,
-    translate,
+    BackendOutcome, BackendSummary, ConditionType, ObjectStatus, RuleSummary, TranslateOptions,
+    Translation, translate,
 };
 
 /// Everything is accepted and resolved.
@@ -278,10 +278,11 @@ fn write_conditions(
 /// is good); a few are negative (`Conflicted`, `PartiallyInvalid`,
 /// `OverlappingTLSConfig`: True is bad). Unknown types are not judged.
 fn condition_is_problem(kind: &str, status: &str) -> bool {
-    match kind {
-        "Accepted" | "ResolvedRefs" | "Programmed" => status != "True",
-        "Conflicted" | "PartiallyInvalid" | "OverlappingTLSConfig" => status == "True",
-        _ => false,
+    use ConditionType::*;
+    match ConditionType::parse(kind) {
+        Some(Accepted | ResolvedRefs | Programmed) => status != "True",
+        Some(Conflicted | PartiallyInvalid | OverlappingTLSConfig) => status == "True",
+        Some(InsecureFrontendValidationMode) | None => false,
     }
 }
 
