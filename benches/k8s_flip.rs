@@ -15,7 +15,6 @@
 //!
 //! Built with `cargo bench --no-run`; run by `bench/driver.py` (flip row).
 
-#[allow(dead_code)]
 #[path = "../tests/kubernetes/fake_apiserver.rs"]
 mod fake_apiserver;
 
