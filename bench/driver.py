@@ -818,27 +818,35 @@ def flips(args, exes, backends):
         target = Proxy(kind, exes, backends, (1, 0), extra_routes=extra)
         try:
             target.start()
-            times = []
+            times, missed = [], 0
             for i in range(count):
                 split, port = ((0, 1), b.canary) if i % 2 == 0 else ((1, 0), b.stable)
                 started = time.perf_counter()
                 target.write_config(split)
                 target.reload()
-                deadline = started + 30
+                deadline, again = started + 30, started + 5
                 while time.perf_counter() < deadline:
                     status, body = http_get(target.port, "/__port")
                     if status == 200 and body.strip() == str(port):
+                        times.append((time.perf_counter() - started) * 1e3)
                         break
+                    if time.perf_counter() > again:
+                        # A peer may drop a reload signal that arrives
+                        # while it is still busy with the previous one.
+                        target.reload()
+                        again += 5
                 else:
-                    raise RuntimeError(f"{kind}: flip {i} never served")
-                times.append((time.perf_counter() - started) * 1e3)
+                    missed += 1
+                    log(f"{kind}: flip {i} not served within 30 s")
                 time.sleep(0.3)
             times.sort()
             row = {"name": f"{kind}" + (f", {extra:,} more routes" if extra else ""),
-                   "proxy": kind, "routes": extra + 1, "flips": count,
-                   "median_ms": statistics.median(times), "max_ms": times[-1]}
+                   "proxy": kind, "routes": extra + 1, "flips": count, "missed": missed,
+                   "median_ms": statistics.median(times) if times else None,
+                   "max_ms": times[-1] if times else None}
             rows.append(row)
-            log(f"flip {row['name']}: median {row['median_ms']:.1f} ms, max {row['max_ms']:.1f} ms")
+            log(f"flip {row['name']}: median {fmt(row['median_ms'], 1)} ms, "
+                f"max {fmt(row['max_ms'], 1)} ms, {missed} missed")
         finally:
             target.stop()
     # Kubernetes mode: from the watch event to the first request served.
@@ -958,10 +966,11 @@ def print_tables(results):
         print(f"| {r['name']} | {fmt(r['connections'])} | {mib(r['rss_idle_kib'])} "
               f"| {mib(r['rss_held_kib'])} | {fmt(r['kib_per_connection'], 2)} | {fmt(r['failed'])} |")
     print("\n### Weight flip visible after: configuration written to the first request served by it\n")
-    print("| proxy | flips | median ms | max ms |")
-    print("|---|---:|---:|---:|")
+    print("| proxy | flips | median ms | max ms | not served within 30 s |")
+    print("|---|---:|---:|---:|---:|")
     for r in results["flip"]:
-        print(f"| {r['name']} | {r['flips']} | {fmt(r['median_ms'], 1)} | {fmt(r['max_ms'], 1)} |")
+        print(f"| {r['name']} | {r['flips']} | {fmt(r['median_ms'], 1)} | {fmt(r['max_ms'], 1)} "
+              f"| {fmt(r.get('missed', 0))} |")
     print("\n### Scale: generated HTTPRoutes (parse and translate on one core)\n")
     print("| routes | hosts | parse ms | translate ms | match ns (median) "
           "| RSS after parse MiB | RSS with table MiB |")
@@ -1004,7 +1013,9 @@ def check_numbers(results):
         if r.get("kib_per_connection") is None or r.get("failed"):
             missing.append(f"held {r['name']}: no numbers or failed requests")
     for r in results["flip"]:
-        if not r.get("median_ms"):
+        # A peer's reload that never took is the peer's figure, not a
+        # missing row; sluice must serve every flip.
+        if not r.get("median_ms") or (r["proxy"] == "sluice" and r.get("missed")):
             missing.append(f"flip {r['name']}: no numbers")
     for r in results["scale"]:
         if not r.get("translate_ms") or not r.get("lookup_ns"):
