@@ -60,10 +60,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def http_get(port, path="/", host="127.0.0.1", timeout=1.0):
-    """Status and body of one GET, or (None, error)."""
+def http_get(port, path="/", host="127.0.0.1", timeout=1.0, tls=False):
+    """Status and body of one GET (over TLS, certificate not verified, when
+    `tls`), or (None, error)."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw:
+            s = insecure_tls().wrap_socket(raw) if tls else raw
             s.sendall(f"GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n".encode())
             data = b""
             while True:
@@ -78,26 +80,13 @@ def http_get(port, path="/", host="127.0.0.1", timeout=1.0):
         return None, str(e)
 
 
-def https_get(port, path="/"):
-    """Status and body of one GET over TLS (certificate not verified)."""
+def insecure_tls():
+    """A client TLS context that accepts the bench's self-signed certificate."""
     import ssl
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as raw:
-            with ctx.wrap_socket(raw) as s:
-                s.sendall(f"GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n".encode())
-                data = b""
-                while True:
-                    chunk = s.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        return int(head.split(b" ", 2)[1]), body.decode(errors="replace")
-    except (OSError, ValueError, IndexError) as e:
-        return None, str(e)
+    return ctx
 
 
 _TLS = {}
@@ -461,7 +450,7 @@ backend be
 
     def answers(self):
         if self.mode == "https":
-            return https_get(self.port)[0] == 200
+            return http_get(self.port, tls=True)[0] == 200
         if self.mode == "h2c":
             return subprocess.run(["h2load", "-n1", "-c1", f"http://127.0.0.1:{self.port}/"],
                                   capture_output=True, text=True).stdout.count("1 succeeded") == 1
@@ -722,12 +711,7 @@ H2C_GET = (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\
 def hold_connections(target, n):
     """Open `n` client connections, one request answered on each, and keep
     them open. Returns the sockets."""
-    import ssl
-    ctx = None
-    if target.mode == "https":
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
+    ctx = insecure_tls() if target.mode == "https" else None
     socks = []
     for i in range(n):
         raw = socket.socket()
