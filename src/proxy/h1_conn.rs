@@ -83,10 +83,69 @@ pub(super) async fn serve<S>(
             Ok(None) => return,
             Err(refused) => {
                 tracing::debug!(%client, error = %refused, "request head refused");
-                let _ = conn.write_error(&mut io, refused).await;
+                let _ = Box::pin(conn.write_error(&mut io, refused)).await;
                 return;
             }
         };
+        // One exchange, boxed: the connection's task is sized by its
+        // largest state, and an idle connection should not keep room for a
+        // request (3 KB). One allocation per request instead.
+        let exchange = Exchange {
+            shared: &shared,
+            peer: &peer,
+            tls: &tls,
+            bind,
+            draining: &draining,
+        };
+        match Box::pin(exchange.run(&mut conn, &mut io, head)).await {
+            Next::Request => {}
+            Next::Close => {
+                let _ = io.shutdown().await;
+                return;
+            }
+            Next::Gone => return,
+            Next::HandOver(tx) => {
+                let read_ahead = conn.buf.split().freeze();
+                let _ = tx.send(Upgraded {
+                    io: Box::new(io),
+                    read_ahead,
+                });
+                return;
+            }
+        }
+    }
+}
+
+/// What the connection does after an exchange.
+enum Next {
+    /// Read the next request.
+    Request,
+    /// Close it (after a response that says so, or a body not read).
+    Close,
+    /// It is gone (a write failed, or it was closed already).
+    Gone,
+    /// Hand it over to the upgrade's splice (after a 101).
+    HandOver(oneshot::Sender<Upgraded>),
+}
+
+/// What one request/response exchange of a connection needs.
+struct Exchange<'a> {
+    shared: &'a Arc<Shared>,
+    peer: &'a handler::Peer,
+    tls: &'a Option<TlsConnection>,
+    bind: SocketAddr,
+    draining: &'a watch::Receiver<bool>,
+}
+
+impl Exchange<'_> {
+    /// Serve the request whose head is at the start of `conn.buf`, and
+    /// write its response.
+    async fn run<S: AsyncRead + AsyncWrite + Unpin>(
+        self,
+        conn: &mut Conn,
+        io: &mut S,
+        head: RequestHead,
+    ) -> Next {
         let head_bytes = conn.buf.split_to(head.len).freeze();
         let keep_alive = head.keep_alive;
         let minor = head.minor;
@@ -97,11 +156,11 @@ pub(super) async fn serve<S>(
         let mut req = match build_request(head, &head_bytes, body) {
             Ok(req) => req,
             Err(refused) => {
-                let _ = conn.write_error(&mut io, refused).await;
-                return;
+                let _ = conn.write_error(io, refused).await;
+                return Next::Gone;
             }
         };
-        if let Some(tls) = &tls {
+        if let Some(tls) = self.tls {
             req.extensions_mut().insert(tls.clone());
         }
         let handover = upgrade.then(|| {
@@ -111,23 +170,22 @@ pub(super) async fn serve<S>(
             tx
         });
         if expect_continue
-            && write_now(&mut io, b"HTTP/1.1 100 Continue\r\n\r\n")
+            && write_now(io, b"HTTP/1.1 100 Continue\r\n\r\n")
                 .await
                 .is_err()
         {
-            return;
+            return Next::Gone;
         }
 
         // The handler runs while the loop reads the request body for it.
-        // Boxed per request: the connection's task is sized by its largest
-        // state, and an idle connection should not keep room for a request.
-        let mut handling = Box::pin(handler::handle(&shared, req, &peer, bind));
+        let handling = handler::handle(self.shared, req, self.peer, self.bind);
+        tokio::pin!(handling);
         let resp = loop {
             match &mut pump {
                 Some(p) if p.active() => {
                     tokio::select! {
                         resp = &mut handling => break resp,
-                        () = p.step(&mut io, &mut conn.buf) => {}
+                        () = p.step(io, &mut conn.buf) => {}
                     }
                 }
                 _ => break (&mut handling).await,
@@ -136,32 +194,24 @@ pub(super) async fn serve<S>(
 
         let status = resp.status();
         let close = !keep_alive
-            || *draining.borrow()
+            || *self.draining.borrow()
             || resp.headers().get(CONNECTION).is_some_and(|v| v == "close");
         let (parts, body) = resp.into_parts();
         let framing = encode_head(&mut conn.out, &parts, &body, is_head, minor, close);
-        let written = conn
-            .write_body(&mut io, body, framing, &mut pump)
-            .await
-            .is_ok();
-        if !written {
-            return;
+        drop(parts);
+        if conn.write_body(io, body, framing, &mut pump).await.is_err() {
+            return Next::Gone;
         }
         if status == StatusCode::SWITCHING_PROTOCOLS
             && let Some(tx) = handover
         {
-            let read_ahead = conn.buf.split().freeze();
-            let _ = tx.send(Upgraded {
-                io: Box::new(io),
-                read_ahead,
-            });
-            return;
+            return Next::HandOver(tx);
         }
         let body_read = pump.as_ref().is_none_or(Pump::complete);
         if close || !body_read || framing == OutFraming::UntilClose {
-            let _ = io.shutdown().await;
-            return;
+            return Next::Close;
         }
+        Next::Request
     }
 }
 
