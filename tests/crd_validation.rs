@@ -289,3 +289,82 @@ fn every_status_body_sluice_writes_fits_the_crd_status_schema() {
     );
     println!("{checked} status bodies checked");
 }
+
+/// Our own CRDs (`deploy/*.yaml`) go through the same validator: each has
+/// fixtures in `tests/crd_validation/deploy/<kind>.yaml` whose `good`
+/// objects are accepted and whose `bad` ones get exactly their `expect`.
+/// A CRD without fixtures fails: its schema is tested, not just written.
+#[test]
+fn deploy_crds_accept_good_and_refuse_bad_manifests() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let crds = load_crds(&root.join("deploy"));
+    let fixtures_dir = root.join("tests/crd_validation/deploy");
+    let mut fixtures: Vec<_> = std::fs::read_dir(&fixtures_dir)
+        .expect("fixtures folder")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    fixtures.sort();
+    let mut covered = Vec::new();
+    let mut wrong = Vec::new();
+    for path in fixtures {
+        let text = std::fs::read_to_string(&path).expect("readable");
+        let fixture: serde_json::Value = sluice::yaml::from_str(&text).expect("fixture is YAML");
+        let kind = fixture["kind"].as_str().expect("fixture kind");
+        let api_version = fixture["apiVersion"].as_str().expect("fixture apiVersion");
+        if !crds.covers(api_version, kind) {
+            println!(
+                "skipped {}: no CRD for {kind} in deploy/ (yet)",
+                path.display()
+            );
+            continue;
+        }
+        covered.push(kind.to_string());
+        let object = |spec: &serde_json::Value, i: usize| {
+            serde_json::json!({"apiVersion": api_version, "kind": kind,
+                               "metadata": {"name": format!("case-{i}"), "namespace": "default"},
+                               "spec": spec})
+        };
+        let cases = fixture["good"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| (c, Vec::new()));
+        let bad = fixture["bad"].as_array().into_iter().flatten().map(|c| {
+            let want: Vec<String> = c["expect"]
+                .as_array()
+                .expect("a bad case has expect")
+                .iter()
+                .map(|e| e.as_str().expect("strings").to_string())
+                .collect();
+            (c, want)
+        });
+        for (i, (case, want)) in cases.chain(bad).enumerate() {
+            let mut value = object(&case["spec"], i);
+            let got: Vec<String> = crds
+                .admit(api_version, kind, &mut value)
+                .expect("covered")
+                .iter()
+                .map(|e| {
+                    if e.path.is_root() {
+                        e.body()
+                    } else {
+                        e.to_string()
+                    }
+                })
+                .collect();
+            if got != want {
+                wrong.push(format!(
+                    "{kind} case {i}:\n  want {want:#?}\n  got  {got:#?}"
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    for described in crds.describe() {
+        let kind = described.split('.').next().unwrap_or("");
+        assert!(
+            covered.iter().any(|k| k == kind),
+            "deploy/ defines {described} but tests/crd_validation/deploy has no fixtures for it"
+        );
+    }
+}

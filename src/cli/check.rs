@@ -203,6 +203,9 @@ fn findings(checked: &Checked) -> std::io::Result<Findings> {
         for (rule, error) in &stats.failed {
             writeln!(out, "  not evaluated (does not compile): {rule}: {error}")?;
         }
+        for (rule, why) in crate::resources::crd::rules_not_run() {
+            writeln!(out, "  not evaluated ({why}): {rule}")?;
+        }
     }
     if !checked.refused.is_empty() || !checked.unreadable.is_empty() {
         writeln!(out)?;
@@ -271,6 +274,7 @@ pub fn report_json(checked: &Checked, out: &mut impl Write) -> std::io::Result<i
             "celRules": stats.compiled,
             "transitionRules": stats.transition,
             "notCompiled": stats.failed.iter().map(|(r, e)| serde_json::json!({"rule": r, "error": e})).collect::<Vec<_>>(),
+            "notRun": crate::resources::crd::rules_not_run().iter().map(|(r, why)| serde_json::json!({"rule": r, "why": why})).collect::<Vec<_>>(),
         },
         "status": checked.translation.status.objects,
         "rules": checked.translation.rules,

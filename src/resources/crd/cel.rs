@@ -128,6 +128,10 @@ impl CelRule {
             Err(ExecutionError::UndeclaredReference(name))
                 if name.as_str() != "self" && name.as_str() != "oldSelf" =>
             {
+                note_not_run(
+                    &self.rule,
+                    &format!("calls {name}, which sluice's CEL library does not have"),
+                );
                 Verdict::Skipped
             }
             Err(e) => Verdict::Error(format!(
@@ -151,6 +155,27 @@ impl CelRule {
     }
 }
 
+/// Rules that could not run because they call a function this library
+/// lacks: `(rule, why)`, for `check` to list. Process-wide: rules are
+/// compiled once per set of CRDs, and which functions are missing does not
+/// depend on the object.
+static NOT_RUN: std::sync::Mutex<std::collections::BTreeSet<(String, String)>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+fn note_not_run(rule: &str, why: &str) {
+    if let Ok(mut set) = NOT_RUN.lock() {
+        set.insert((rule.to_string(), why.to_string()));
+    }
+}
+
+/// The rules met so far that could not run, and why.
+pub fn rules_not_run() -> Vec<(String, String)> {
+    NOT_RUN
+        .lock()
+        .map(|set| set.iter().cloned().collect())
+        .unwrap_or_default()
+}
+
 fn lower_first(s: &str) -> String {
     let mut c = s.chars();
     match c.next() {
@@ -167,6 +192,35 @@ pub(crate) fn context() -> Context<'static, 'static> {
     let _ = ctx.add_function("isIP", |s: Arc<String>| s.parse::<IpAddr>().is_ok());
     let _ = ctx.add_function("isCIDR", |s: Arc<String>| is_cidr(&s));
     let _ = ctx.add_function("isURL", |s: Arc<String>| is_url(&s));
+    // The lists library: `isSorted()`, `sum()`.
+    let _ = ctx.add_function("isSorted", |This(list): This<Arc<Vec<cel::Value>>>| {
+        list.windows(2).all(|w| {
+            w[0].partial_cmp(&w[1])
+                .is_some_and(|o| o != std::cmp::Ordering::Greater)
+        })
+    });
+    let _ = ctx.add_function(
+        "sum",
+        |This(list): This<Arc<Vec<cel::Value>>>| -> cel::Value {
+            let ints: Option<i64> = list.iter().try_fold(0i64, |acc, v| match v {
+                cel::Value::Int(i) => acc.checked_add(*i),
+                _ => None,
+            });
+            match ints {
+                Some(total) => cel::Value::Int(total),
+                None => cel::Value::Float(
+                    list.iter()
+                        .map(|v| match v {
+                            cel::Value::Int(i) => *i as f64,
+                            cel::Value::UInt(u) => *u as f64,
+                            cel::Value::Float(f) => *f,
+                            _ => 0.0,
+                        })
+                        .sum(),
+                ),
+            }
+        },
+    );
     // The format library: `format.dns1123Label().validate(s)` is null when
     // `s` has the format, else the list of what is wrong.
     for name in FORMATS {
@@ -453,6 +507,9 @@ mod tests {
         );
         let r = rule("isCIDR(self) && isURL('https://a.b/c')", None);
         assert_eq!(run(&r, json!("10.0.0.0/8")), Verdict::Holds);
+        let r = rule("self.isSorted() && self.sum() == 6", None);
+        assert_eq!(run(&r, json!([1, 2, 3])), Verdict::Holds);
+        assert!(matches!(run(&r, json!([2, 1, 4])), Verdict::Fails(_)));
         let r = rule("duration(self) <= duration('1h')", None);
         assert_eq!(
             run(&r, json!("90m")),

@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+pub use cel::rules_not_run;
 pub use errors::{ErrorType, FieldError, FieldPath};
 pub use schema::RuleStats;
 use schema::Schema;
