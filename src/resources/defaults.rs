@@ -80,6 +80,32 @@ fn pending(type_: &str) -> Condition {
     }
 }
 
+/// The defaults of a listener, of a Gateway or of a ListenerSet (generated
+/// types with the same fields): `allowedRoutes` (namespaces from Same,
+/// kinds of the Gateway API group), TLS mode Terminate, certificateRefs to
+/// core Secrets.
+macro_rules! listener_defaults {
+    ($listener:expr, $routes:ident, $namespaces:ident, $same:expr, $terminate:expr) => {{
+        let listener = $listener;
+        let routes = or_with(&mut listener.allowed_routes, || $routes {
+            kinds: None,
+            namespaces: None,
+        });
+        for kind in routes.kinds.iter_mut().flatten() {
+            or(&mut kind.group, GATEWAY_GROUP);
+        }
+        let namespaces = or_with(&mut routes.namespaces, $namespaces::default);
+        or_with(&mut namespaces.from, || $same);
+        if let Some(tls) = &mut listener.tls {
+            or_with(&mut tls.mode, || $terminate);
+            for r in tls.certificate_refs.iter_mut().flatten() {
+                or(&mut r.group, "");
+                or(&mut r.kind, "Secret");
+            }
+        }
+    }};
+}
+
 fn gateway_class(o: &mut GatewayClass) {
     let status = or_with(&mut o.status, GatewayClassStatus::default);
     or_with(&mut status.conditions, || vec![pending("Accepted")]);
@@ -99,28 +125,13 @@ fn gateway(o: &mut Gateway) {
         });
     }
     for listener in &mut spec.listeners {
-        let routes = or_with(&mut listener.allowed_routes, || {
-            GatewayListenersAllowedRoutes {
-                kinds: None,
-                namespaces: None,
-            }
-        });
-        for kind in routes.kinds.iter_mut().flatten() {
-            or(&mut kind.group, GATEWAY_GROUP);
-        }
-        let namespaces = or_with(&mut routes.namespaces, || {
-            GatewayListenersAllowedRoutesNamespaces::default()
-        });
-        or_with(&mut namespaces.from, || {
-            GatewayListenersAllowedRoutesNamespacesFrom::Same
-        });
-        if let Some(tls) = &mut listener.tls {
-            or_with(&mut tls.mode, || GatewayListenersTlsMode::Terminate);
-            for r in tls.certificate_refs.iter_mut().flatten() {
-                or(&mut r.group, "");
-                or(&mut r.kind, "Secret");
-            }
-        }
+        listener_defaults!(
+            listener,
+            GatewayListenersAllowedRoutes,
+            GatewayListenersAllowedRoutesNamespaces,
+            GatewayListenersAllowedRoutesNamespacesFrom::Same,
+            GatewayListenersTlsMode::Terminate
+        );
     }
     if let Some(tls) = &mut spec.tls {
         if let Some(r) = tls
@@ -166,28 +177,13 @@ fn listener_set(o: &mut ListenerSet) {
     or(&mut spec.parent_ref.group, GATEWAY_GROUP);
     or(&mut spec.parent_ref.kind, "Gateway");
     for listener in &mut spec.listeners {
-        let routes = or_with(&mut listener.allowed_routes, || {
-            ListenerSetListenersAllowedRoutes {
-                kinds: None,
-                namespaces: None,
-            }
-        });
-        for kind in routes.kinds.iter_mut().flatten() {
-            or(&mut kind.group, GATEWAY_GROUP);
-        }
-        let namespaces = or_with(&mut routes.namespaces, || {
-            ListenerSetListenersAllowedRoutesNamespaces::default()
-        });
-        or_with(&mut namespaces.from, || {
-            ListenerSetListenersAllowedRoutesNamespacesFrom::Same
-        });
-        if let Some(tls) = &mut listener.tls {
-            or_with(&mut tls.mode, || ListenerSetListenersTlsMode::Terminate);
-            for r in tls.certificate_refs.iter_mut().flatten() {
-                or(&mut r.group, "");
-                or(&mut r.kind, "Secret");
-            }
-        }
+        listener_defaults!(
+            listener,
+            ListenerSetListenersAllowedRoutes,
+            ListenerSetListenersAllowedRoutesNamespaces,
+            ListenerSetListenersAllowedRoutesNamespacesFrom::Same,
+            ListenerSetListenersTlsMode::Terminate
+        );
     }
     let status = or_with(&mut o.status, ListenerSetStatus::default);
     or_with(&mut status.conditions, || {

@@ -70,6 +70,13 @@ impl Schema {
         let str_of = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
         let u64_of = |k: &str| v.get(k).and_then(Value::as_u64);
         let bool_of = |k: &str| v.get(k).and_then(Value::as_bool).unwrap_or(false);
+        let strings = |k: &str| -> Vec<String> {
+            let items = v.get(k).and_then(Value::as_array).into_iter().flatten();
+            items
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        };
         let list = |k: &str, stats: &mut RuleStats| -> Vec<Schema> {
             v.get(k)
                 .and_then(Value::as_array)
@@ -115,16 +122,7 @@ impl Schema {
                 .get("items")
                 .filter(|i| i.is_object())
                 .map(|i| Box::new(Schema::parse(i, stats))),
-            required: v
-                .get("required")
-                .and_then(Value::as_array)
-                .map(|r| {
-                    r.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_string)
-                        .collect()
-                })
-                .unwrap_or_default(),
+            required: strings("required"),
             enumeration: v.get("enum").and_then(Value::as_array).cloned(),
             pattern,
             format: str_of("format"),
@@ -145,16 +143,7 @@ impl Schema {
             int_or_string: bool_of("x-kubernetes-int-or-string"),
             embedded_resource: bool_of("x-kubernetes-embedded-resource"),
             list_type: str_of("x-kubernetes-list-type"),
-            list_map_keys: v
-                .get("x-kubernetes-list-map-keys")
-                .and_then(Value::as_array)
-                .map(|r| {
-                    r.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_string)
-                        .collect()
-                })
-                .unwrap_or_default(),
+            list_map_keys: strings("x-kubernetes-list-map-keys"),
             all_of: list("allOf", stats),
             any_of: list("anyOf", stats),
             one_of: list("oneOf", stats),
