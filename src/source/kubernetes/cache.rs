@@ -692,6 +692,42 @@ mod tests {
         );
     }
 
+    #[test]
+    fn with_crds_objects_are_validated_by_them() {
+        let crd: serde_json::Value = crate::yaml::from_str(
+            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\n\
+             metadata: {name: httproutes.gateway.networking.k8s.io}\n\
+             spec:\n  group: gateway.networking.k8s.io\n  names: {kind: HTTPRoute, plural: httproutes}\n  \
+             scope: Namespaced\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    \
+             schema:\n      openAPIV3Schema:\n        type: object\n        \
+             x-kubernetes-preserve-unknown-fields: true\n        \
+             x-kubernetes-validations: [{rule: \"self.metadata.name != 'forbidden'\", message: not this name}]\n",
+        )
+        .expect("test CRD");
+        let mut crds = Crds::new();
+        crds.add(&crd, "test").expect("a usable CRD");
+        let mut cache = ClusterCache::default().with_crds(Arc::new(crds));
+        list_all_empty(&mut cache);
+        for name in ["forbidden", "fine"] {
+            let route = object(json!({
+                "metadata": {"name": name, "namespace": "shop"},
+                "spec": {"parentRefs": [{"name": "gw"}]},
+            }));
+            cache.apply(kind_index("HTTPRoute"), Event::Apply(route));
+        }
+        let update = cache.update();
+        assert_eq!(update.snapshot.http_routes.len(), 1, "{:?}", update.errors);
+        assert_eq!(update.errors.len(), 1, "{:?}", update.errors);
+        assert_eq!(
+            update.errors[0].object.as_deref(),
+            Some("HTTPRoute shop/forbidden")
+        );
+        assert_eq!(
+            update.errors[0].message,
+            "Invalid value: \"object\": not this name"
+        );
+    }
+
     fn keys<'a>(metas: impl Iterator<Item = &'a ObjectMeta>) -> Vec<String> {
         metas
             .map(|m| {
