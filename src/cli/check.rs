@@ -119,26 +119,24 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
     let translation = &checked.translation;
     let mut problems: Vec<String> = Vec::new();
 
-    let mut rules_by_route: BTreeMap<&str, Vec<&RuleSummary>> = BTreeMap::new();
+    let mut rules_by_route: BTreeMap<(String, String), Vec<&RuleSummary>> = BTreeMap::new();
     for rule in &translation.rules {
         rules_by_route
-            .entry(rule.route.as_str())
+            .entry((rule.kind.clone(), rule.route.clone()))
             .or_default()
             .push(rule);
     }
 
     for object in &translation.status.objects {
         write_object(object, out, &mut problems)?;
-        if object.kind == "HTTPRoute" {
-            let key = format!(
-                "{}/{}",
-                object.metadata.namespace.as_deref().unwrap_or("default"),
-                object.metadata.name
-            );
-            if let Some(rules) = rules_by_route.remove(key.as_str()) {
-                for rule in rules {
-                    write_rule(rule, out, &mut problems)?;
-                }
+        let key = format!(
+            "{}/{}",
+            object.metadata.namespace.as_deref().unwrap_or("default"),
+            object.metadata.name
+        );
+        if let Some(rules) = rules_by_route.remove(&(object.kind.clone(), key)) {
+            for rule in rules {
+                write_rule(rule, out, &mut problems)?;
             }
         }
     }
@@ -146,7 +144,7 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
     // shares are still worth showing).
     for rules in rules_by_route.values() {
         for rule in rules {
-            writeln!(out, "HTTPRoute {}", rule.route)?;
+            writeln!(out, "{} {}", rule.kind, rule.route)?;
             write_rule(rule, out, &mut problems)?;
         }
     }
@@ -342,8 +340,8 @@ fn write_rule(
         )?;
         if problem {
             problems.push(format!(
-                "HTTPRoute {} rule {}: backend {}: {outcome}",
-                rule.route, rule.rule, backend.name
+                "{} {} rule {}: backend {}: {outcome}",
+                rule.kind, rule.route, rule.rule, backend.name
             ));
         }
     }

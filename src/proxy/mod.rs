@@ -27,10 +27,13 @@ mod cors;
 mod error;
 mod filters;
 mod forwarded;
+mod grpc;
 mod handler;
 mod limits;
+mod passthrough;
 mod pool;
 mod retry;
+mod session;
 mod tls;
 mod upgrade;
 mod upstream;
@@ -316,8 +319,17 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAdd
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         // Whether the socket terminates TLS is read per connection: a
-        // reload may turn a port's listeners from HTTP to HTTPS.
-        let is_tls = shared.table.load().port(bind).is_some_and(|p| p.is_tls());
+        // reload may turn a port's listeners from HTTP to HTTPS (or TLS).
+        let (is_tls, is_stream) = shared
+            .table
+            .load()
+            .port(bind)
+            .map_or((false, false), |p| (p.is_tls(), p.is_stream()));
+        if is_stream {
+            // TLS listeners: routed by SNI, relayed (passthrough.rs).
+            tokio::spawn(passthrough::serve(shared, stream, client, bind, permits));
+            continue;
+        }
         if !is_tls {
             tokio::spawn(serve(shared, stream, None, client, bind, permits));
             continue;

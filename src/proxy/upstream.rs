@@ -45,8 +45,14 @@ pub(super) enum Upstream {
 pub(super) enum ClientUpstream {
     /// Cleartext (h2c, upgrades).
     Plain(Client<HttpConnector, UpstreamBody>),
-    /// TLS as a BackendTLSPolicy says (HTTP/1.1; ALPN is not offered).
-    Tls(Client<BackendTlsConnector, UpstreamBody>, Arc<BackendTls>),
+    /// TLS as a BackendTLSPolicy says: HTTP/1.1 (ALPN is not offered), or
+    /// HTTP/2 negotiated with ALPN `h2` when the last field says so (a
+    /// GRPCRoute's backends).
+    Tls(
+        Client<BackendTlsConnector, UpstreamBody>,
+        Arc<BackendTls>,
+        bool,
+    ),
 }
 
 impl Upstream {
@@ -104,8 +110,12 @@ impl ClientUpstream {
                 .await
                 .map(|r| r.map(ResponseBody::Upstream))
                 .map_err(|e| Ok(UpstreamError::from(e))),
-            ClientUpstream::Tls(client, tls) => {
-                *req.version_mut() = Version::HTTP_11;
+            ClientUpstream::Tls(client, tls, h2) => {
+                *req.version_mut() = if h2 {
+                    Version::HTTP_2
+                } else {
+                    Version::HTTP_11
+                };
                 client
                     .request(req)
                     .await
