@@ -151,6 +151,9 @@ pub enum TlsOutcome {
     BadClientHello,
     /// No whole ClientHello within the limit.
     ClientHelloTimeout,
+    /// The client closed before it sent a whole ClientHello (a port check,
+    /// an impatient client).
+    Closed,
 }
 
 impl TlsOutcome {
@@ -162,6 +165,7 @@ impl TlsOutcome {
             TlsOutcome::Unreachable => "unreachable",
             TlsOutcome::BadClientHello => "bad_client_hello",
             TlsOutcome::ClientHelloTimeout => "client_hello_timeout",
+            TlsOutcome::Closed => "closed",
         }
     }
 }

@@ -5,12 +5,9 @@
 //! made, then the TLS handshake with `validation.hostname` as SNI, the
 //! backend's certificate verified against the policy's CAs, and the
 //! Gateway's client certificate presented when it has one. Requests are
-//! HTTP/1.1 over pooled keep-alive connections, as to cleartext backends;
-//! a GRPCRoute's backends get HTTP/2, offered with ALPN `h2` (a backend
-//! that does not take it fails the handshake's protocol check).
+//! HTTP/1.1 over pooled keep-alive connections, as to cleartext backends.
 //!
-//! One pooled client per distinct TLS setting ([`BackendTls::key`]) and
-//! HTTP version, kept
+//! One pooled client per distinct TLS setting ([`BackendTls::key`]), kept
 //! across route tables like the cleartext pool. A handshake that fails (an
 //! untrusted or misnamed certificate, an invalid policy) fails the request
 //! as an unreachable endpoint does: 502.
@@ -42,26 +39,24 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// (settings that changed many times over reloads are not kept forever).
 const MAX_CLIENTS: usize = 256;
 
-/// The pooled TLS clients, by [`BackendTls::key`] and HTTP/2 or not.
+/// The pooled TLS clients, by [`BackendTls::key`].
 #[derive(Default)]
 pub(crate) struct BackendTlsClients {
-    clients: Mutex<HashMap<(String, bool), Client<BackendTlsConnector, UpstreamBody>>>,
+    clients: Mutex<HashMap<String, Client<BackendTlsConnector, UpstreamBody>>>,
 }
 
 impl BackendTlsClients {
-    /// The client for `tls` (speaking HTTP/2 when `h2`), made on first use.
+    /// The client for `tls`, made on first use.
     pub(crate) fn client(
         &self,
         tls: &Arc<BackendTls>,
-        h2: bool,
     ) -> Client<BackendTlsConnector, UpstreamBody> {
         // A panic while holding the lock cannot leave the map inconsistent.
         let mut clients = self
             .clients
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let key = (tls.key.clone(), h2);
-        if let Some(c) = clients.get(&key) {
+        if let Some(c) = clients.get(&tls.key) {
             return c.clone();
         }
         if clients.len() >= MAX_CLIENTS {
@@ -71,15 +66,12 @@ impl BackendTlsClients {
         http.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .http2_only(h2)
             .build(BackendTlsConnector {
                 http,
                 tls: tls.clone(),
-                h2,
             });
-        clients.insert(key, client.clone());
+        clients.insert(tls.key.clone(), client.clone());
         client
     }
 }
@@ -90,8 +82,6 @@ impl BackendTlsClients {
 pub(crate) struct BackendTlsConnector {
     http: HttpConnector,
     tls: Arc<BackendTls>,
-    /// Offer ALPN `h2` and require it.
-    h2: bool,
 }
 
 impl tower_service::Service<Uri> for BackendTlsConnector {
@@ -105,17 +95,11 @@ impl tower_service::Service<Uri> for BackendTlsConnector {
 
     fn call(&mut self, dst: Uri) -> Self::Future {
         let tls = self.tls.clone();
-        let h2 = self.h2;
         let tcp = self.http.call(dst);
         Box::pin(async move {
-            let mut config = tls.config.clone().map_err(|why| {
+            let config = tls.config.clone().map_err(|why| {
                 io::Error::other(format!("BackendTLSPolicy {} is invalid: {why}", tls.policy))
             })?;
-            if h2 {
-                let mut with_alpn = (*config).clone();
-                with_alpn.alpn_protocols = vec![b"h2".to_vec()];
-                config = Arc::new(with_alpn);
-            }
             let stream: TcpStream = tcp.await?.into_inner();
             let handshake = TlsConnector::from(config).connect(tls.server_name.clone(), stream);
             let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
@@ -123,29 +107,17 @@ impl tower_service::Service<Uri> for BackendTlsConnector {
                 .map_err(|_| {
                     io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
                 })??;
-            if h2 && stream.get_ref().1.alpn_protocol() != Some(b"h2".as_slice()) {
-                return Err(io::Error::other(format!(
-                    "the backend of BackendTLSPolicy {} did not agree to HTTP/2 (ALPN h2)",
-                    tls.policy
-                ))
-                .into());
-            }
-            Ok(TlsIo(TokioIo::new(stream), h2))
+            Ok(TlsIo(TokioIo::new(stream)))
         })
     }
 }
 
-/// A TLS connection to an endpoint, as the pooled client drives it, and
-/// whether it negotiated HTTP/2.
-pub(crate) struct TlsIo(TokioIo<TlsStream<TcpStream>>, bool);
+/// A TLS connection to an endpoint, as the pooled client drives it.
+pub(crate) struct TlsIo(TokioIo<TlsStream<TcpStream>>);
 
 impl Connection for TlsIo {
     fn connected(&self) -> Connected {
-        if self.1 {
-            Connected::new().negotiated_h2()
-        } else {
-            Connected::new()
-        }
+        Connected::new()
     }
 }
 

@@ -403,7 +403,7 @@ impl<'t> Forwarding<'_, 't> {
         let endpoint = pinned.unwrap_or_else(|| endpoints.pick());
         parts.uri = origin_uri(path.as_deref(), &parts.uri)?;
         // Upgrades (WebSocket) are HTTP/1.1 whatever the appProtocol.
-        let h2 = endpoints.protocol.is_http2() && upgrade.is_none();
+        let h2 = endpoints.protocol.is_http2(endpoints.tls.is_some()) && upgrade.is_none();
         parts.version = if h2 {
             Version::HTTP_2
         } else {
@@ -461,20 +461,20 @@ impl<'t> Forwarding<'_, 't> {
         Ok(resp)
     }
 
-    /// The client for `endpoints`: TLS per their BackendTLSPolicy,
-    /// hyper-util's for h2c and for upgrades, sluice's HTTP/1.1 pool for
-    /// the rest.
+    /// The client for `endpoints`: HTTP/2 per endpoint (cleartext or TLS)
+    /// for h2c and GRPCRoute backends, TLS per their BackendTLSPolicy,
+    /// hyper-util's for upgrades, sluice's HTTP/1.1 pool for the rest.
     fn upstream(&self, endpoints: &EndpointSet, h2: bool, upgrade: bool) -> Upstream {
         let shared = self.shared;
         match &endpoints.tls {
-            Some(tls) => Upstream::Client(Box::new(ClientUpstream::Tls(
-                shared.backend_tls.client(tls, h2),
-                tls.clone(),
-                h2,
+            _ if h2 => Upstream::Client(Box::new(ClientUpstream::H2(
+                shared.h2.clone(),
+                endpoints.tls.clone(),
             ))),
-            None if h2 => {
-                Upstream::Client(Box::new(ClientUpstream::Plain(shared.h2_client.clone())))
-            }
+            Some(tls) => Upstream::Client(Box::new(ClientUpstream::Tls(
+                shared.backend_tls.client(tls),
+                tls.clone(),
+            ))),
             None if upgrade => {
                 Upstream::Client(Box::new(ClientUpstream::Plain(shared.client.clone())))
             }
@@ -510,7 +510,7 @@ impl<'t> Forwarding<'_, 't> {
                 metrics.record_mirror(false);
                 continue;
             };
-            let h2 = set.protocol.is_http2();
+            let h2 = set.protocol.is_http2(set.tls.is_some());
             let mut copy = Request::new(match &mut tee {
                 Some(t) => UpstreamBody::Mirror(t.add_mirror()),
                 None => UpstreamBody::Empty,

@@ -28,6 +28,7 @@ mod error;
 mod filters;
 mod forwarded;
 mod grpc;
+mod h2;
 mod handler;
 mod limits;
 mod passthrough;
@@ -86,8 +87,9 @@ pub(crate) struct Shared {
     pool: Arc<pool::Pool>,
     /// HTTP/1.1 through hyper-util's pooled client, for upgrades.
     client: Client<HttpConnector, UpstreamBody>,
-    /// HTTP/2 with prior knowledge, for `appProtocol: kubernetes.io/h2c`.
-    h2_client: Client<HttpConnector, UpstreamBody>,
+    /// HTTP/2 (`appProtocol: kubernetes.io/h2c`, GRPCRoute backends), one
+    /// client per endpoint; outlives tables.
+    h2: Arc<h2::H2Clients>,
     /// TLS to backends with a BackendTLSPolicy, pooled per TLS setting.
     backend_tls: backend_tls::BackendTlsClients,
     /// How client connections are served: HTTP/1.1 with keep-alive, or
@@ -125,12 +127,6 @@ impl Proxy {
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(connector.clone());
-        let h2_client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .http2_only(true)
             .build(connector);
         let mut server = auto::Builder::new(TokioExecutor::new());
         // hyper's read buffer bounds the request head: a head that does not
@@ -161,7 +157,7 @@ impl Proxy {
                 metrics,
                 pool: pool::Pool::new(POOL_IDLE_TIMEOUT),
                 client,
-                h2_client,
+                h2: Default::default(),
                 backend_tls: Default::default(),
                 listeners: Mutex::new(BTreeMap::new()),
                 connections: Arc::new(Semaphore::new(limits.max_connections)),

@@ -69,6 +69,11 @@ pub(super) async fn serve(
     .await
     {
         Ok(Ok(hello)) => hello,
+        Ok(Err(HelloError::Closed)) => {
+            tracing::debug!(%client, %bind, "closed before a whole ClientHello");
+            shared.metrics.record_tls("", "", TlsOutcome::Closed);
+            return;
+        }
         Ok(Err(e)) => {
             tracing::debug!(%client, %bind, error = %e, "no usable ClientHello; closing");
             shared
@@ -369,7 +374,9 @@ const SERVER_NAME: u16 = 0;
 const HOST_NAME: u8 = 0;
 
 /// The SNI of the ClientHello at the start of `buf`: `Ok(None)` when more
-/// bytes are needed, `Ok(Some(None))` for a ClientHello without SNI.
+/// bytes are needed, `Ok(Some(None))` for a ClientHello without SNI. The
+/// message's type and length are judged as soon as its first four bytes
+/// are in, so an oversized ClientHello is refused before it is read.
 pub(super) fn parse_client_hello(
     buf: &[u8],
     max: usize,
@@ -387,24 +394,31 @@ pub(super) fn parse_client_hello(
         if len == 0 || len > MAX_RECORD {
             return Err(HelloError::Malformed);
         }
-        let Some(fragment) = buf.get(at + 5..at + 5 + len) else {
-            return Ok(None);
+        let fragment = &buf[at + 5..buf.len().min(at + 5 + len)];
+        // The handshake header: the first four bytes of the message, maybe
+        // across this record and the ones before.
+        let head: Vec<u8> = message.iter().chain(fragment).take(4).copied().collect();
+        let body_len = match head[..] {
+            [kind, a, b, c] => {
+                if kind != CLIENT_HELLO {
+                    return Err(HelloError::NotClientHello);
+                }
+                let body_len = (usize::from(a) << 16) | (usize::from(b) << 8) | usize::from(c);
+                if body_len + 4 > max {
+                    return Err(HelloError::TooLarge(max));
+                }
+                Some(body_len)
+            }
+            _ => None,
         };
+        if fragment.len() < len {
+            return Ok(None);
+        }
         message.extend_from_slice(fragment);
         at += 5 + len;
-        if message.len() < 4 {
-            continue;
-        }
-        if message[0] != CLIENT_HELLO {
-            return Err(HelloError::NotClientHello);
-        }
-        let body_len = (usize::from(message[1]) << 16)
-            | (usize::from(message[2]) << 8)
-            | usize::from(message[3]);
-        if body_len + 4 > max {
-            return Err(HelloError::TooLarge(max));
-        }
-        if message.len() >= 4 + body_len {
+        if let Some(body_len) = body_len
+            && message.len() >= 4 + body_len
+        {
             return server_name(&message[4..4 + body_len]).map(Some);
         }
     }

@@ -214,9 +214,15 @@ pub enum AppProtocol {
 }
 
 impl AppProtocol {
-    /// Are requests sent with HTTP/2?
-    pub fn is_http2(self) -> bool {
-        matches!(self, AppProtocol::H2c | AppProtocol::Http2)
+    /// Are requests sent with HTTP/2? `kubernetes.io/h2c` names cleartext:
+    /// over TLS (a BackendTLSPolicy) such a backend gets HTTP/1.1, as it
+    /// always did; a GRPCRoute's backends get HTTP/2 either way.
+    pub fn is_http2(self, tls: bool) -> bool {
+        match self {
+            AppProtocol::H2c => !tls,
+            AppProtocol::Http2 => true,
+            AppProtocol::Http1 | AppProtocol::WebSocket => false,
+        }
     }
 }
 
