@@ -161,7 +161,9 @@ async fn connect(actual_port: u16, sni: Option<&str>) -> anyhow::Result<Box<dyn 
     Ok(Box::new(tls))
 }
 
-/// A TLS client trusting the suite's CA (built once).
+/// A TLS client trusting the suite's CA and the TLS checks CA (the
+/// backends' certificates a passthrough listener hands through), built
+/// once.
 fn tls_connector() -> anyhow::Result<tokio_rustls::TlsConnector> {
     static CONNECTOR: std::sync::OnceLock<tokio_rustls::TlsConnector> = std::sync::OnceLock::new();
     if let Some(c) = CONNECTOR.get() {
@@ -171,6 +173,9 @@ fn tls_connector() -> anyhow::Result<tokio_rustls::TlsConnector> {
     roots
         .add(env::suite_ca()?)
         .context("the suite CA is not a valid trust anchor")?;
+    roots
+        .add(crate::backend_tls::checks_ca()?)
+        .context("the TLS checks CA is not a valid trust anchor")?;
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let webpki =
         rustls::client::WebPkiServerVerifier::builder_with_provider(roots.into(), provider.clone())
