@@ -556,10 +556,16 @@ impl TestCa {
         }
     }
 
-    /// A certificate for `names` (DNS names, `*.` wildcards allowed).
+    /// A certificate for `names`: DNS names (`*.` wildcards allowed), and
+    /// URIs (names with `://`, a SPIFFE ID say) as URI SANs.
     pub fn issue(&self, names: &[&str]) -> Leaf {
-        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let params = CertificateParams::new(names).expect("leaf params");
+        let (uris, dns): (Vec<&str>, Vec<&str>) = names.iter().partition(|n| n.contains("://"));
+        let dns: Vec<String> = dns.iter().map(|n| n.to_string()).collect();
+        let mut params = CertificateParams::new(dns).expect("leaf params");
+        for uri in uris {
+            let uri = uri.try_into().expect("a URI SAN");
+            params.subject_alt_names.push(rcgen::SanType::URI(uri));
+        }
         let key = KeyPair::generate().expect("leaf key");
         let cert = params
             .signed_by(&key, &self.issuer)
