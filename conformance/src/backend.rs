@@ -221,7 +221,7 @@ async fn accept(listener: TcpListener, state: Arc<State>, port: Port) {
         tokio::spawn(async move {
             let service = service_fn(move |request| {
                 let state = Arc::clone(&state);
-                async move { Ok::<_, Infallible>(handle(&state, request).await) }
+                async move { Ok::<_, Infallible>(handle(&state, request, None).await) }
             });
             let io = TokioIo::new(stream);
             match port {
@@ -257,16 +257,17 @@ async fn accept_tls(listener: TcpListener, state: Arc<State>, acceptor: tokio_ru
                 return;
             };
             let conn = stream.get_ref().1;
-            lock(&state.tls_seen).push(TlsSeen {
+            let seen = Arc::new(TlsSeen {
                 sni: conn.server_name().map(str::to_owned),
                 client_cert: conn
                     .peer_certificates()
                     .and_then(|c| c.first())
                     .map(|c| c.as_ref().to_vec()),
             });
+            lock(&state.tls_seen).push(TlsSeen::clone(&seen));
             let service = service_fn(move |request| {
-                let state = Arc::clone(&state);
-                async move { Ok::<_, Infallible>(handle(&state, request).await) }
+                let (state, seen) = (Arc::clone(&state), Arc::clone(&seen));
+                async move { Ok::<_, Infallible>(handle(&state, request, Some(&seen)).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -275,7 +276,12 @@ async fn accept_tls(listener: TcpListener, state: Arc<State>, acceptor: tokio_ru
     }
 }
 
-async fn handle(state: &State, mut request: Request<Incoming>) -> Response<Full<Bytes>> {
+/// Answer one request; `tls` is what the HTTPS port saw of its connection.
+async fn handle(
+    state: &State,
+    mut request: Request<Incoming>,
+    tls: Option<&TlsSeen>,
+) -> Response<Full<Bytes>> {
     let path = request
         .uri()
         .path_and_query()
@@ -362,7 +368,29 @@ async fn handle(state: &State, mut request: Request<Incoming>) -> Response<Full<
     }
 
     let echoed = sluice::echo::describe(&parts, body_bytes, &state.identity);
-    sluice::echo::json_response(&parts, &echoed)
+    let response = sluice::echo::json_response(&parts, &echoed);
+    match tls {
+        Some(tls) => with_tls_details(response, &echoed, tls),
+        None => response,
+    }
+}
+
+/// echo-basic's `tls` field of the echo body on its HTTPS port: the
+/// connection's server name (what the suite compares with a request's
+/// expected SNI).
+fn with_tls_details(
+    response: Response<Full<Bytes>>,
+    echoed: &sluice::echo::EchoResponse,
+    tls: &TlsSeen,
+) -> Response<Full<Bytes>> {
+    let Ok(mut body) = serde_json::to_value(echoed) else {
+        return response;
+    };
+    body["tls"] = serde_json::json!({ "serverName": tls.sni.as_deref().unwrap_or_default() });
+    match serde_json::to_vec_pretty(&body) {
+        Ok(bytes) => response.map(|_| Full::new(Bytes::from(bytes))),
+        Err(_) => response,
+    }
 }
 
 /// echo-basic's `tcpserver` welcome line.

@@ -32,7 +32,6 @@ use serde_yaml::Value;
 use crate::ctx::{APP, Ctx, INFRA};
 use crate::env;
 use crate::expect::req;
-use crate::status::{fresh, has_condition};
 
 pub const CA_CONFIG_MAP: &str = "tls-checks-ca-certificate";
 const SERVER_SECRET: &str = "tls-checks-certificate";
@@ -206,7 +205,8 @@ pub async fn client_certificate(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let policy = format!("{INFRA}/gateway-tls-backend-client-certificate-test");
     cx.accepted(&gw, &[&route]).await?;
     cx.resolved(&route, &gw).await?;
-    policy_condition(cx, &policy, &gw, "Accepted", true, "Accepted").await?;
+    cx.policy_condition(&policy, &gw, "Accepted", true, "Accepted")
+        .await?;
     cx.gateway_condition(&gw, "ResolvedRefs", true, "ResolvedRefs")
         .await?;
 
@@ -286,45 +286,4 @@ pub async fn invalid_configuration(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
             .await?;
     }
     Ok(())
-}
-
-/// `BackendTLSPolicyMustHaveCondition`: an ancestor of the policy naming
-/// `gateway` has the condition, and every ancestor's conditions carry the
-/// policy's generation.
-async fn policy_condition(
-    cx: &Ctx<'_>,
-    policy: &str,
-    gateway: &str,
-    ty: &str,
-    status: bool,
-    reason: &str,
-) -> anyhow::Result<()> {
-    let want = if status { "True" } else { "False" };
-    let (gw_ns, gw_name) = gateway.split_once('/').unwrap_or(("", gateway));
-    cx.eventually(
-        &format!("BackendTLSPolicy {policy} {ty}={want} {reason} for {gateway}"),
-        |cx| {
-            let s = cx
-                .status_of("BackendTLSPolicy", policy)
-                .ok_or_else(|| anyhow!("no status for BackendTLSPolicy {policy}"))?;
-            let ancestors = s.status["ancestors"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            for a in &ancestors {
-                fresh(&s, &a["conditions"])?;
-            }
-            let found = ancestors.iter().any(|a| {
-                let r = &a["ancestorRef"];
-                r["name"] == gw_name
-                    && r["namespace"].as_str().is_none_or(|ns| ns == gw_ns)
-                    && has_condition(&a["conditions"], ty, want, reason)
-            });
-            if !found {
-                bail!("ancestors are {}", s.status["ancestors"]);
-            }
-            Ok(())
-        },
-    )
-    .await
 }

@@ -33,6 +33,9 @@ pub struct Exchange {
     pub headers: Vec<(String, String)>,
     /// What the backend saw, when it answered with an echo body.
     pub echo: Option<EchoResponse>,
+    /// The server name (SNI) of the connection the backend answered on,
+    /// when it reports one (echo-basic's `tls.serverName`).
+    pub backend_sni: Option<String>,
     /// `Location` split into scheme, host, port ("" when absent), path.
     pub location: Option<(String, String, String, String)>,
 }
@@ -336,6 +339,10 @@ pub async fn read_exchange(
     } else {
         None
     };
+    let backend_sni = echo
+        .as_ref()
+        .and_then(|_| serde_json::from_slice::<serde_json::Value>(&body).ok())
+        .and_then(|v| v["tls"]["serverName"].as_str().map(str::to_owned));
     let location = ports.and_then(|ports| {
         headers
             .iter()
@@ -346,6 +353,7 @@ pub async fn read_exchange(
         status: status.as_u16(),
         headers,
         echo,
+        backend_sni,
         location,
     })
 }

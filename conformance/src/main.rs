@@ -12,7 +12,7 @@
 //! Where things are: `registry` is the one list of tests (profile,
 //! features, manifests, checks); the checks live by area in `suite`
 //! (Gateway and HTTPRoute), `grpc` (GRPCRoute), `tls_route` (TLSRoute),
-//! `listenerset`, `client_cert` and `backend_tls`,
+//! `listenerset`, `client_cert`, `backend_tls` and `backend_tls_policy`,
 //! written with `ctx` (the running test), `client` (the suite's requests),
 //! `expect` (what a response must look like) and `status` (what published
 //! status must say); `env`, `backend` and `ws` stand in for the cluster and
@@ -25,6 +25,7 @@
 
 mod backend;
 mod backend_tls;
+mod backend_tls_policy;
 mod client;
 mod client_cert;
 mod ctx;

@@ -5,15 +5,16 @@
 //! be listed without checks, nor have checks that never run.
 //!
 //! The checks themselves live by area: [`crate::suite`] (Gateway and
-//! HTTPRoute), [`crate::listenerset`], [`crate::client_cert`] and
-//! [`crate::backend_tls`]. Names, features and manifests come from reading
+//! HTTPRoute), [`crate::grpc`], [`crate::tls_route`],
+//! [`crate::listenerset`], [`crate::client_cert`], [`crate::backend_tls`]
+//! and [`crate::backend_tls_policy`]. Names, features and manifests come from reading
 //! the upstream test code (`conformance/tests/*.go` of
 //! kubernetes-sigs/gateway-api v1.6.1); the code is ours.
 
 use futures_util::future::BoxFuture;
 
 use crate::ctx::{Ctx, infra};
-use crate::{backend_tls, client_cert, grpc, listenerset, suite, tls_route};
+use crate::{backend_tls, backend_tls_policy, client_cert, grpc, listenerset, suite, tls_route};
 
 /// A conformance profile: the set of tests an implementation claims, with
 /// its own Core features (the upstream suite's `ConformanceProfile`). The
@@ -355,6 +356,18 @@ pub static TESTS: &[Test] = &[
         |cx| backend_tls::client_certificate(cx)),
     t!(HTTP, "GatewayInvalidTLSBackendConfiguration", ["Gateway", "HTTPRoute", "GatewayBackendClientCertificate", "BackendTLSPolicy"], ["gateway-invalid-tls-backend-configuration.yaml"],
         |cx| backend_tls::invalid_configuration(cx)),
+    t!(HTTP, "BackendTLSPolicy", ["Gateway", "HTTPRoute", "BackendTLSPolicy"], ["backendtlspolicy.yaml"],
+        |cx| backend_tls_policy::backend_tls_policy(cx)),
+    t!(HTTP, "BackendTLSPolicyConflictResolution", ["Gateway", "HTTPRoute", "BackendTLSPolicy"], ["backendtlspolicy-conflict-resolution.yaml"],
+        |cx| backend_tls_policy::conflict_resolution(cx)),
+    t!(HTTP, "BackendTLSPolicyInvalidCACertificateRef", ["Gateway", "HTTPRoute", "BackendTLSPolicy"], ["backendtlspolicy-invalid-ca-certificate-ref.yaml"],
+        |cx| backend_tls_policy::invalid_ca_reference(cx, "backendtlspolicy-invalid-ca-certificate-ref", &["nonexistent-ca-certificate-ref", "malformed-ca-certificate-ref"], "InvalidCACertificateRef")),
+    t!(HTTP, "BackendTLSPolicyInvalidKind", ["Gateway", "HTTPRoute", "BackendTLSPolicy"], ["backendtlspolicy-invalid-kind.yaml"],
+        |cx| backend_tls_policy::invalid_ca_reference(cx, "backendtlspolicy-invalid-kind-test", &["invalid-kind"], "InvalidKind")),
+    t!(HTTP, "BackendTLSPolicyObservedGenerationBump", ["Gateway", "HTTPRoute", "BackendTLSPolicy"], ["backendtlspolicy-observed-generation-bump.yaml"],
+        |cx| backend_tls_policy::observed_generation_bump(cx)),
+    t!(HTTP, "BackendTLSPolicySANValidation", ["Gateway", "HTTPRoute", "BackendTLSPolicy", "BackendTLSPolicySANValidation"], ["backendtlspolicy-san.yaml"],
+        |cx| backend_tls_policy::san_validation(cx)),
     t!(HTTP, "ListenerSetAllowedNamespaceNone", ["Gateway", "ListenerSet"], ["listenerset-allowed-namespace-none.yaml"],
         |cx| listenerset::not_allowed(cx, "gateway-does-not-allow-listenerset", &infra("listenerset-not-allowed"))),
     t!(HTTP, "ListenerSetAllowedNamespaceSame", ["Gateway", "ListenerSet"], ["listenerset-allowed-namespace-same.yaml"],

@@ -582,6 +582,50 @@ impl Ctx<'_> {
                 for p in s.status["parents"].as_array().into_iter().flatten() {
                     fresh(&s, &p["conditions"])?;
                 }
+                for a in s.status["ancestors"].as_array().into_iter().flatten() {
+                    fresh(&s, &a["conditions"])?;
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+
+    /// `BackendTLSPolicyMustHaveCondition`: an ancestor of the policy naming
+    /// `gateway` has the condition, and every ancestor's conditions carry the
+    /// policy's generation.
+    pub async fn policy_condition(
+        &self,
+        policy: &str,
+        gateway: &str,
+        ty: &str,
+        status: bool,
+        reason: &str,
+    ) -> anyhow::Result<()> {
+        let want = if status { "True" } else { "False" };
+        let (gw_ns, gw_name) = gateway.split_once('/').unwrap_or(("", gateway));
+        self.eventually(
+            &format!("BackendTLSPolicy {policy} {ty}={want} {reason} for {gateway}"),
+            |cx| {
+                let s = cx
+                    .status_of("BackendTLSPolicy", policy)
+                    .ok_or_else(|| anyhow!("no status for BackendTLSPolicy {policy}"))?;
+                let ancestors = s.status["ancestors"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                for a in &ancestors {
+                    fresh(&s, &a["conditions"])?;
+                }
+                let found = ancestors.iter().any(|a| {
+                    let r = &a["ancestorRef"];
+                    r["name"] == gw_name
+                        && r["namespace"].as_str().is_none_or(|ns| ns == gw_ns)
+                        && has_condition(&a["conditions"], ty, want, reason)
+                });
+                if !found {
+                    bail!("ancestors are {}", s.status["ancestors"]);
+                }
                 Ok(())
             },
         )
