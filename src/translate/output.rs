@@ -100,9 +100,11 @@ pub struct BackendSummary {
 pub enum BackendOutcome {
     /// Resolved, with this many ready endpoints.
     Serves { ready_endpoints: usize },
-    /// Resolved but no ready endpoint: its share gets 503.
+    /// Resolved but no ready endpoint: its share gets 503 (gRPC calls get
+    /// UNAVAILABLE, TLS connections are closed).
     NoReadyEndpoints,
-    /// Does not resolve: its share gets 500. `reason` is the spec's
+    /// Does not resolve: its share gets 500 (gRPC calls get UNAVAILABLE,
+    /// TLS connections are closed). `reason` is the spec's
     /// (`BackendNotFound`, `InvalidKind`, `RefNotPermitted`).
     Unresolved { reason: String, message: String },
 }

@@ -287,6 +287,32 @@ async fn a_missing_backend_keeps_its_share_of_connections_refused() {
         "half the connections, exactly, go to the missing backend"
     );
     assert_eq!(up.connections(), 10);
+    until("the refusals counted", &gw, async || {
+        metrics(&gw).await.contains(
+            r#"sluice_tls_connections_total{route="TLSRoute default/db",backend="default/missing:5432",outcome="rejected"} 10"#,
+        )
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_endpoint_that_cannot_be_reached_closes_the_connection() {
+    let ca = TestCa::new();
+    let dead_port = crate::support::free_port(); // nothing listens here
+    let manifests = format!(
+        "{}{}{}",
+        tls_gateway("Passthrough", ""),
+        static_service("down", None, 5432, None, dead_port),
+        tls_route("db", "[db.example.com]", "[{name: down, port: 5432}]"),
+    );
+    let gw = Gw::start(&manifests, &[]).await;
+    assert!(refused(gw.addr(), &ca, "db.example.com").await);
+    until("the connection counted unreachable", &gw, async || {
+        metrics(&gw).await.contains(
+            r#"sluice_tls_connections_total{route="TLSRoute default/db",backend="default/down:5432",outcome="unreachable"} 1"#,
+        )
+    })
+    .await;
 }
 
 /// The bytes of a TLS 1.2-style ClientHello record with `sni`.
