@@ -9,7 +9,10 @@
 //! Sockets of HTTPS listeners terminate TLS first ([`tls`]: certificate by
 //! SNI, ALPN `h2`/`http/1.1`); cleartext sockets serve HTTP/1.1 and h2c
 //! with prior knowledge. HTTP/1.1 upgrades (WebSocket) are passed through
-//! ([`upgrade`]).
+//! ([`upgrade`]). gRPC requests get their errors in gRPC terms ([`grpc`]),
+//! and rules with session persistence keep a client on its endpoint
+//! ([`session`]). Sockets of TLS listeners carry no HTTP: each connection
+//! is routed by its SNI to a TLSRoute and relayed ([`passthrough`]).
 //!
 //! Every connection is held to [`ProxyLimits`]: a connection limit per
 //! socket and in total, a deadline for request heads, an idle timeout,
