@@ -353,7 +353,9 @@ impl<'t> Forwarding<'_, 't> {
             body = self.spawn_mirrors(&mirrors, &parts, path.as_deref(), body);
         }
 
-        // A valid session skips the weighted choice (sessionPersistence).
+        // A valid session skips the weighted choice (sessionPersistence);
+        // a rollout's consistentBy placement belongs after it, in place of
+        // the weighted choice (docs/sessions.md).
         let sticky = self
             .rule
             .session
