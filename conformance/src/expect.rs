@@ -240,6 +240,37 @@ impl Case {
     }
 }
 
+/// Which of `backends` served a request, by the prefix of the pod that
+/// answered (the suite's way).
+pub fn backend_of(pod: &str, backends: &[&'static str]) -> anyhow::Result<&'static str> {
+    backends
+        .iter()
+        .copied()
+        .find(|b| pod.starts_with(b))
+        .ok_or_else(|| anyhow::anyhow!("handled by an unexpected pod {pod:?}"))
+}
+
+/// The suite's weight tests' verdict: each backend got its share of
+/// `total` within 5 points (`counts` by backend, `want` its share).
+pub fn within_five_points(
+    counts: &std::collections::BTreeMap<&str, usize>,
+    total: usize,
+    want: &[(&str, f64)],
+) -> anyhow::Result<()> {
+    let mut errors = Vec::new();
+    for (backend, want) in want {
+        let got = counts.get(backend).copied().unwrap_or(0) as f64 / total as f64;
+        if (got - want).abs() > 0.05 {
+            errors.push(format!("{backend} got {got}, want {want} ±0.05"));
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        bail!("{} (counts {counts:?})", errors.join("; "))
+    }
+}
+
 impl Ctx<'_> {
     /// Send the case's request and compare the exchange as the suite does.
     pub async fn expect(&self, case: &Case) -> anyhow::Result<()> {

@@ -22,6 +22,7 @@ use anyhow::{anyhow, bail};
 use sluice::grpc_echo::{self, Reply, SERVICE, code};
 
 use crate::ctx::{Ctx, INFRA, infra};
+use crate::expect::{backend_of, within_five_points};
 use crate::suite::SAME_NS;
 
 /// Calls in a row a case must hold for.
@@ -275,7 +276,12 @@ pub async fn weight(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     // entropy) and wants 70/30/0 within 5 points; the split is exact, so
     // one run of the same count and tolerance.
     const TOTAL: usize = 500;
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    const BACKENDS: [&str; 3] = [
+        "grpc-infra-backend-v1",
+        "grpc-infra-backend-v2",
+        "grpc-infra-backend-v3",
+    ];
+    let mut counts = BTreeMap::new();
     for i in 0..TOTAL {
         let case = echo.clone().md(&[("x-jitter", &i.to_string())]);
         let reply = cx.grpc_call(&case).await?;
@@ -284,30 +290,11 @@ pub async fn weight(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
             .response
             .map(|r| r.assertions.context.pod)
             .unwrap_or_default();
-        let backend = [
-            "grpc-infra-backend-v1",
-            "grpc-infra-backend-v2",
-            "grpc-infra-backend-v3",
-        ]
-        .into_iter()
-        .find(|b| pod.starts_with(b))
-        .ok_or_else(|| anyhow!("call handled by an unexpected pod {pod:?}"))?;
-        *counts.entry(backend.to_owned()).or_default() += 1;
+        *counts.entry(backend_of(&pod, &BACKENDS)?).or_default() += 1;
     }
-    let mut errors = Vec::new();
-    for (backend, want) in [
-        ("grpc-infra-backend-v1", 0.7),
-        ("grpc-infra-backend-v2", 0.3),
-        ("grpc-infra-backend-v3", 0.0),
-    ] {
-        let got = counts.get(backend).copied().unwrap_or(0) as f64 / TOTAL as f64;
-        if (got - want).abs() > 0.05 {
-            errors.push(format!("{backend} got {got}, want {want} ±0.05"));
-        }
-    }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        bail!("{} (counts {counts:?})", errors.join("; "))
-    }
+    within_five_points(
+        &counts,
+        TOTAL,
+        &[(BACKENDS[0], 0.7), (BACKENDS[1], 0.3), (BACKENDS[2], 0.0)],
+    )
 }

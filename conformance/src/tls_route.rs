@@ -420,28 +420,37 @@ pub async fn no_matching_listener(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     cx.zero_routes(&https_only).await
 }
 
-pub async fn passthrough_supported_kinds(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+/// Gateway `gateway`'s one listener `name` supports TLSRoute, has no
+/// route, and has `conditions`.
+async fn tls_listener(
+    cx: &Ctx<'_>,
+    gateway: &str,
+    name: &str,
+    conditions: &[(&str, bool, &str)],
+) -> anyhow::Result<()> {
     cx.listeners(
-        &infra("gateway-tlsroute-passthrough-supported-kind"),
-        &[listener(
-            "tls-passthrough",
-            &["TLSRoute"],
-            0,
-            &[("ResolvedRefs", false, "InvalidRouteKinds")],
-        )],
+        &infra(gateway),
+        &[listener(name, &["TLSRoute"], 0, conditions)],
+    )
+    .await
+}
+
+pub async fn passthrough_supported_kinds(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+    tls_listener(
+        cx,
+        "gateway-tlsroute-passthrough-supported-kind",
+        "tls-passthrough",
+        &[("ResolvedRefs", false, "InvalidRouteKinds")],
     )
     .await
 }
 
 pub async fn terminate_supported_kinds(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
-    cx.listeners(
-        &infra("gateway-tlsroute-terminate-supported"),
-        &[listener(
-            "tls-terminate",
-            &["TLSRoute"],
-            0,
-            &[("Accepted", true, "Accepted")],
-        )],
+    tls_listener(
+        cx,
+        "gateway-tlsroute-terminate-supported",
+        "tls-terminate",
+        &[("Accepted", true, "Accepted")],
     )
     .await
 }
@@ -450,14 +459,11 @@ pub async fn terminate_supported_kinds(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
 /// supports Terminate (upstream returns before any check): the listener
 /// in mode Terminate is accepted, not `UnsupportedValue`.
 pub async fn terminate_supported(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
-    cx.listeners(
-        &infra("gateway-tlsroute-terminate-unsupported"),
-        &[listener(
-            "tls-terminate",
-            &["TLSRoute"],
-            0,
-            &[("Accepted", true, "Accepted"), ("Programmed", true, "")],
-        )],
+    tls_listener(
+        cx,
+        "gateway-tlsroute-terminate-unsupported",
+        "tls-terminate",
+        &[("Accepted", true, "Accepted"), ("Programmed", true, "")],
     )
     .await
 }

@@ -54,6 +54,18 @@ fn push(p: &mut Problems, field: impl Into<String>, message: impl Into<String>) 
     p.push((field.into(), message.into()));
 }
 
+/// The CRDs' `maxItems`: a list of `count` `what` at `field` has at most
+/// `max`.
+fn at_most(p: &mut Problems, field: impl Into<String>, count: usize, max: usize, what: &str) {
+    if count > max {
+        push(
+            p,
+            field,
+            format!("has {count} {what}; at most {max} are allowed"),
+        );
+    }
+}
+
 fn check_port(p: &mut Problems, field: String, port: i32) {
     if !(1..=65535).contains(&port) {
         push(p, field, format!("{port} is outside 1..=65535"));
@@ -205,26 +217,14 @@ fn route_common<'a>(
 
 fn grpc_route(o: &GrpcRoute, p: &mut Problems) {
     let hostnames = o.spec.hostnames.as_deref().unwrap_or_default();
-    if hostnames.len() > 16 {
-        push(
-            p,
-            "spec.hostnames",
-            format!("has {} entries; at most 16 are allowed", hostnames.len()),
-        );
-    }
+    at_most(p, "spec.hostnames", hostnames.len(), 16, "entries");
     route_common(
         hostnames.iter(),
         o.spec.parent_refs.iter().flatten().map(|r| r.port),
         p,
     );
     let rules = o.spec.rules.as_deref().unwrap_or_default();
-    if rules.len() > 16 {
-        push(
-            p,
-            "spec.rules",
-            format!("has {} rules; at most 16 are allowed", rules.len()),
-        );
-    }
+    at_most(p, "spec.rules", rules.len(), 16, "rules");
     let total: usize = rules
         .iter()
         .map(|r| r.matches.as_ref().map_or(0, Vec::len))
@@ -241,13 +241,7 @@ fn grpc_route(o: &GrpcRoute, p: &mut Problems) {
     for (i, rule) in rules.iter().enumerate() {
         let f = format!("spec.rules[{i}]");
         let matches = rule.matches.as_deref().unwrap_or_default();
-        if matches.len() > 64 {
-            push(
-                p,
-                format!("{f}.matches"),
-                format!("has {} entries; at most 64 are allowed", matches.len()),
-            );
-        }
+        at_most(p, format!("{f}.matches"), matches.len(), 64, "entries");
         for (j, m) in matches.iter().enumerate() {
             grpc_match(m, &format!("{f}.matches[{j}]"), p);
         }
@@ -302,13 +296,7 @@ fn grpc_match(m: &GrpcRouteRulesMatches, f: &str, p: &mut Problems) {
         }
     }
     let headers = m.headers.as_deref().unwrap_or_default();
-    if headers.len() > 16 {
-        push(
-            p,
-            format!("{f}.headers"),
-            format!("has {} entries; at most 16 are allowed", headers.len()),
-        );
-    }
+    at_most(p, format!("{f}.headers"), headers.len(), 16, "entries");
     for (k, h) in headers.iter().enumerate() {
         if HeaderName::from_bytes(h.name.as_bytes()).is_err() {
             push(

@@ -32,6 +32,7 @@ pub use output::{
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::resources::{CONTROLLER_NAME, Snapshot};
@@ -291,47 +292,47 @@ type Compile<'a> = Box<dyn FnOnce(&BackendResolver<'_>) -> CompiledRoute + 'a>;
 
 /// Every route of the snapshot, with what compiles it.
 fn all_routes(snapshot: &Snapshot) -> Vec<(RouteHead<'_>, Compile<'_>)> {
-    let mut out: Vec<(RouteHead<'_>, Compile<'_>)> = Vec::new();
-    for r in &snapshot.http_routes {
-        let head = RouteHead::new(
+    /// A route's head, and its compile step (`compile` given the route's
+    /// namespace and name).
+    fn entry<'a, P: serde::Serialize>(
+        kind: RouteKind,
+        meta: &'a ObjectMeta,
+        hostnames: &'a [String],
+        parent_refs: &[P],
+        compile: impl FnOnce(&'a str, &'a str, &BackendResolver<'_>) -> CompiledRoute + 'a,
+    ) -> (RouteHead<'a>, Compile<'a>) {
+        let head = RouteHead::new(kind, meta, hostnames, parent_refs);
+        let (ns, name) = (head.namespace, head.name);
+        (head, Box::new(move |res| compile(ns, name, res)))
+    }
+    let http = snapshot.http_routes.iter().map(|r| {
+        entry(
             RouteKind::Http,
             &r.metadata,
             r.spec.hostnames.as_deref().unwrap_or_default(),
             r.spec.parent_refs.as_deref().unwrap_or_default(),
-        );
-        let (ns, name) = (head.namespace, head.name);
-        out.push((
-            head,
-            Box::new(move |res| routes::compile_route(r, ns, name, res)),
-        ));
-    }
-    for r in &snapshot.grpc_routes {
-        let head = RouteHead::new(
+            move |ns, name, res| routes::compile_route(r, ns, name, res),
+        )
+    });
+    let grpc = snapshot.grpc_routes.iter().map(|r| {
+        entry(
             RouteKind::Grpc,
             &r.metadata,
             r.spec.hostnames.as_deref().unwrap_or_default(),
             r.spec.parent_refs.as_deref().unwrap_or_default(),
-        );
-        let (ns, name) = (head.namespace, head.name);
-        out.push((
-            head,
-            Box::new(move |res| grpcroutes::compile_route(r, ns, name, res)),
-        ));
-    }
-    for r in &snapshot.tls_routes {
-        let head = RouteHead::new(
+            move |ns, name, res| grpcroutes::compile_route(r, ns, name, res),
+        )
+    });
+    let tls = snapshot.tls_routes.iter().map(|r| {
+        entry(
             RouteKind::Tls,
             &r.metadata,
             &r.spec.hostnames,
             r.spec.parent_refs.as_deref().unwrap_or_default(),
-        );
-        let (ns, name) = (head.namespace, head.name);
-        out.push((
-            head,
-            Box::new(move |res| tlsroutes::compile_route(r, ns, name, res)),
-        ));
-    }
-    out
+            move |ns, name, res| tlsroutes::compile_route(r, ns, name, res),
+        )
+    });
+    http.chain(grpc).chain(tls).collect()
 }
 
 /// A hostname an accepted HTTPRoute or GRPCRoute holds on a listener.

@@ -6,16 +6,14 @@
 //! says so; an HTTPRoute and a GRPCRoute on one hostname.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::ServerName;
 use sluice::echo::EchoIdentity;
 use sluice::grpc_echo::{self, GrpcEchoServer, Reply, code};
 
 use crate::support::{
-    GATEWAY_HEAD, Leaf, Sluice, TestCa, ca_config_map, gateway, static_service,
+    GATEWAY_HEAD, Sluice, TestCa, ca_config_map, gateway, route_of_kind, static_service,
     static_service_endpoints, tls_secret,
 };
 
@@ -31,17 +29,7 @@ async fn grpc_server(pod: &str) -> GrpcEchoServer {
 
 /// A GRPCRoute `default/name` on `default/gw` with this body under `spec`.
 fn grpc_route(name: &str, spec: &str) -> String {
-    format!(
-        r#"
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: GRPCRoute
-metadata: {{name: {name}, namespace: default}}
-spec:
-  parentRefs: [{{name: gw}}]
-{spec}
-"#
-    )
+    route_of_kind("GRPCRoute", "default", name, spec)
 }
 
 async fn call(sluice: &Sluice, authority: &str, method: &str, md: &[(&str, &str)]) -> Reply {
@@ -273,24 +261,6 @@ async fn calls_are_mirrored() {
     assert_eq!(main.calls(), 5);
 }
 
-/// A TLS server configuration presenting `leaf`.
-fn server_config(leaf: &Leaf) -> Arc<rustls::ServerConfig> {
-    let certs: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(leaf.cert_pem.as_bytes())
-            .collect::<Result<_, _>>()
-            .expect("certificate PEM");
-    let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).expect("key PEM");
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("protocol versions")
-    .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .expect("certificate and key");
-    Arc::new(config)
-}
-
 #[tokio::test]
 async fn calls_over_https_reach_tls_backends_with_http2() {
     let ca = TestCa::new();
@@ -302,7 +272,7 @@ async fn calls_over_https_reach_tls_backends_with_http2() {
             namespace: "default".into(),
             service: "secure".into(),
         },
-        server_config(&backend_cert),
+        backend_cert.server_config(),
     )
     .await
     .expect("TLS gRPC backend");

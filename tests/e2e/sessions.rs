@@ -17,7 +17,9 @@ use http_body_util::Full;
 use sluice::echo::EchoIdentity;
 use sluice::grpc_echo::{self, GrpcEchoServer, code};
 
-use crate::support::{Conn, Pods, Resp, Sluice, gateway, route, static_service_endpoints};
+use crate::support::{
+    Conn, Pods, Resp, Sluice, gateway, poll_until, route, static_service_endpoints,
+};
 
 /// `Set-Cookie` values of a response.
 fn set_cookies(r: &Resp) -> Vec<String> {
@@ -60,19 +62,15 @@ fn split(a: &str, b: &str, wa: u32, wb: u32) -> String {
 
 /// Poll until `check` holds for requests without a session, or panic.
 async fn until(sluice: &Sluice, what: &str, mut check: impl AsyncFnMut(&mut Conn) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let mut conn = sluice.connect().await;
-        if check(&mut conn).await {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: never held; log:\n{}",
-            sluice.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_until(
+        what,
+        || sluice.log(),
+        async || {
+            let mut conn = sluice.connect().await;
+            check(&mut conn).await
+        },
+    )
+    .await
 }
 
 #[tokio::test]

@@ -9,15 +9,16 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::edge::Gw;
-use crate::support::{GATEWAY_HEAD, Leaf, TestCa, admin_get, static_service, tls_secret};
+use crate::support::{
+    GATEWAY_HEAD, TestCa, admin_get, poll_until, route_of_kind, static_service, tls_secret,
+};
 
 /// A backend that answers every connection with its name, then echoes
 /// what it reads, upper-cased, until the client is done sending; then it
@@ -101,24 +102,6 @@ async fn serve_stream<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, name: &str, s
     let _ = s.shutdown().await;
 }
 
-fn server_config(leaf: &Leaf) -> Arc<rustls::ServerConfig> {
-    let certs: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(leaf.cert_pem.as_bytes())
-            .collect::<Result<_, _>>()
-            .expect("certificate PEM");
-    let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).expect("key PEM");
-    Arc::new(
-        rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("protocol versions")
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .expect("certificate and key"),
-    )
-}
-
 /// A TLS listener in `mode` on `{{PORT}}`, with `extra` listener fields.
 fn tls_gateway(mode: &str, extra: &str) -> String {
     format!(
@@ -132,17 +115,11 @@ fn tls_gateway(mode: &str, extra: &str) -> String {
 }
 
 fn tls_route(name: &str, hostnames: &str, backends: &str) -> String {
-    format!(
-        r#"
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: TLSRoute
-metadata: {{name: {name}, namespace: default}}
-spec:
-  parentRefs: [{{name: gw}}]
-  hostnames: {hostnames}
-  rules: [{{backendRefs: {backends}}}]
-"#
+    route_of_kind(
+        "TLSRoute",
+        "default",
+        name,
+        &format!("  hostnames: {hostnames}\n  rules: [{{backendRefs: {backends}}}]\n"),
     )
 }
 
@@ -171,16 +148,8 @@ async fn metrics(gw: &Gw) -> String {
 }
 
 /// Poll `check` until it holds (a reload, a counter), or panic.
-async fn until(what: &str, gw: &Gw, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !check().await {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: never held; log:\n{}",
-            gw.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn until(what: &str, gw: &Gw, check: impl AsyncFnMut() -> bool) {
+    poll_until(what, || gw.log(), check).await
 }
 
 #[tokio::test]
@@ -188,9 +157,9 @@ async fn passthrough_routes_by_sni_and_splits_connections_exactly() {
     let ca = TestCa::new();
     let cert = ca.issue(&["db.example.com", "*.example.org"]);
     let (stable, canary, other) = (
-        StreamBackend::start("stable", Some(server_config(&cert))).await,
-        StreamBackend::start("canary", Some(server_config(&cert))).await,
-        StreamBackend::start("other", Some(server_config(&cert))).await,
+        StreamBackend::start("stable", Some(cert.server_config())).await,
+        StreamBackend::start("canary", Some(cert.server_config())).await,
+        StreamBackend::start("other", Some(cert.server_config())).await,
     );
     let manifests = format!(
         "{}{}{}{}{}{}",
@@ -264,7 +233,7 @@ async fn passthrough_routes_by_sni_and_splits_connections_exactly() {
 async fn a_missing_backend_keeps_its_share_of_connections_refused() {
     let ca = TestCa::new();
     let cert = ca.issue(&["db.example.com"]);
-    let up = StreamBackend::start("up", Some(server_config(&cert))).await;
+    let up = StreamBackend::start("up", Some(cert.server_config())).await;
     let manifests = format!(
         "{}{}{}",
         tls_gateway("Passthrough", ""),
@@ -339,17 +308,30 @@ fn client_hello(sni: &str) -> Vec<u8> {
     record
 }
 
+/// A passthrough listener routing `raw.example.com` to `backend`.
+fn raw_passthrough(backend: &StreamBackend) -> String {
+    format!(
+        "{}{}{}",
+        tls_gateway("Passthrough", ""),
+        static_service("raw", None, 9000, None, backend.addr.port()),
+        tls_route("raw", "[raw.example.com]", "[{name: raw, port: 9000}]"),
+    )
+}
+
+/// The gateway closes `s` (an end of stream or a reset), within a bound
+/// that only stops a hang.
+async fn closed(s: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(30), s.read(&mut buf)).await;
+    matches!(read, Ok(Ok(0)) | Ok(Err(_)))
+}
+
 #[tokio::test]
 async fn bytes_travel_both_ways_and_half_closes_are_passed_on() {
     // A cleartext backend behind a passthrough listener sees the client's
     // bytes as they are: the ClientHello first, then the rest.
     let backend = StreamBackend::start("raw", None).await;
-    let manifests = format!(
-        "{}{}{}",
-        tls_gateway("Passthrough", ""),
-        static_service("raw", None, 9000, None, backend.addr.port()),
-        tls_route("raw", "[raw.example.com]", "[{name: raw, port: 9000}]"),
-    );
+    let manifests = raw_passthrough(&backend);
     let gw = Gw::start(&manifests, &[]).await;
     let hello = client_hello("raw.example.com");
     let mut s = TcpStream::connect(gw.addr()).await.expect("connect");
@@ -377,12 +359,7 @@ async fn bytes_travel_both_ways_and_half_closes_are_passed_on() {
 #[tokio::test]
 async fn clients_without_a_timely_or_sane_client_hello_are_cut() {
     let backend = StreamBackend::start("raw", None).await;
-    let manifests = format!(
-        "{}{}{}",
-        tls_gateway("Passthrough", ""),
-        static_service("raw", None, 9000, None, backend.addr.port()),
-        tls_route("raw", "[raw.example.com]", "[{name: raw, port: 9000}]"),
-    );
+    let manifests = raw_passthrough(&backend);
     let gw = Gw::start(
         &manifests,
         &[
@@ -395,27 +372,26 @@ async fn clients_without_a_timely_or_sane_client_hello_are_cut() {
     .await;
     // Silent: closed once the ClientHello timeout passes.
     let mut silent = TcpStream::connect(gw.addr()).await.expect("connect");
-    let mut buf = [0u8; 16];
-    let read = tokio::time::timeout(Duration::from_secs(30), silent.read(&mut buf)).await;
-    assert!(
-        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
-        "a silent client is cut: {read:?}"
-    );
+    assert!(closed(&mut silent).await, "a silent client is cut");
     // A ClientHello announcing more than the limit: closed at once.
     let mut big = TcpStream::connect(gw.addr()).await.expect("connect");
     big.write_all(&[22, 3, 1, 0x10, 0x00, 1, 0, 0x0f, 0xfc])
         .await
         .expect("header");
-    let read = tokio::time::timeout(Duration::from_secs(30), big.read(&mut buf)).await;
-    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    assert!(
+        closed(&mut big).await,
+        "an oversized ClientHello is refused"
+    );
     // Not TLS at all.
     let mut plain = TcpStream::connect(gw.addr()).await.expect("connect");
     plain
         .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .expect("request");
-    let read = tokio::time::timeout(Duration::from_secs(30), plain.read(&mut buf)).await;
-    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    assert!(
+        closed(&mut plain).await,
+        "bytes that are not TLS are refused"
+    );
     assert_eq!(backend.connections(), 0);
     until("the refusals are counted", &gw, async || {
         let m = metrics(&gw).await;
