@@ -11,10 +11,9 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 use super::Shared;
-use super::body::{ClientBody, ResponseBody, Tee, UpstreamBody};
+use super::body::{ClientBody, RequestBody, ResponseBody, Tee, UpstreamBody};
 use super::error::ProxyError;
 use super::filters::{
     add_forwarded, modify_headers, modify_path, redirect_location, strip_hop_by_hop,
@@ -64,7 +63,7 @@ struct Outcome<'t> {
 /// `client`. Never fails: every error becomes its response.
 pub(super) async fn handle(
     shared: &Shared,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     client: &Peer,
     bind: SocketAddr,
 ) -> Response<ResponseBody> {
@@ -110,15 +109,15 @@ pub(super) async fn handle(
 async fn route<'t>(
     shared: &Shared,
     table: &'t RouteTable,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     client: &Peer,
     bind: SocketAddr,
     outcome: &mut Outcome<'t>,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     check_request_head(&req)?;
     let host = request_host(&req);
-    if let Some(resp) = tls::misdirected(table, bind, &req, &host) {
-        return Ok(resp);
+    if tls::misdirected(table, bind, &req, &host) {
+        return Err(ProxyError::Misdirected);
     }
     let uri = req.uri();
     let found = table.lookup(
@@ -172,7 +171,7 @@ async fn route<'t>(
 /// (request smuggling) or that name no single host. hyper already refuses
 /// malformed Content-Length values, differing duplicates, obs-fold, bare CR
 /// and NUL; these are the cases it accepts.
-fn check_request_head<B>(req: &Request<B>) -> Result<(), ProxyError> {
+pub(super) fn check_request_head<B>(req: &Request<B>) -> Result<(), ProxyError> {
     use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
     let headers = req.headers();
     let http1 = matches!(req.version(), Version::HTTP_10 | Version::HTTP_11);
@@ -260,7 +259,7 @@ struct Forwarding<'a, 't> {
 impl<'t> Forwarding<'_, 't> {
     async fn run(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         outcome: &mut Outcome<'t>,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         let (mut parts, body) = req.into_parts();

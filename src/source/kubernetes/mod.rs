@@ -49,7 +49,11 @@ pub struct SourceOptions {
 impl Default for SourceOptions {
     fn default() -> Self {
         SourceOptions {
-            debounce: Duration::from_millis(100),
+            // A watch event is a whole object: the quiet time only gathers
+            // the events of one `kubectl apply`, and events that arrive
+            // while translate runs are coalesced anyway (the send waits).
+            // A flip is served within milliseconds (docs/performance.md).
+            debounce: Duration::from_millis(5),
             max_delay: Duration::from_secs(1),
         }
     }
