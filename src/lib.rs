@@ -15,6 +15,7 @@ pub mod cli;
 pub mod echo;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod grpc_echo;
 pub mod metrics;
 pub mod ports;
 pub mod proxy;

@@ -74,6 +74,13 @@ pub struct ProxyLimits {
     /// Which proxies in front of the gateway are trusted to report the
     /// client's address in `X-Forwarded-For`. Envoy: `xff_num_trusted_hops: 0`.
     pub forwarded: ForwardedTrust,
+    /// TLS listeners: how long a client may take to send its whole
+    /// ClientHello (the gateway needs its SNI to route); a slower one is
+    /// closed. Envoy: `listener_filters_timeout: 15s`.
+    pub client_hello_timeout: Duration,
+    /// TLS listeners: the largest ClientHello accepted, in bytes; a larger
+    /// one is closed. Envoy's TLS inspector: `max_client_hello_size: 64KiB`.
+    pub max_client_hello_bytes: usize,
 }
 
 impl Default for ProxyLimits {
@@ -95,6 +102,8 @@ impl Default for ProxyLimits {
             drain_timeout: Duration::from_secs(10),
             reject_underscore_headers: true,
             forwarded: ForwardedTrust::default(),
+            client_hello_timeout: Duration::from_secs(15),
+            max_client_hello_bytes: 64 * 1024,
         }
     }
 }

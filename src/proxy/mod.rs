@@ -11,7 +11,11 @@
 //! with prior knowledge. HTTP/1.1 is served by sluice's own lean loop
 //! ([`h1_conn`], heads parsed in place by [`h1`]); HTTP/2 by hyper. Both
 //! hand each request to the same codec-independent [`handler`]. HTTP/1.1
-//! upgrades (WebSocket) are passed through ([`upgrade`]).
+//! upgrades (WebSocket) are passed through ([`upgrade`]). gRPC requests
+//! get their errors in gRPC terms ([`grpc`]), and rules with session
+//! persistence keep a client on its endpoint ([`session`]). Sockets of TLS
+//! listeners carry no HTTP: each connection is routed by its SNI to a
+//! TLSRoute and relayed ([`passthrough`]).
 //!
 //! Every connection is held to [`ProxyLimits`]: a connection limit per
 //! socket and in total, a deadline for request heads, an idle timeout,
@@ -29,12 +33,16 @@ mod cors;
 mod error;
 mod filters;
 mod forwarded;
+mod grpc;
 pub mod h1;
 mod h1_conn;
+mod h2;
 mod handler;
 mod limits;
+mod passthrough;
 mod pool;
 mod retry;
+mod session;
 mod tls;
 mod upgrade;
 mod upstream;
@@ -95,8 +103,9 @@ pub(crate) struct Shared {
     pool: Arc<pool::Pool>,
     /// HTTP/1.1 through hyper-util's pooled client, for upgrades.
     client: Client<HttpConnector, UpstreamBody>,
-    /// HTTP/2 with prior knowledge, for `appProtocol: kubernetes.io/h2c`.
-    h2_client: Client<HttpConnector, UpstreamBody>,
+    /// HTTP/2 (`appProtocol: kubernetes.io/h2c`, GRPCRoute backends), one
+    /// client per endpoint; outlives tables.
+    h2: Arc<h2::H2Clients>,
     /// TLS to backends with a BackendTLSPolicy, pooled per TLS setting.
     backend_tls: backend_tls::BackendTlsClients,
     /// How client connections are served: HTTP/1.1 with keep-alive, or
@@ -134,12 +143,6 @@ impl Proxy {
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(connector.clone());
-        let h2_client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .http2_only(true)
             .build(connector);
         let mut server = auto::Builder::new(TokioExecutor::new());
         // hyper's read buffer bounds the request head: a head that does not
@@ -170,7 +173,7 @@ impl Proxy {
                 metrics,
                 pool: pool::Pool::new(POOL_IDLE_TIMEOUT),
                 client,
-                h2_client,
+                h2: Default::default(),
                 backend_tls: Default::default(),
                 listeners: Mutex::new(BTreeMap::new()),
                 connections: Arc::new(Semaphore::new(limits.max_connections)),
@@ -328,8 +331,17 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAdd
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         // Whether the socket terminates TLS is read per connection: a
-        // reload may turn a port's listeners from HTTP to HTTPS.
-        let is_tls = shared.table.load().port(bind).is_some_and(|p| p.is_tls());
+        // reload may turn a port's listeners from HTTP to HTTPS (or TLS).
+        let (is_tls, is_stream) = shared
+            .table
+            .load()
+            .port(bind)
+            .map_or((false, false), |p| (p.is_tls(), p.is_stream()));
+        if is_stream {
+            // TLS listeners: routed by SNI, relayed (passthrough.rs).
+            tokio::spawn(passthrough::serve(shared, stream, client, bind, permits));
+            continue;
+        }
         if !is_tls {
             tokio::spawn(serve_cleartext(shared, stream, client, bind, permits));
             continue;

@@ -71,6 +71,20 @@ pub(super) fn server_config(shared: Arc<Shared>, bind: SocketAddr) -> Arc<Server
     Arc::new(config)
 }
 
+/// The rustls configuration that terminates TLS on a socket of TLS
+/// listeners in `Terminate` mode: the certificate of the listener that owns
+/// the SNI, no client certificate, and no ALPN (the bytes relayed are the
+/// backend's protocol, which the gateway does not speak for it).
+pub(super) fn stream_server_config(shared: Arc<Shared>, bind: SocketAddr) -> Arc<ServerConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("the ring provider supports the default protocol versions")
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(ListenerCertificates { shared, bind }));
+    Arc::new(config)
+}
+
 /// The client certificate validation of the socket bound at `bind`, in the
 /// table current now.
 fn client_validation(shared: &Shared, bind: SocketAddr) -> Option<Arc<ClientValidation>> {

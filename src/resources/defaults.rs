@@ -35,8 +35,14 @@ use gateway_api::experimental::listenersets::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+use gateway_api::experimental::grpcroutes::{
+    GrpcRouteRulesMatchesHeadersType, GrpcRouteRulesMatchesMethodType,
+    GrpcRouteRulesSessionPersistenceCookieConfigLifetimeType, GrpcRouteRulesSessionPersistenceType,
+};
+
 use super::{
-    BackendTlsPolicy, GATEWAY_GROUP, Gateway, GatewayClass, HttpRoute, ListenerSet, Object,
+    BackendTlsPolicy, GATEWAY_GROUP, Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet,
+    Object, TlsRoute,
 };
 
 /// Apply every CRD default to a Gateway API object; other kinds are left
@@ -48,6 +54,8 @@ pub fn apply_defaults(object: &mut Object) {
         Object::HttpRoute(o) => http_route(o),
         Object::ListenerSet(o) => listener_set(o),
         Object::BackendTlsPolicy(o) => backend_tls_policy(o),
+        Object::GrpcRoute(o) => grpc_route(o),
+        Object::TlsRoute(o) => tls_route(o),
         Object::ReferenceGrant(_)
         | Object::Service(_)
         | Object::EndpointSlice(_)
@@ -282,6 +290,85 @@ fn http_route(o: &mut HttpRoute) {
                 });
             }
         }
+    }
+    for parent in o.status.iter_mut().flat_map(|s| s.parents.iter_mut()) {
+        or(&mut parent.parent_ref.group, GATEWAY_GROUP);
+        or(&mut parent.parent_ref.kind, "Gateway");
+    }
+}
+
+/// A RequestMirror filter's defaults (GRPCRoute's filter types, rule- or
+/// backendRef-level).
+macro_rules! mirror_defaults {
+    ($filter:expr) => {{
+        if let Some(mirror) = &mut $filter.request_mirror {
+            or(&mut mirror.backend_ref.group, "");
+            or(&mut mirror.backend_ref.kind, "Service");
+            if let Some(fraction) = &mut mirror.fraction {
+                or_with(&mut fraction.denominator, || 100);
+            }
+        }
+    }};
+}
+
+fn grpc_route(o: &mut GrpcRoute) {
+    for r in o.spec.parent_refs.iter_mut().flatten() {
+        or(&mut r.group, GATEWAY_GROUP);
+        or(&mut r.kind, "Gateway");
+    }
+    for rule in o.spec.rules.iter_mut().flatten() {
+        for m in rule.matches.iter_mut().flatten() {
+            for h in m.headers.iter_mut().flatten() {
+                or_with(&mut h.r#type, || GrpcRouteRulesMatchesHeadersType::Exact);
+            }
+            if let Some(method) = &mut m.method {
+                or_with(&mut method.r#type, || {
+                    GrpcRouteRulesMatchesMethodType::Exact
+                });
+            }
+        }
+        for f in rule.filters.iter_mut().flatten() {
+            mirror_defaults!(f);
+        }
+        for b in rule.backend_refs.iter_mut().flatten() {
+            or(&mut b.group, "");
+            or(&mut b.kind, "Service");
+            or_with(&mut b.weight, || 1);
+            for f in b.filters.iter_mut().flatten() {
+                mirror_defaults!(f);
+            }
+        }
+        if let Some(sp) = &mut rule.session_persistence {
+            or_with(&mut sp.r#type, || {
+                GrpcRouteRulesSessionPersistenceType::Cookie
+            });
+            if let Some(cookie) = &mut sp.cookie_config {
+                or_with(&mut cookie.lifetime_type, || {
+                    GrpcRouteRulesSessionPersistenceCookieConfigLifetimeType::Session
+                });
+            }
+        }
+    }
+    for parent in o.status.iter_mut().flat_map(|s| s.parents.iter_mut()) {
+        or(&mut parent.parent_ref.group, GATEWAY_GROUP);
+        or(&mut parent.parent_ref.kind, "Gateway");
+    }
+}
+
+fn tls_route(o: &mut TlsRoute) {
+    for r in o.spec.parent_refs.iter_mut().flatten() {
+        or(&mut r.group, GATEWAY_GROUP);
+        or(&mut r.kind, "Gateway");
+    }
+    for b in o
+        .spec
+        .rules
+        .iter_mut()
+        .flat_map(|r| r.backend_refs.iter_mut())
+    {
+        or(&mut b.group, "");
+        or(&mut b.kind, "Service");
+        or_with(&mut b.weight, || 1);
     }
     for parent in o.status.iter_mut().flat_map(|s| s.parents.iter_mut()) {
         or(&mut parent.parent_ref.group, GATEWAY_GROUP);

@@ -24,7 +24,7 @@ pub struct LoadedObject {
     /// First line of the document the object came from (1-based).
     pub line: usize,
     pub object: Object,
-    /// `(rule, backendRef)` indices of an HTTPRoute's backendRefs whose
+    /// `(rule, backendRef)` indices of a route's backendRefs whose
     /// weight the manifest omitted: the CRD default made them 1, and `check`
     /// still points out an omitted weight next to explicit ones.
     pub omitted_weights: Vec<(usize, usize)>,
@@ -326,10 +326,10 @@ fn load_document(mut value: Value, at: &Doc<'_>, prefix: &str, out: &mut ParsedF
     });
 }
 
-/// The backendRefs of an HTTPRoute document without a weight, before
-/// defaults.
+/// The backendRefs of a route document (HTTPRoute, GRPCRoute, TLSRoute)
+/// without a weight, before defaults.
 fn omitted_weights(kind: &str, value: &Value) -> Vec<(usize, usize)> {
-    if kind != "HTTPRoute" {
+    if !matches!(kind, "HTTPRoute" | "GRPCRoute" | "TLSRoute") {
         return Vec::new();
     }
     let rules = value["spec"]["rules"].as_array().into_iter().flatten();
@@ -359,6 +359,18 @@ pub(crate) fn typed_object(
         ("GatewayClass", _) if gateway => typed(value).map(Object::GatewayClass),
         ("Gateway", _) if gateway => typed(value).map(Object::Gateway),
         ("HTTPRoute", _) if gateway => typed(value).map(Object::HttpRoute),
+        // GRPCRoute is v1 since Gateway API 1.1 (v1alpha2 before, same
+        // schema); TLSRoute is v1 since 1.5, whose schema v1alpha2 and
+        // v1alpha3 manifests fit when they give hostnames and one rule.
+        ("GRPCRoute", "gateway.networking.k8s.io/v1" | "gateway.networking.k8s.io/v1alpha2") => {
+            typed(value).map(Object::GrpcRoute)
+        }
+        (
+            "TLSRoute",
+            "gateway.networking.k8s.io/v1"
+            | "gateway.networking.k8s.io/v1alpha3"
+            | "gateway.networking.k8s.io/v1alpha2",
+        ) => typed(value).map(Object::TlsRoute),
         ("ReferenceGrant", _) if gateway => typed(value).map(Object::ReferenceGrant),
         ("ListenerSet", "gateway.networking.k8s.io/v1") => typed(value).map(Object::ListenerSet),
         ("BackendTLSPolicy", "gateway.networking.k8s.io/v1") => {
