@@ -23,6 +23,10 @@ use gateway_api::experimental::gateways::{
     GatewayListenersAllowedRoutesNamespacesFrom, GatewayListenersTlsMode, GatewayStatus,
     GatewayTlsFrontendDefaultValidationMode, GatewayTlsFrontendPerPortTlsValidationMode,
 };
+use gateway_api::experimental::grpcroutes::{
+    GrpcRouteRulesMatchesHeadersType, GrpcRouteRulesMatchesMethodType,
+    GrpcRouteRulesSessionPersistenceCookieConfigLifetimeType, GrpcRouteRulesSessionPersistenceType,
+};
 use gateway_api::experimental::httproutes::{
     HttpRouteRules, HttpRouteRulesMatches, HttpRouteRulesMatchesHeadersType,
     HttpRouteRulesMatchesPath, HttpRouteRulesMatchesPathType, HttpRouteRulesMatchesQueryParamsType,
@@ -34,11 +38,6 @@ use gateway_api::experimental::listenersets::{
     ListenerSetStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-
-use gateway_api::experimental::grpcroutes::{
-    GrpcRouteRulesMatchesHeadersType, GrpcRouteRulesMatchesMethodType,
-    GrpcRouteRulesSessionPersistenceCookieConfigLifetimeType, GrpcRouteRulesSessionPersistenceType,
-};
 
 use super::{
     BackendTlsPolicy, GATEWAY_GROUP, Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet,
@@ -204,6 +203,20 @@ fn listener_set(o: &mut ListenerSet) {
     }
 }
 
+/// A RequestMirror filter's defaults (HTTPRoute's and GRPCRoute's filter
+/// types, rule- or backendRef-level).
+macro_rules! mirror_defaults {
+    ($filter:expr) => {{
+        if let Some(mirror) = &mut $filter.request_mirror {
+            or(&mut mirror.backend_ref.group, "");
+            or(&mut mirror.backend_ref.kind, "Service");
+            if let Some(fraction) = &mut mirror.fraction {
+                or_with(&mut fraction.denominator, || 100);
+            }
+        }
+    }};
+}
+
 /// The defaults of an HTTPRoute filter, rule-level or backendRef-level (two
 /// generated types with the same fields).
 macro_rules! filter_defaults {
@@ -216,15 +229,54 @@ macro_rules! filter_defaults {
             or(&mut auth.backend_ref.group, "");
             or(&mut auth.backend_ref.kind, "Service");
         }
-        if let Some(mirror) = &mut filter.request_mirror {
-            or(&mut mirror.backend_ref.group, "");
-            or(&mut mirror.backend_ref.kind, "Service");
-            if let Some(fraction) = &mut mirror.fraction {
-                or_with(&mut fraction.denominator, || 100);
-            }
-        }
+        mirror_defaults!(filter);
         if let Some(redirect) = &mut filter.request_redirect {
             or_with(&mut redirect.status_code, || 302);
+        }
+    }};
+}
+
+/// A route's parentRefs, in its spec and in its status, point at a
+/// Gateway unless they say otherwise (HTTPRoute, GRPCRoute, TLSRoute).
+macro_rules! parent_ref_defaults {
+    ($route:expr) => {{
+        let route = $route;
+        for r in route.spec.parent_refs.iter_mut().flatten() {
+            or(&mut r.group, GATEWAY_GROUP);
+            or(&mut r.kind, "Gateway");
+        }
+        for parent in route.status.iter_mut().flat_map(|s| s.parents.iter_mut()) {
+            or(&mut parent.parent_ref.group, GATEWAY_GROUP);
+            or(&mut parent.parent_ref.kind, "Gateway");
+        }
+    }};
+}
+
+/// A route backendRef's defaults: a core Service, weight 1, and its
+/// filters' defaults (`$filter` names the filter macro; none for TLSRoute).
+macro_rules! backend_ref_defaults {
+    ($backend:expr $(, $filter:ident)?) => {{
+        let backend = $backend;
+        or(&mut backend.group, "");
+        or(&mut backend.kind, "Service");
+        or_with(&mut backend.weight, || 1);
+        $(
+            for f in backend.filters.iter_mut().flatten() {
+                $filter!(f);
+            }
+        )?
+    }};
+}
+
+/// A rule's sessionPersistence: a session cookie unless it says otherwise
+/// (HTTPRoute and GRPCRoute, generated types with the same fields).
+macro_rules! session_persistence_defaults {
+    ($rule:expr, $type:ident, $lifetime:ident) => {{
+        if let Some(sp) = &mut $rule.session_persistence {
+            or_with(&mut sp.r#type, || $type::Cookie);
+            if let Some(cookie) = &mut sp.cookie_config {
+                or_with(&mut cookie.lifetime_type, || $lifetime::Session);
+            }
         }
     }};
 }
@@ -242,12 +294,8 @@ fn match_everything() -> Vec<HttpRouteRulesMatches> {
 }
 
 fn http_route(o: &mut HttpRoute) {
-    let spec = &mut o.spec;
-    for r in spec.parent_refs.iter_mut().flatten() {
-        or(&mut r.group, GATEWAY_GROUP);
-        or(&mut r.kind, "Gateway");
-    }
-    let rules = or_with(&mut spec.rules, || {
+    parent_ref_defaults!(&mut *o);
+    let rules = or_with(&mut o.spec.rules, || {
         vec![HttpRouteRules {
             matches: Some(match_everything()),
             ..HttpRouteRules::default()
@@ -273,49 +321,18 @@ fn http_route(o: &mut HttpRoute) {
             filter_defaults!(f);
         }
         for b in rule.backend_refs.iter_mut().flatten() {
-            or(&mut b.group, "");
-            or(&mut b.kind, "Service");
-            or_with(&mut b.weight, || 1);
-            for f in b.filters.iter_mut().flatten() {
-                filter_defaults!(f);
-            }
+            backend_ref_defaults!(b, filter_defaults);
         }
-        if let Some(sp) = &mut rule.session_persistence {
-            or_with(&mut sp.r#type, || {
-                HttpRouteRulesSessionPersistenceType::Cookie
-            });
-            if let Some(cookie) = &mut sp.cookie_config {
-                or_with(&mut cookie.lifetime_type, || {
-                    HttpRouteRulesSessionPersistenceCookieConfigLifetimeType::Session
-                });
-            }
-        }
+        session_persistence_defaults!(
+            rule,
+            HttpRouteRulesSessionPersistenceType,
+            HttpRouteRulesSessionPersistenceCookieConfigLifetimeType
+        );
     }
-    for parent in o.status.iter_mut().flat_map(|s| s.parents.iter_mut()) {
-        or(&mut parent.parent_ref.group, GATEWAY_GROUP);
-        or(&mut parent.parent_ref.kind, "Gateway");
-    }
-}
-
-/// A RequestMirror filter's defaults (GRPCRoute's filter types, rule- or
-/// backendRef-level).
-macro_rules! mirror_defaults {
-    ($filter:expr) => {{
-        if let Some(mirror) = &mut $filter.request_mirror {
-            or(&mut mirror.backend_ref.group, "");
-            or(&mut mirror.backend_ref.kind, "Service");
-            if let Some(fraction) = &mut mirror.fraction {
-                or_with(&mut fraction.denominator, || 100);
-            }
-        }
-    }};
 }
 
 fn grpc_route(o: &mut GrpcRoute) {
-    for r in o.spec.parent_refs.iter_mut().flatten() {
-        or(&mut r.group, GATEWAY_GROUP);
-        or(&mut r.kind, "Gateway");
-    }
+    parent_ref_defaults!(&mut *o);
     for rule in o.spec.rules.iter_mut().flatten() {
         for m in rule.matches.iter_mut().flatten() {
             for h in m.headers.iter_mut().flatten() {
@@ -331,48 +348,22 @@ fn grpc_route(o: &mut GrpcRoute) {
             mirror_defaults!(f);
         }
         for b in rule.backend_refs.iter_mut().flatten() {
-            or(&mut b.group, "");
-            or(&mut b.kind, "Service");
-            or_with(&mut b.weight, || 1);
-            for f in b.filters.iter_mut().flatten() {
-                mirror_defaults!(f);
-            }
+            backend_ref_defaults!(b, mirror_defaults);
         }
-        if let Some(sp) = &mut rule.session_persistence {
-            or_with(&mut sp.r#type, || {
-                GrpcRouteRulesSessionPersistenceType::Cookie
-            });
-            if let Some(cookie) = &mut sp.cookie_config {
-                or_with(&mut cookie.lifetime_type, || {
-                    GrpcRouteRulesSessionPersistenceCookieConfigLifetimeType::Session
-                });
-            }
-        }
-    }
-    for parent in o.status.iter_mut().flat_map(|s| s.parents.iter_mut()) {
-        or(&mut parent.parent_ref.group, GATEWAY_GROUP);
-        or(&mut parent.parent_ref.kind, "Gateway");
+        session_persistence_defaults!(
+            rule,
+            GrpcRouteRulesSessionPersistenceType,
+            GrpcRouteRulesSessionPersistenceCookieConfigLifetimeType
+        );
     }
 }
 
 fn tls_route(o: &mut TlsRoute) {
-    for r in o.spec.parent_refs.iter_mut().flatten() {
-        or(&mut r.group, GATEWAY_GROUP);
-        or(&mut r.kind, "Gateway");
-    }
-    for b in o
-        .spec
-        .rules
-        .iter_mut()
-        .flat_map(|r| r.backend_refs.iter_mut())
-    {
-        or(&mut b.group, "");
-        or(&mut b.kind, "Service");
-        or_with(&mut b.weight, || 1);
-    }
-    for parent in o.status.iter_mut().flat_map(|s| s.parents.iter_mut()) {
-        or(&mut parent.parent_ref.group, GATEWAY_GROUP);
-        or(&mut parent.parent_ref.kind, "Gateway");
+    parent_ref_defaults!(&mut *o);
+    for rule in &mut o.spec.rules {
+        for b in &mut rule.backend_refs {
+            backend_ref_defaults!(b);
+        }
     }
 }
 

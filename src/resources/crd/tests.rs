@@ -30,6 +30,7 @@ spec:
             required: [size]
             properties:
               size: {type: integer, minimum: 1, maximum: 10}
+              ratio: {type: number, minimum: 0, exclusiveMinimum: true, maximum: 1, exclusiveMaximum: true}
               mode: {type: string, enum: [Fast, Slow], default: Slow}
               name: {type: string, maxLength: 5, pattern: '^[a-z]+$'}
               tags:
@@ -111,6 +112,17 @@ fn schema_errors_read_as_the_api_servers() {
             "spec.tags[1]: Duplicate value: \"a\"",
             "<nil>: Invalid value: \"null\": some validation rules were not checked because the object was invalid; correct the existing errors to complete validation",
         ]
+    );
+    assert_eq!(
+        problems(json!({"size": 0, "ratio": 0})),
+        vec![
+            "spec.ratio: Invalid value: 0: spec.ratio in body should be greater than 0",
+            "spec.size: Invalid value: 0: spec.size in body should be greater than or equal to 1",
+        ]
+    );
+    assert_eq!(
+        problems(json!({"size": 1, "ratio": 1})),
+        vec!["spec.ratio: Invalid value: 1: spec.ratio in body should be less than 1"]
     );
     assert_eq!(
         problems(json!({"size": "big"})),

@@ -261,43 +261,35 @@ fn check(schema: &Schema, v: &Value, path: &FieldPath, errors: &mut Vec<FieldErr
     }
 
     if let Some(n) = v.as_f64().filter(|_| v.is_number()) {
-        if let Some(max) = schema.maximum {
-            let over = if schema.exclusive_maximum {
-                n >= max
-            } else {
-                n > max
-            };
-            if over {
-                let what = if schema.exclusive_maximum {
-                    "less than"
+        // (limit, exclusive, whether n is beyond it, the message's words)
+        let limits = [
+            schema.maximum.map(|max| {
+                let beyond = if schema.exclusive_maximum {
+                    n >= max
                 } else {
-                    "less than or equal to"
+                    n > max
                 };
-                errors.push(FieldError::invalid(
-                    path.clone(),
-                    v,
-                    format!("{name} in body should be {what} {}", bound(max)),
-                ));
-            }
-        }
-        if let Some(min) = schema.minimum {
-            let under = if schema.exclusive_minimum {
-                n <= min
-            } else {
-                n < min
-            };
-            if under {
-                let what = if schema.exclusive_minimum {
-                    "greater than"
+                (max, schema.exclusive_maximum, beyond, "less than")
+            }),
+            schema.minimum.map(|min| {
+                let beyond = if schema.exclusive_minimum {
+                    n <= min
                 } else {
-                    "greater than or equal to"
+                    n < min
                 };
-                errors.push(FieldError::invalid(
-                    path.clone(),
-                    v,
-                    format!("{name} in body should be {what} {}", bound(min)),
-                ));
-            }
+                (min, schema.exclusive_minimum, beyond, "greater than")
+            }),
+        ];
+        for (limit, exclusive, _, words) in limits.into_iter().flatten().filter(|l| l.2) {
+            let or_equal = if exclusive { "" } else { " or equal to" };
+            errors.push(FieldError::invalid(
+                path.clone(),
+                v,
+                format!(
+                    "{name} in body should be {words}{or_equal} {}",
+                    bound(limit)
+                ),
+            ));
         }
     }
 
