@@ -168,6 +168,22 @@ fn a_missing_backend_is_exit_1_and_named() {
     assert!(out.contains("99.5%"), "{out}");
     assert!(out.contains("500"), "the 500 for the missing share: {out}");
     assert!(out.contains("FAIL"), "{out}");
+    // Its lint line is at the backendRef's own line, not the route's.
+    let route_file = manifests.path().join("route.yaml");
+    let text = std::fs::read_to_string(&route_file).expect("readable");
+    let gone = text
+        .lines()
+        .position(|l| l.contains("name: gone"))
+        .expect("gone")
+        + 1;
+    let line = format!(
+        "{}:{gone}: HTTPRoute default/web: spec.rules[0].backendRefs[1]: backend default/gone:80: unresolved",
+        route_file.display()
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with(&line)),
+        "no line starting {line:?} in:\n{out}"
+    );
 }
 
 #[test]

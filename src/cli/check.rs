@@ -17,6 +17,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::resources::crd::Crds;
+use crate::resources::read_documents;
 use crate::resources::{Generations, Snapshot};
 use crate::source::files::read_all;
 use crate::source::{ConfigError, FileSet};
@@ -24,6 +25,7 @@ use crate::translate::{
     BackendOutcome, BackendSummary, ConditionType, ObjectStatus, RuleSummary, TranslateOptions,
     Translation, translate,
 };
+use crate::yaml::{Document, Lines};
 
 /// Everything is accepted and resolved.
 pub const EXIT_OK: i32 = 0;
@@ -60,6 +62,10 @@ pub struct Checked {
     pub omitted_weights: BTreeSet<(String, usize, usize)>,
     /// Where each object loaded came from: `Kind ns/name` -> (file, line).
     pub locations: BTreeMap<String, (String, usize)>,
+    /// The line of each field of an object's document (`Kind ns/name` ->
+    /// lines), so that a problem found after loading (an unresolved
+    /// backendRef) is placed at its field, as validation errors are.
+    pub field_lines: BTreeMap<String, Lines>,
     /// The CRDs objects were validated with (`--crds` and CRD documents
     /// among the manifests).
     pub crds: Arc<Crds>,
@@ -72,6 +78,11 @@ pub fn load(paths: &[PathBuf], crd_paths: &[PathBuf]) -> Checked {
     let crd_listing = read_all(crd_paths);
     let mut files = FileSet::new();
     files.update_crd_files(crd_listing.reads);
+    let texts: BTreeMap<String, String> = listing
+        .reads
+        .iter()
+        .filter_map(|r| Some((r.file.clone(), r.content.as_ref().ok()?.clone())))
+        .collect();
     files.update(listing.reads);
     let (loaded, errors) = files.merged();
     // Errors tied to neither an object nor a field mean the text itself is
@@ -89,6 +100,7 @@ pub fn load(paths: &[PathBuf], crd_paths: &[PathBuf]) -> Checked {
         .iter()
         .map(|l| (l.object.id(), (l.file.clone(), l.line)))
         .collect();
+    let field_lines = field_lines(&texts, &locations);
     let count = loaded.len();
     let snapshot = Snapshot::from_loaded(loaded, |objects| {
         Generations::default().assign(objects, k8s_openapi::jiff::Timestamp::now());
@@ -107,8 +119,33 @@ pub fn load(paths: &[PathBuf], crd_paths: &[PathBuf]) -> Checked {
         ignored: files.ignored(),
         omitted_weights: snapshot.omitted_weights.clone(),
         locations,
+        field_lines,
         crds: files.crds(),
     }
+}
+
+/// The lines of the document each object came from (`Kind ns/name` ->
+/// lines), read again from the files' texts: only `check` wants them, so
+/// the loader does not keep them for `serve`. An object whose document is
+/// not found (an item of a `kind: List`) keeps its object's line.
+fn field_lines(
+    texts: &BTreeMap<String, String>,
+    locations: &BTreeMap<String, (String, usize)>,
+) -> BTreeMap<String, Lines> {
+    let mut documents: BTreeMap<&str, Vec<Document>> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for (id, (file, line)) in locations {
+        let docs = documents.entry(file.as_str()).or_insert_with(|| {
+            texts
+                .get(file)
+                .and_then(|text| read_documents(text, file).ok())
+                .unwrap_or_default()
+        });
+        if let Some(doc) = docs.iter().find(|d| d.line == *line) {
+            out.insert(id.clone(), doc.lines.clone());
+        }
+    }
+    out
 }
 
 /// Run `sluice check`, writing the report to `out`. Returns the process
@@ -141,6 +178,7 @@ fn findings(checked: &Checked) -> std::io::Result<Findings> {
     let mut problems = Problems {
         list: Vec::new(),
         locations: &checked.locations,
+        field_lines: &checked.field_lines,
     };
 
     let mut rules_by_route: BTreeMap<(String, String), Vec<&RuleSummary>> = BTreeMap::new();
@@ -283,16 +321,21 @@ pub fn report_json(checked: &Checked, out: &mut impl Write) -> std::io::Result<i
 }
 
 /// The problems found in status and rules, each placed at its object's
-/// file and line.
+/// file, on the line of its field when the manifest has it (a
+/// `status.*` field is not in it: the object's line).
 struct Problems<'a> {
     list: Vec<ConfigError>,
     locations: &'a BTreeMap<String, (String, usize)>,
+    field_lines: &'a BTreeMap<String, Lines>,
 }
 
 impl Problems<'_> {
     fn push(&mut self, object: &str, field: String, message: String) {
         let (file, line) = match self.locations.get(object) {
-            Some((file, line)) => (file.clone(), Some(*line)),
+            Some((file, line)) => {
+                let line = self.field_lines.get(object).map_or(*line, |l| l.of(&field));
+                (file.clone(), Some(line))
+            }
             None => (String::from("-"), None),
         };
         self.list.push(ConfigError {
