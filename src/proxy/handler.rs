@@ -331,7 +331,7 @@ impl<'t> Forwarding<'_, 't> {
             body = self.spawn_mirrors(&mirrors, &parts, path.as_deref(), body);
         }
 
-        let backend = match self.rule.backends.choose() {
+        let backend = match self.rule.backends.choose(&parts.headers) {
             BackendChoice::Backend(b) => b,
             BackendChoice::AllWeightsZero => return Err(ProxyError::AllWeightsZero),
             BackendChoice::NoBackends => return Err(ProxyError::NoBackends),

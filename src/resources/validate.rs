@@ -27,6 +27,11 @@ pub(crate) fn validate(object: &Object) -> Problems {
         Object::Gateway(o) => gateway(o, &mut p),
         Object::HttpRoute(o) => http_route(o, &mut p),
         Object::Service(o) => service(o, &mut p),
+        Object::RolloutPolicy(o) => {
+            if let Err(problems) = o.settings() {
+                p.extend(problems);
+            }
+        }
         Object::ReferenceGrant(_)
         | Object::EndpointSlice(_)
         | Object::Namespace(_)

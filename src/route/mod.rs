@@ -8,6 +8,7 @@
 //! A table is immutable once built and is swapped in whole (`arc_swap`), so a
 //! request always finishes on the table it started with.
 
+mod consistent;
 mod cors;
 mod hostname;
 mod matching;
@@ -15,6 +16,7 @@ mod retry;
 mod table;
 mod weighted;
 
+pub use consistent::{Consistent, KeySource, stable_hash};
 pub use cors::{CorsList, CorsPolicy, OriginHost, OriginPattern};
 pub use hostname::{HostPattern, normalize_host};
 pub use matching::{
@@ -75,10 +77,15 @@ pub struct Timeouts {
 
 /// The backendRefs of a rule with their weights and the lock-free picker
 /// that spreads requests over them exactly in proportion to the weights.
+///
+/// The weights are the spec's, or the shares a rollout serves
+/// ([`BackendSplit::served`]); during a rollout with consistent users,
+/// requests carrying the key are placed by its hash instead.
 #[derive(Debug)]
 pub struct BackendSplit {
     backends: Vec<Backend>,
     picker: WeightedPicker,
+    consistent: Option<Consistent>,
 }
 
 /// What a rule with backendRefs decided for one request.
@@ -100,6 +107,18 @@ impl BackendSplit {
         BackendSplit {
             picker: WeightedPicker::new(&weights),
             backends,
+            consistent: None,
+        }
+    }
+
+    /// Backends served with `weights` (one per backend, in order) instead
+    /// of their spec weights, and keyed requests placed by `consistent`.
+    pub fn served(backends: Vec<Backend>, weights: &[u64], consistent: Option<Consistent>) -> Self {
+        debug_assert_eq!(backends.len(), weights.len());
+        BackendSplit {
+            picker: WeightedPicker::new(weights),
+            backends,
+            consistent,
         }
     }
 
@@ -107,11 +126,26 @@ impl BackendSplit {
         &self.backends
     }
 
+    /// The consistent-users placement, when a rollout governs the rule.
+    pub fn consistent(&self) -> Option<&Consistent> {
+        self.consistent.as_ref()
+    }
+
     /// Choose the backend for one request. Per request, never per
-    /// connection, so a keep-alive client is spread like everyone else.
-    pub fn choose(&self) -> BackendChoice<'_> {
+    /// connection, so a keep-alive client is spread like everyone else;
+    /// a request carrying the consistent-users key goes where its hash
+    /// places it.
+    pub fn choose(&self, headers: &http::HeaderMap) -> BackendChoice<'_> {
         if self.backends.is_empty() {
             return BackendChoice::NoBackends;
+        }
+        if let Some(c) = &self.consistent
+            && let Some(value) = c.key.value(headers)
+        {
+            return match c.place(stable_hash(value)) {
+                Some(i) => BackendChoice::Backend(&self.backends[i]),
+                None => BackendChoice::AllWeightsZero,
+            };
         }
         match self.picker.pick() {
             Some(i) => BackendChoice::Backend(&self.backends[i]),
