@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod ports;
 pub mod proxy;
 pub mod resources;
+pub mod rollout;
 pub mod route;
 pub mod serve;
 pub mod source;
