@@ -15,6 +15,7 @@ mod gateways;
 mod listenersets;
 mod matches;
 mod references;
+mod rollouts;
 mod routes;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -30,10 +31,13 @@ use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
 use crate::resources::{CONTROLLER_NAME, DEFAULT_NAMESPACE, GATEWAY_GROUP, Snapshot};
+use crate::rollout::{BackendKey, ServedShares};
 use crate::route::{BackendTarget, EndpointSet, RouteOrder, RouteTable, RouteTableBuilder};
 
 use backends::{BackendResolver, Resolution};
 use conditions::{ConditionMaker, set_condition};
+
+pub use rollouts::rollout_inputs;
 
 /// Settings that are not part of the manifests.
 #[derive(Debug, Clone)]
@@ -103,6 +107,20 @@ pub struct RuleSummary {
     pub route: String,
     pub rule: usize,
     pub backends: Vec<BackendSummary>,
+    /// The RolloutPolicy governing the rule, when one does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RuleRollout>,
+}
+
+/// Which rollout governs a rule, and where it is.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleRollout {
+    /// `<namespace>/<name>` of the RolloutPolicy.
+    pub policy: String,
+    pub phase: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -116,6 +134,19 @@ pub struct BackendSummary {
     /// Percentage of the rule's traffic, `100 * weight / sum`.
     pub share_percent: f64,
     pub outcome: BackendOutcome,
+    /// What the backendRef points at (its identity across reorderings).
+    #[serde(skip)]
+    pub key: BackendKey,
+    /// The weight served when a rollout governs the rule (the spec's
+    /// `weight` otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub served_weight: Option<u64>,
+    /// Percentage of the rule's traffic served, when a rollout governs it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub served_percent: Option<f64>,
+    /// The spec no longer lists the backend; a rollout still serves it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub removed_from_spec: bool,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -189,6 +220,26 @@ pub fn translate_at(
     options: &TranslateOptions,
     now: Timestamp,
 ) -> Translation {
+    translate_served_at(snapshot, options, &ServedShares::default(), now)
+}
+
+/// [`translate`] with the shares rollouts serve: a governed rule's split
+/// uses its served weights instead of its spec weights.
+pub fn translate_served(
+    snapshot: &Snapshot,
+    options: &TranslateOptions,
+    served: &ServedShares,
+) -> Translation {
+    translate_served_at(snapshot, options, served, Timestamp::now())
+}
+
+/// [`translate_served`] stamped with `now`: the pure form.
+pub fn translate_served_at(
+    snapshot: &Snapshot,
+    options: &TranslateOptions,
+    served: &ServedShares,
+    now: Timestamp,
+) -> Translation {
     let mut warnings = Vec::new();
     let (mut objects, classes) = gateways::gateway_classes(snapshot, now);
     let namespace_labels: BTreeMap<&str, &BTreeMap<String, String>> = snapshot
@@ -248,6 +299,9 @@ pub fn translate_at(
     routes.sort_by_key(|r| sort_key(&r.metadata));
     let mut route_statuses = Vec::new();
     let mut rules = Vec::new();
+    // route -> the Gateways that accepted it (RolloutPolicy ancestors).
+    let mut route_gateways: BTreeMap<(String, String), BTreeSet<(String, String)>> =
+        BTreeMap::new();
     for route in routes {
         let ns = route
             .metadata
@@ -275,7 +329,7 @@ pub fn translate_at(
                 })
                 .collect(),
         );
-        let compiled = routes::compile_route(route, ns, name, &resolver);
+        let compiled = routes::compile_route(route, ns, name, &resolver, served);
         let cond = ConditionMaker {
             generation: route.metadata.generation.unwrap_or(0),
             now,
@@ -322,6 +376,13 @@ pub fn translate_at(
                         accepted_anywhere = true;
                         let mut names = Vec::new();
                         for a in attachments {
+                            route_gateways
+                                .entry((ns.to_string(), name.to_string()))
+                                .or_default()
+                                .insert((
+                                    views[a.gateway].namespace.clone(),
+                                    views[a.gateway].name.clone(),
+                                ));
                             names.push(views[a.gateway].listeners[a.listener].name.clone());
                             if !attached.insert((a.gateway, a.listener)) {
                                 continue; // attached here through another parentRef
@@ -393,6 +454,7 @@ pub fn translate_at(
     objects.extend(route_statuses);
     resolver.tls.apply_gateway_conditions(&mut objects, now);
     objects.extend(resolver.tls.policy_statuses(now));
+    objects.extend(rollouts::policy_statuses(snapshot, &route_gateways, now));
     Translation {
         table: builder.build(),
         status: StatusReport {

@@ -19,11 +19,13 @@ use super::backends::{BackendRefFields, BackendResolver, Resolution};
 use super::filters::{backend_filters_as_rule_filters, compile_filters};
 use super::gateways::{GatewayView, namespace_allowed};
 use super::matches::{compile_match, compile_timeouts};
+use super::rollouts::{backend_key, served_split};
 use super::{BackendOutcome, BackendSummary, RefFailure, RuleSummary, backend_target};
 use crate::resources::{GATEWAY_GROUP, parse_gateway_duration};
+use crate::rollout::{RuleKey, ServedShares};
 use crate::route::{
-    Backend, BackendSplit, DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, Filter, HostPattern,
-    RequestMatch, RetryPolicy, Rule, RuleId,
+    Backend, DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, Filter, HostPattern, RequestMatch,
+    RetryPolicy, Rule, RuleId,
 };
 
 /// One rule, compiled, ready to be attached to listeners.
@@ -52,6 +54,7 @@ pub(crate) fn compile_route(
     ns: &str,
     name: &str,
     resolver: &BackendResolver<'_>,
+    served: &ServedShares,
 ) -> CompiledRoute {
     let mut out = CompiledRoute::default();
     // The CRD's default for an absent `rules`: one rule matching PathPrefix
@@ -59,7 +62,7 @@ pub(crate) fn compile_route(
     let default_rules = [HttpRouteRules::default()];
     let rules = route.spec.rules.as_deref().unwrap_or(&default_rules);
     for (i, rule) in rules.iter().enumerate() {
-        compile_rule(rule, i, ns, name, resolver, &mut out);
+        compile_rule(rule, i, ns, name, resolver, served, &mut out);
     }
     out
 }
@@ -70,6 +73,7 @@ fn compile_rule(
     ns: &str,
     name: &str,
     resolver: &BackendResolver<'_>,
+    served: &ServedShares,
     out: &mut CompiledRoute,
 ) {
     let field = format!("spec.rules[{i}]");
@@ -207,6 +211,10 @@ fn compile_rule(
             weight_omitted: b.weight.is_none(),
             share_percent: 0.0,
             outcome,
+            key: backend_key(ns, &fields),
+            served_weight: None,
+            served_percent: None,
+            removed_from_spec: false,
         });
         backends.push(Backend {
             id: backend_id,
@@ -236,10 +244,24 @@ fn compile_rule(
             "{route_id}: {field}: every backendRef has weight 0: the rule answers 500"
         ));
     }
+    let rule_key = RuleKey {
+        namespace: ns.to_string(),
+        route: name.to_string(),
+        rule: i,
+    };
+    let (split, rollout) = served_split(
+        &rule_key,
+        backends,
+        &mut summaries,
+        served,
+        resolver,
+        &id_prefix,
+    );
     out.summaries.push(RuleSummary {
         route: format!("{ns}/{name}"),
         rule: i,
         backends: summaries,
+        rollout,
     });
     out.rules.push(CompiledRule {
         rule: Arc::new(Rule {
@@ -250,7 +272,7 @@ fn compile_rule(
                 name: rule.name.clone(),
             },
             filters: filters.filters,
-            backends: BackendSplit::new(backends),
+            backends: split,
             timeouts,
             retry,
         }),

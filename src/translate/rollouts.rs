@@ -1,0 +1,472 @@
+//! RolloutPolicies in translate: which rules each policy governs (GEP-713
+//! attachment, the oldest policy winning a rule), what the rollout state
+//! machine needs to know of them ([`rollout_inputs`]), the served shares
+//! applied to a governed rule's split ([`served_split`]), and each policy's
+//! status (`ancestors`, [`policy_statuses`]).
+//!
+//! Translate never decides a step: the serve loop runs the state machine
+//! on [`rollout_inputs`] and hands the [`ServedShares`] back to translate,
+//! so a step is a new table like any reload.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteRules};
+use k8s_openapi::jiff::Timestamp;
+use serde_json::json;
+
+use super::backends::{BackendRefFields, BackendResolver, Resolution};
+use super::conditions::ConditionMaker;
+use super::{
+    BackendOutcome, BackendSummary, ObjectStatus, RuleRollout, RuleSummary, StatusMetadata,
+    backend_target, sort_key,
+};
+use crate::resources::{
+    CONTROLLER_NAME, ConsistentKey, DEFAULT_NAMESPACE, GATEWAY_GROUP, ROLLOUT_POLICY_API_VERSION,
+    RolloutPolicy, RolloutSettings, Snapshot,
+};
+use crate::rollout::{
+    BackendKey, GovernedRule, PolicyKey, Readiness, RolloutInputs, RuleKey, ServedShares, Weights,
+};
+use crate::route::{Backend, BackendSplit, Consistent, KeySource};
+
+/// What one policy's targetRefs came to.
+struct PolicyTargets<'a> {
+    policy: &'a RolloutPolicy,
+    key: PolicyKey,
+    settings: RolloutSettings,
+    /// Rules this policy governs.
+    governs: Vec<(RuleKey, &'a HttpRoute, usize)>,
+    /// Rules an older policy governs: (rule, that policy).
+    conflicts: Vec<(RuleKey, PolicyKey)>,
+    /// Targets that do not exist: (route name, why).
+    not_found: Vec<(String, String)>,
+}
+
+/// The CRD's default for an absent `rules`: one rule without backends.
+const DEFAULT_RULES: &[HttpRouteRules] = &[];
+
+fn rules_of(route: &HttpRoute) -> usize {
+    route.spec.rules.as_ref().map_or(1, Vec::len)
+}
+
+/// Resolve every valid policy's targetRefs, oldest policy first (by
+/// creationTimestamp, then namespace/name): a rule already governed by an
+/// older policy is a conflict for the newer one.
+fn targets(snapshot: &Snapshot) -> Vec<PolicyTargets<'_>> {
+    let mut policies: Vec<&RolloutPolicy> = snapshot.rollout_policies.iter().collect();
+    policies.sort_by_key(|p| sort_key(&p.metadata));
+    let mut claimed: BTreeMap<RuleKey, PolicyKey> = BTreeMap::new();
+    let mut out = Vec::new();
+    for policy in policies {
+        // Loaded policies are valid; one that is not governs nothing.
+        let Ok(settings) = policy.settings() else {
+            continue;
+        };
+        let ns = policy
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or(DEFAULT_NAMESPACE);
+        let key = PolicyKey {
+            namespace: ns.to_string(),
+            name: policy.metadata.name.clone().unwrap_or_default(),
+        };
+        let mut t = PolicyTargets {
+            policy,
+            key: key.clone(),
+            settings,
+            governs: Vec::new(),
+            conflicts: Vec::new(),
+            not_found: Vec::new(),
+        };
+        for target in &policy.spec.target_refs {
+            let route = snapshot.http_routes.iter().find(|r| {
+                r.metadata.name.as_deref() == Some(target.name.as_str())
+                    && r.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE) == ns
+            });
+            let Some(route) = route else {
+                t.not_found.push((
+                    target.name.clone(),
+                    format!("HTTPRoute {ns}/{} does not exist", target.name),
+                ));
+                continue;
+            };
+            let indices: Vec<usize> = match &target.section_name {
+                None => (0..rules_of(route)).collect(),
+                Some(section) => {
+                    let found = route
+                        .spec
+                        .rules
+                        .iter()
+                        .flatten()
+                        .position(|r| r.name.as_deref() == Some(section.as_str()));
+                    match found {
+                        Some(i) => vec![i],
+                        None => {
+                            t.not_found.push((
+                                target.name.clone(),
+                                format!(
+                                    "HTTPRoute {ns}/{} has no rule named {section:?}",
+                                    target.name
+                                ),
+                            ));
+                            continue;
+                        }
+                    }
+                }
+            };
+            for rule in indices {
+                let rule_key = RuleKey {
+                    namespace: ns.to_string(),
+                    route: target.name.clone(),
+                    rule,
+                };
+                match claimed.get(&rule_key) {
+                    Some(owner) if *owner == key => {} // listed twice
+                    Some(owner) => t.conflicts.push((rule_key, owner.clone())),
+                    None => {
+                        claimed.insert(rule_key.clone(), key.clone());
+                        t.governs.push((rule_key, route, rule));
+                    }
+                }
+            }
+        }
+        out.push(t);
+    }
+    out
+}
+
+/// The identity of a backendRef of a route in namespace `ns`.
+pub(crate) fn backend_key(ns: &str, r: &BackendRefFields<'_>) -> BackendKey {
+    BackendKey {
+        group: r.group.unwrap_or("").to_string(),
+        kind: r.kind.unwrap_or("Service").to_string(),
+        namespace: r.namespace.unwrap_or(ns).to_string(),
+        name: r.name.to_string(),
+        port: r.port,
+    }
+}
+
+fn fields_of(key: &BackendKey) -> BackendRefFields<'_> {
+    BackendRefFields {
+        group: Some(key.group.as_str()),
+        kind: Some(key.kind.as_str()),
+        name: &key.name,
+        namespace: Some(&key.namespace),
+        port: key.port,
+    }
+}
+
+/// The spec weight of a backendRef as translate serves it (an invalid
+/// weight serves 0).
+pub(crate) fn spec_weight(weight: Option<i32>) -> u32 {
+    match weight.map(u32::try_from) {
+        None => 1,
+        Some(Ok(w)) if w <= 1_000_000 => w,
+        Some(_) => 0,
+    }
+}
+
+/// What the rollout state machine needs: every governed rule with its
+/// spec weights, its backends' readiness and what the table in service
+/// (`previous`, the rule summaries of the last translation) serves.
+pub fn rollout_inputs(snapshot: &Snapshot, previous: &[RuleSummary]) -> RolloutInputs {
+    if snapshot.rollout_policies.is_empty() {
+        return RolloutInputs::default();
+    }
+    let resolver = BackendResolver::new(snapshot);
+    let mut rules = Vec::new();
+    for t in targets(snapshot) {
+        let fingerprint = t.policy.spec_fingerprint();
+        for (rule_key, route, index) in t.governs {
+            let rule = route
+                .spec
+                .rules
+                .as_deref()
+                .unwrap_or(DEFAULT_RULES)
+                .get(index);
+            let mut spec = Weights::new();
+            let mut readiness = Vec::new();
+            for b in rule
+                .and_then(|r| r.backend_refs.as_deref())
+                .unwrap_or_default()
+            {
+                let fields = BackendRefFields {
+                    group: b.group.as_deref(),
+                    kind: b.kind.as_deref(),
+                    name: &b.name,
+                    namespace: b.namespace.as_deref(),
+                    port: b.port,
+                };
+                let key = backend_key(&rule_key.namespace, &fields);
+                spec.add(key.clone(), u64::from(spec_weight(b.weight)));
+                let ready = match resolver.resolve(&rule_key.namespace, &fields) {
+                    Resolution::Endpoints { .. } => Readiness::Ready,
+                    Resolution::NoReadyEndpoints => Readiness::NoReadyEndpoints,
+                    Resolution::Unresolved { reason, .. } => Readiness::Unresolved {
+                        reason: reason.to_string(),
+                    },
+                };
+                if !readiness.iter().any(|(k, _)| *k == key) {
+                    readiness.push((key, ready));
+                }
+            }
+            let route_name = format!("{}/{}", rule_key.namespace, rule_key.route);
+            let previously_served = previous
+                .binary_search_by(|s| (s.route.as_str(), s.rule).cmp(&(route_name.as_str(), index)))
+                .ok()
+                .map(|i| {
+                    let mut w = Weights::new();
+                    for b in &previous[i].backends {
+                        w.add(
+                            b.key.clone(),
+                            b.served_weight.unwrap_or(u64::from(b.weight)),
+                        );
+                    }
+                    w
+                });
+            rules.push(GovernedRule {
+                policy: t.key.clone(),
+                settings: t.settings.clone(),
+                fingerprint,
+                rule: rule_key,
+                rule_name: rule.and_then(|r| r.name.clone()),
+                spec,
+                readiness,
+                previously_served,
+            });
+        }
+    }
+    RolloutInputs { rules }
+}
+
+/// A rule's backend split: the spec weights, or the weights its rollout
+/// serves. Backends a rollout still serves that the spec no longer lists
+/// are added (without their filters: the spec no longer has them).
+/// `summaries` (one per backend, in order) get the served weights.
+pub(crate) fn served_split(
+    rule: &RuleKey,
+    mut backends: Vec<Backend>,
+    summaries: &mut Vec<BackendSummary>,
+    served: &ServedShares,
+    resolver: &BackendResolver<'_>,
+    id_prefix: &str,
+) -> (BackendSplit, Option<RuleRollout>) {
+    let Some(s) = served.rules.get(rule) else {
+        return (BackendSplit::new(backends), None);
+    };
+    let mut weights = Vec::with_capacity(backends.len());
+    let mut seen = BTreeSet::new();
+    for summary in summaries.iter() {
+        // A backend listed twice gets its served share on its first entry.
+        let first = seen.insert(summary.key.clone());
+        weights.push(if first {
+            s.weights.get(&summary.key)
+        } else {
+            0
+        });
+    }
+    for (key, weight) in s.weights.iter() {
+        if weight == 0 || seen.contains(key) {
+            continue;
+        }
+        let resolution = resolver.resolve(&rule.namespace, &fields_of(key));
+        let outcome = outcome_of(&resolution);
+        backends.push(Backend {
+            id: format!("{id_prefix}/removed/{}", backends.len()),
+            service: key.to_string(),
+            weight: 0,
+            target: backend_target(resolution),
+            filters: Vec::new(),
+        });
+        summaries.push(BackendSummary {
+            name: key.to_string(),
+            weight: 0,
+            weight_omitted: false,
+            share_percent: 0.0,
+            outcome,
+            key: key.clone(),
+            served_weight: None,
+            served_percent: None,
+            removed_from_spec: true,
+        });
+        weights.push(weight);
+    }
+    let total: u128 = weights.iter().map(|w| u128::from(*w)).sum();
+    for (summary, weight) in summaries.iter_mut().zip(&weights) {
+        summary.served_weight = Some(*weight);
+        summary.served_percent = Some(if total == 0 {
+            0.0
+        } else {
+            100.0 * *weight as f64 / total as f64
+        });
+    }
+    let consistent = s.consistent_by.as_ref().map(|by| {
+        // Like the served weights: a backend listed twice has its share on
+        // its first entry.
+        let per_backend = |w: &Weights| -> Vec<u64> {
+            (0..summaries.len())
+                .map(|i| {
+                    if seen_before(summaries, i) {
+                        0
+                    } else {
+                        w.get(&summaries[i].key)
+                    }
+                })
+                .collect()
+        };
+        let key = match by {
+            ConsistentKey::Header(h) => KeySource::Header(h.clone()),
+            ConsistentKey::Cookie(c) => KeySource::Cookie(c.clone()),
+        };
+        Consistent::new(key, &per_backend(&s.from), &per_backend(&s.to), &weights)
+    });
+    let rollout = RuleRollout {
+        policy: s.policy.to_string(),
+        phase: s.phase.as_str().to_string(),
+        step: s.step.map(|p| p.to_string()),
+    };
+    (
+        BackendSplit::served(backends, &weights, consistent),
+        Some(rollout),
+    )
+}
+
+/// Whether summary `i` repeats the backend of an earlier one.
+fn seen_before(summaries: &[BackendSummary], i: usize) -> bool {
+    summaries[..i].iter().any(|s| s.key == summaries[i].key)
+}
+
+pub(crate) fn outcome_of(resolution: &Resolution) -> BackendOutcome {
+    match resolution {
+        Resolution::Endpoints { addrs, .. } => BackendOutcome::Serves {
+            ready_endpoints: addrs.len(),
+        },
+        Resolution::NoReadyEndpoints => BackendOutcome::NoReadyEndpoints,
+        Resolution::Unresolved { reason, message } => BackendOutcome::Unresolved {
+            reason: reason.to_string(),
+            message: message.clone(),
+        },
+    }
+}
+
+/// The status of every valid RolloutPolicy (`ancestors`; `rollouts` is
+/// the serve loop's, see [`crate::rollout::RolloutReport::complete`]).
+///
+/// Ancestors are the Gateways the targeted routes are attached to
+/// (`route_gateways`: route -> Gateways that accepted it). A target that
+/// does not exist, or a route attached to none of our Gateways, is
+/// reported with the HTTPRoute itself as ancestorRef.
+pub(crate) fn policy_statuses(
+    snapshot: &Snapshot,
+    route_gateways: &BTreeMap<(String, String), BTreeSet<(String, String)>>,
+    now: Timestamp,
+) -> Vec<ObjectStatus> {
+    let mut out = Vec::new();
+    for t in targets(snapshot) {
+        let cond = ConditionMaker {
+            generation: t.policy.metadata.generation.unwrap_or(0),
+            now,
+        };
+        let ns = t.key.namespace.as_str();
+        let list = |rules: &mut dyn Iterator<Item = &RuleKey>| {
+            rules
+                .map(|r| format!("HTTPRoute {}/{} rule {}", r.namespace, r.route, r.rule))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut notes = Vec::new();
+        if !t.conflicts.is_empty() {
+            let lost: Vec<String> = t
+                .conflicts
+                .iter()
+                .map(|(r, owner)| {
+                    format!(
+                        "HTTPRoute {}/{} rule {} is governed by the older RolloutPolicy {owner}",
+                        r.namespace, r.route, r.rule
+                    )
+                })
+                .collect();
+            notes.push(lost.join("; "));
+        }
+        notes.extend(t.not_found.iter().map(|(_, why)| why.clone()));
+        let accepted = if !t.governs.is_empty() {
+            let mut message = format!("governs {}", list(&mut t.governs.iter().map(|(r, _, _)| r)));
+            for note in &notes {
+                message.push_str("; ");
+                message.push_str(note);
+            }
+            cond.make("Accepted", true, "Accepted", message)
+        } else if !t.conflicts.is_empty() {
+            cond.make("Accepted", false, "Conflicted", notes.join("; "))
+        } else {
+            cond.make("Accepted", false, "TargetNotFound", notes.join("; "))
+        };
+
+        let mut gateways: BTreeSet<(String, String)> = BTreeSet::new();
+        let mut unattached: BTreeSet<String> = BTreeSet::new();
+        let targeted: BTreeSet<&str> = t
+            .governs
+            .iter()
+            .map(|(r, _, _)| r.route.as_str())
+            .chain(t.conflicts.iter().map(|(r, _)| r.route.as_str()))
+            .collect();
+        for route in targeted {
+            match route_gateways.get(&(ns.to_string(), route.to_string())) {
+                Some(gws) if !gws.is_empty() => gateways.extend(gws.iter().cloned()),
+                _ => {
+                    unattached.insert(route.to_string());
+                }
+            }
+        }
+        let mut ancestors: Vec<serde_json::Value> = gateways
+            .iter()
+            .map(|(gw_ns, gw)| {
+                json!({
+                    "ancestorRef": {"group": GATEWAY_GROUP, "kind": "Gateway", "namespace": gw_ns, "name": gw},
+                    "controllerName": CONTROLLER_NAME,
+                    "conditions": [accepted],
+                })
+            })
+            .collect();
+        for route in &unattached {
+            let condition = cond.make(
+                "Accepted",
+                accepted.status == "True",
+                &accepted.reason,
+                format!(
+                    "{}; HTTPRoute {ns}/{route} is not attached to a Gateway of {CONTROLLER_NAME}, so it carries no traffic",
+                    accepted.message
+                ),
+            );
+            ancestors.push(route_ancestor(ns, route, condition));
+        }
+        for (route, why) in &t.not_found {
+            let condition = cond.make("Accepted", false, "TargetNotFound", why.clone());
+            ancestors.push(route_ancestor(ns, route, condition));
+        }
+        out.push(ObjectStatus {
+            api_version: ROLLOUT_POLICY_API_VERSION.into(),
+            kind: "RolloutPolicy".into(),
+            metadata: StatusMetadata {
+                name: t.key.name.clone(),
+                namespace: Some(ns.to_string()),
+                generation: cond.generation,
+            },
+            status: json!({"ancestors": ancestors, "rollouts": []}),
+        });
+    }
+    out
+}
+
+fn route_ancestor(
+    ns: &str,
+    route: &str,
+    condition: k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition,
+) -> serde_json::Value {
+    json!({
+        "ancestorRef": {"group": GATEWAY_GROUP, "kind": "HTTPRoute", "namespace": ns, "name": route},
+        "controllerName": CONTROLLER_NAME,
+        "conditions": [condition],
+    })
+}
