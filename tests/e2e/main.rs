@@ -20,5 +20,6 @@ mod precedence;
 mod protocols;
 mod reload;
 mod retry_cors;
+mod rollouts;
 mod status;
 mod weights;
