@@ -1039,3 +1039,64 @@ async fn an_unwritable_state_dir_is_reported_and_rollouts_go_on_in_memory() {
         counts(&[("stable", 19), ("canary", 1)])
     );
 }
+
+/// A backendRef removed and another added in one edit: the removed one
+/// keeps being served, ramped down with the steps, instead of being cut.
+#[tokio::test]
+async fn a_removed_backend_ref_is_ramped_down_not_cut() {
+    let spec = "  steps: ['50%', '100%']
+  interval: 300ms
+  analysis: {minRequests: 2}
+";
+    let shop = Shop::start((1, 1), Some(policy("shop", spec)), &[]).await;
+    let v3 = Pods::start("default", "v3", 1).await;
+    let s = &shop.sluice;
+    s.write("v3.yaml", &v3.manifests());
+    wait_rollout(s, "shop", "first seen", phase("Complete")).await;
+    s.write(
+        "route.yaml",
+        &route(1, 1).replace("name: canary", "name: v3"),
+    );
+    let r = wait_rollout(s, "shop", "first step", at("Progressing", "50%")).await;
+    assert_eq!(
+        shares(&r["served"]),
+        pairs(&[("stable", "50%"), ("v3", "25%"), ("canary", "25%")])
+    );
+    // v3 gets 1 of 4: one short of minRequests.
+    assert_eq!(
+        shop.tally(4, &[]).await,
+        counts(&[("stable", 2), ("v3", 1), ("canary", 1)])
+    );
+    shop.until("v3", 1).await;
+    wait_rollout(s, "shop", "last step", at("Progressing", "100%")).await;
+    assert_eq!(
+        shop.tally(4, &[]).await,
+        counts(&[("stable", 2), ("v3", 2)])
+    );
+}
+
+/// maxLatency judges the incoming backends' p99 over the step.
+#[tokio::test]
+async fn a_slow_canary_fails_the_latency_gate() {
+    let spec = "  steps: ['50%', '100%']
+  interval: 1h
+  analysis: {minRequests: 3, maxLatency: 100ms}
+";
+    let shop = Shop::start((1, 0), Some(policy("shop", spec)), &[]).await;
+    let s = &shop.sluice;
+    wait_rollout(s, "shop", "first seen", phase("Complete")).await;
+    shop.canary.servers[0].delay_by(Duration::from_millis(300));
+    shop.set_weights(0, 1);
+    wait_rollout(s, "shop", "first step", at("Progressing", "50%")).await;
+    assert_eq!(
+        shop.tally(6, &[]).await,
+        counts(&[("stable", 3), ("canary", 3)])
+    );
+    let r = wait_rollout(s, "shop", "rolled back", phase("RolledBack")).await;
+    let message = r["message"].as_str().unwrap_or("");
+    assert!(
+        message.starts_with("canary p99 ")
+            && message.ends_with("> 100ms after 3 requests: rolled back to 100/0 (stable/canary)"),
+        "{r:#}"
+    );
+}
