@@ -470,3 +470,226 @@ fn route_ancestor(
         "conditions": [condition],
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+    use http::{HeaderMap, HeaderValue, Method};
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::rollout::{Phase, ServedRule};
+    use crate::route::{BackendChoice, Lookup};
+    use crate::translate::testing::snapshot;
+    use crate::translate::{TranslateOptions, Translation, translate_served_at};
+
+    const MANIFESTS: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: sluice}
+spec: {controllerName: sluice.dev/gateway-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw}
+spec:
+  gatewayClassName: sluice
+  listeners: [{name: http, port: 8080, protocol: HTTP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: stable}
+spec: {ports: [{port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: stable-1, labels: {kubernetes.io/service-name: stable}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.0.0.1]}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: old}
+spec: {ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: canary}
+spec: {ports: [{port: 80}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: shop}
+spec:
+  parentRefs: [{name: gw}]
+  rules:
+  - backendRefs:
+    - {name: stable, port: 80, weight: 3}
+    - {name: canary, port: 80, weight: 1}
+---
+apiVersion: sluice.dev/v1alpha1
+kind: RolloutPolicy
+metadata: {name: p}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: HTTPRoute, name: shop}]
+  steps: ['50%', '100%']
+  interval: 1m
+  consistentBy: {header: x-user}
+";
+
+    fn key(name: &str) -> BackendKey {
+        BackendKey::service("default", name, Some(80))
+    }
+
+    fn rule() -> RuleKey {
+        RuleKey {
+            namespace: "default".into(),
+            route: "shop".into(),
+            rule: 0,
+        }
+    }
+
+    fn translate(served: &ServedShares) -> Translation {
+        let options = TranslateOptions {
+            default_bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        };
+        translate_served_at(
+            &snapshot(MANIFESTS),
+            &options,
+            served,
+            Timestamp::UNIX_EPOCH,
+        )
+    }
+
+    #[test]
+    fn inputs_carry_spec_weights_readiness_and_what_was_served() {
+        let s = snapshot(MANIFESTS);
+        let first = rollout_inputs(&s, &[]);
+        assert_eq!(first.rules.len(), 1);
+        let g = &first.rules[0];
+        assert_eq!(g.rule, rule());
+        assert_eq!(g.spec.get(&key("stable")), 3);
+        assert_eq!(g.spec.get(&key("canary")), 1);
+        assert_eq!(
+            g.readiness,
+            [
+                (key("stable"), Readiness::Ready),
+                (key("canary"), Readiness::NoReadyEndpoints)
+            ]
+        );
+        assert_eq!(g.previously_served, None, "a first start");
+        let t = translate(&ServedShares::default());
+        let again = rollout_inputs(&s, &t.rules);
+        let before = again.rules[0].previously_served.clone().expect("served");
+        assert_eq!(
+            (before.get(&key("stable")), before.get(&key("canary"))),
+            (3, 1)
+        );
+    }
+
+    #[test]
+    fn a_governed_rule_is_served_its_rollout_weights_removed_backends_included() {
+        let mut from = Weights::new();
+        from.add(key("stable"), 1);
+        from.add(key("old"), 1);
+        let mut to = Weights::new();
+        to.add(key("stable"), 3);
+        to.add(key("canary"), 1);
+        let mut weights = Weights::new();
+        weights.add(key("stable"), 5);
+        weights.add(key("canary"), 1);
+        weights.add(key("old"), 2);
+        let mut served = ServedShares::default();
+        served.rules.insert(
+            rule(),
+            ServedRule {
+                policy: PolicyKey {
+                    namespace: "default".into(),
+                    name: "p".into(),
+                },
+                phase: Phase::Progressing,
+                step: crate::resources::Percent::parse("50%").ok(),
+                weights,
+                from,
+                to,
+                consistent_by: Some(ConsistentKey::Header(http::HeaderName::from_static(
+                    "x-user",
+                ))),
+            },
+        );
+        let t = translate(&served);
+        let summary = &t.rules[0];
+        let rollout = summary.rollout.as_ref().expect("governed");
+        assert_eq!(
+            (rollout.policy.as_str(), rollout.phase.as_str()),
+            ("default/p", "Progressing")
+        );
+        let got: Vec<(&str, u32, Option<u64>, bool)> = summary
+            .backends
+            .iter()
+            .map(|b| {
+                (
+                    b.name.as_str(),
+                    b.weight,
+                    b.served_weight,
+                    b.removed_from_spec,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("default/stable:80", 3, Some(5), false),
+                ("default/canary:80", 1, Some(1), false),
+                ("default/old:80", 0, Some(2), true),
+            ]
+        );
+        assert_eq!(summary.backends[2].served_percent, Some(25.0));
+        // The table picks by the served weights, the removed backend too.
+        let bind = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 8080);
+        let Lookup::Matched(m) =
+            t.table
+                .lookup(bind, "x", &Method::GET, "/", None, &HeaderMap::new())
+        else {
+            panic!("the route matches");
+        };
+        let mut counts = std::collections::BTreeMap::new();
+        for _ in 0..8 {
+            if let BackendChoice::Backend(b) = m.rule.backends.choose(&HeaderMap::new()) {
+                *counts.entry(b.service.clone()).or_insert(0) += 1;
+            }
+        }
+        assert_eq!(
+            counts,
+            [
+                ("default/canary:80".to_string(), 1),
+                ("default/old:80".to_string(), 2),
+                ("default/stable:80".to_string(), 5)
+            ]
+            .into()
+        );
+        assert!(m.rule.backends.consistent().is_some());
+        // A keyed request lands where its hash does, always the same.
+        let mut keyed = HeaderMap::new();
+        keyed.insert("x-user", HeaderValue::from_static("alice"));
+        let pick = |h: &HeaderMap| match m.rule.backends.choose(h) {
+            BackendChoice::Backend(b) => b.service.clone(),
+            _ => String::new(),
+        };
+        let first = pick(&keyed);
+        assert!((0..20).all(|_| pick(&keyed) == first));
+    }
+
+    #[test]
+    fn ungoverned_rules_keep_their_spec_split() {
+        let t = translate(&ServedShares::default());
+        assert!(t.rules[0].rollout.is_none());
+        assert!(
+            t.rules[0]
+                .backends
+                .iter()
+                .all(|b| b.served_weight.is_none())
+        );
+    }
+}
