@@ -14,15 +14,16 @@
 //! 1000/0 to 0/1000, 0.5% serves exactly 199:1 (995/5) and 25% exactly 3:1
 //! (750/250).
 //!
-//! Fitting the picker's `u64`: every weight of `to` is a spec weight (at
+//! Fitting the picker's `u64` (and Kubernetes' `int64`, where the policy's
+//! status records them): every weight of `to` is a spec weight (at
 //! most 1,000,000; a backend listed twice weighs the sum) and `from` is
 //! kept within the same bound by [`Weights::bounded`]. With at most 16
 //! backends on each side, `F, T <= 1.6e7`, so each term is at most
 //! `1e6 * 1.6e7 * 1e5 = 1.6e18` and `s_i <= max(f_i * T, t_i * F) * 1e5 <=
-//! 1.6e18 < 2^64`: exact. The products are computed in `u128`, so larger
+//! 1.6e18 < 2^63`: exact. The products are computed in `u128`, so larger
 //! rules (a backend listed many times, a `from` left with more than 16
 //! backends by interrupted rollouts) cannot overflow; their weights are
-//! scaled into `u64` after the gcd, each share off by less than 2^-63.
+//! scaled below 2^63 after the gcd, each share off by less than 2^-62.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -246,24 +247,24 @@ pub fn share_text(part: u128, total: u128) -> String {
     Percent::from_thousandths(thousandths.min(u128::from(Percent::SCALE)) as u32).to_string()
 }
 
-/// Reduce by the gcd; scale down into `u64` if still too large.
+/// Reduce by the gcd; scale down below 2^63 if still too large.
 fn fit_u64(weights: &[u128]) -> Vec<u64> {
     let divisor = weights.iter().fold(0u128, |g, w| gcd(g, *w)).max(1);
     let reduced: Vec<u128> = weights.iter().map(|w| w / divisor).collect();
     let max = reduced.iter().copied().max().unwrap_or(0);
-    let limit = u128::from(u64::MAX);
+    let limit = i64::MAX as u128;
     reduced
         .into_iter()
         .map(|w| {
             let w = if max > limit {
                 // Only for a rule listing one backend many times (see the
-                // module doc); w * limit cannot overflow when scaled by max
-                // first.
+                // module doc): divided by a whole factor, the largest
+                // falls below the limit; a non-zero weight stays non-zero.
                 (w / (max / limit + 1)).max(u128::from(w > 0))
             } else {
                 w
             };
-            u64::try_from(w).unwrap_or(u64::MAX)
+            u64::try_from(w).unwrap_or(i64::MAX as u64)
         })
         .collect()
 }
@@ -531,6 +532,16 @@ mod tests {
         assert_eq!(Weights::from_shares(&back), w);
         assert_eq!(share_text(1, 3), "33.333%");
         assert_eq!(share_text(1, 1_000_000_000), "<0.001%");
+    }
+
+    #[test]
+    fn oversized_weights_are_scaled_below_int64() {
+        let huge = u128::from(u64::MAX) * 3;
+        let fitted = fit_u64(&[huge, huge / 2, 1, 0]);
+        assert!(fitted[0] <= i64::MAX as u64);
+        assert_eq!(fitted[0] / 2, fitted[1]);
+        assert_eq!(&fitted[2..], [1, 0]);
+        assert_eq!(fit_u64(&[6, 4, 0]), [3, 2, 0]);
     }
 
     #[test]
