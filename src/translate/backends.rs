@@ -107,19 +107,10 @@ impl<'a> BackendResolver<'a> {
     }
 
     /// The label of a backendRef in summaries and metrics:
-    /// `<namespace>/<name>:<port>` for a Service, kind-prefixed otherwise.
+    /// `<namespace>/<name>:<port>` for a Service, kind-prefixed otherwise
+    /// (the display of its identity, so rollouts find its counters).
     pub fn label(route_ns: &str, r: &BackendRefFields<'_>) -> String {
-        let ns = r.namespace.unwrap_or(route_ns);
-        let port = r.port.map(|p| format!(":{p}")).unwrap_or_default();
-        if is_service(r) {
-            format!("{ns}/{}{port}", r.name)
-        } else {
-            let kind = r.kind.unwrap_or("Service");
-            match r.group.filter(|g| !g.is_empty()) {
-                Some(g) => format!("{kind}.{g} {ns}/{}{port}", r.name),
-                None => format!("{kind} {ns}/{}{port}", r.name),
-            }
-        }
+        super::rollouts::backend_key(route_ns, r).to_string()
     }
 
     pub fn resolve(&self, route_ns: &str, r: &BackendRefFields<'_>) -> Resolution {
