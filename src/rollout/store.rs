@@ -106,8 +106,20 @@ impl FileStore {
 }
 
 impl RolloutStore for FileStore {
+    /// A file that cannot be read is moved aside (`rollouts.json.unreadable`)
+    /// so that the next save does not destroy it; the error says so.
     fn load(&mut self) -> Result<Vec<Rollout>, String> {
-        Ok(FileStore::read(&self.dir)?.unwrap_or_default())
+        match FileStore::read(&self.dir) {
+            Ok(records) => Ok(records.unwrap_or_default()),
+            Err(error) => {
+                let path = self.path();
+                let aside = path.with_extension("json.unreadable");
+                match std::fs::rename(&path, &aside) {
+                    Ok(()) => Err(format!("{error} (moved to {})", aside.display())),
+                    Err(_) => Err(error),
+                }
+            }
+        }
     }
 
     fn save(&mut self, rollouts: &[Rollout]) -> Result<(), String> {
@@ -231,10 +243,14 @@ mod tests {
     }
 
     #[test]
-    fn a_corrupt_file_is_reported() {
+    fn a_corrupt_file_is_reported_and_kept_aside() {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join(STATE_FILE), "{not json").expect("write");
-        let e = FileStore::new(dir.path()).load().expect_err("corrupt");
-        assert!(e.contains(STATE_FILE), "{e}");
+        let mut store = FileStore::new(dir.path());
+        let e = store.load().expect_err("corrupt");
+        assert!(e.contains(STATE_FILE) && e.contains("moved to"), "{e}");
+        let aside = dir.path().join("rollouts.json.unreadable");
+        assert_eq!(std::fs::read_to_string(aside).expect("kept"), "{not json");
+        assert_eq!(store.load(), Ok(Vec::new()), "then a first start");
     }
 }
