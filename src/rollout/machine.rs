@@ -702,7 +702,7 @@ pub fn duration_text(d: Duration) -> String {
     if ms == 0 && !d.is_zero() {
         return format!("{}µs", d.as_micros());
     }
-    if ms % 1000 != 0 || ms < 1000 {
+    if !ms.is_multiple_of(1000) || ms < 1000 {
         if ms >= 1000 {
             let fraction = format!("{:03}", ms % 1000);
             return format!("{}.{}s", ms / 1000, fraction.trim_end_matches('0'));
@@ -802,7 +802,7 @@ mod tests {
         }
 
         fn later(&mut self, secs: i64) -> Evaluation {
-            self.now = self.now + k8s_openapi::jiff::SignedDuration::from_secs(secs);
+            self.now += k8s_openapi::jiff::SignedDuration::from_secs(secs);
             self.eval()
         }
 

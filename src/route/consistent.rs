@@ -94,11 +94,9 @@ impl Consistent {
             let grows = t_sum > 0 && at(to, i) * f_sum > at(from, i) * t_sum;
             if grows {
                 let region = at(to, i) * RANGE / t_sum;
-                let prefix = if s_sum == 0 {
-                    0
-                } else {
-                    (at(served, i) * RANGE / s_sum).min(region)
-                };
+                let prefix = (at(served, i) * RANGE)
+                    .checked_div(s_sum)
+                    .map_or(0, |p| p.min(region));
                 // Both are at most RANGE = 2^32.
                 incoming.push((i, region as u64, prefix as u64));
             } else if at(served, i) > 0 {
