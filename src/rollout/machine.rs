@@ -834,6 +834,19 @@ mod tests {
             self.rule.spec = weights(spec);
             self.eval()
         }
+
+        /// Serve 1000/0, then change the weights to 0/1000.
+        fn promote(&mut self) -> Evaluation {
+            self.eval();
+            self.change(&[("stable", 0), ("canary", 1000)])
+        }
+
+        /// A rig promoting 1000/0 to 0/1000 with the default settings.
+        fn promoting() -> Rig {
+            let mut rig = Rig::new(&[("stable", 1000), ("canary", 0)]);
+            rig.promote();
+            rig
+        }
     }
 
     fn phase_and_step(r: &Rollout) -> (Phase, Option<String>) {
@@ -858,8 +871,7 @@ mod tests {
     #[test]
     fn the_ladder_is_served_step_by_step_and_completes() {
         let mut rig = Rig::new(&[("stable", 1000), ("canary", 0)]);
-        rig.eval();
-        let e = rig.change(&[("stable", 0), ("canary", 1000)]);
+        let e = rig.promote();
         assert!(e.changed);
         let phases: Vec<Phase> = e.transitions.iter().map(|t| t.phase).collect();
         assert_eq!(phases, [Phase::Waiting, Phase::Progressing]);
@@ -894,9 +906,7 @@ mod tests {
 
     #[test]
     fn a_step_needs_both_its_interval_and_its_requests() {
-        let mut rig = Rig::new(&[("stable", 1000), ("canary", 0)]);
-        rig.eval();
-        rig.change(&[("stable", 0), ("canary", 1000)]);
+        let mut rig = Rig::promoting();
         rig.ok("canary", 10);
         rig.ok("stable", 5000);
         rig.later(59);
@@ -905,9 +915,7 @@ mod tests {
             Percent::parse("0.5%").ok(),
             "interval not over"
         );
-        let mut rig = Rig::new(&[("stable", 1000), ("canary", 0)]);
-        rig.eval();
-        rig.change(&[("stable", 0), ("canary", 1000)]);
+        let mut rig = Rig::promoting();
         rig.ok("canary", 9);
         rig.ok("stable", 100_000);
         rig.later(3600);
@@ -958,9 +966,7 @@ mod tests {
 
     #[test]
     fn a_breached_gate_rolls_back_at_once_and_stays_until_the_weights_change() {
-        let mut rig = Rig::new(&[("stable", 1000), ("canary", 0)]);
-        rig.eval();
-        rig.change(&[("stable", 0), ("canary", 1000)]);
+        let mut rig = Rig::promoting();
         rig.ok("canary", 10);
         rig.later(60);
         // 5% step: 3 of 40 fail. Breached with minRequests counted, long
@@ -998,9 +1004,7 @@ mod tests {
 
     #[test]
     fn fewer_requests_than_min_requests_never_fail_a_gate() {
-        let mut rig = Rig::new(&[("stable", 1000), ("canary", 0)]);
-        rig.eval();
-        rig.change(&[("stable", 0), ("canary", 1000)]);
+        let mut rig = Rig::promoting();
         rig.traffic("canary", 9, 9, Duration::from_millis(3));
         rig.later(1);
         assert_eq!(rig.rollout().phase, Phase::Progressing);
@@ -1011,9 +1015,7 @@ mod tests {
 
     #[test]
     fn a_slow_canary_fails_the_latency_gate() {
-        let mut rig = Rig::new(&[("stable", 1000), ("canary", 0)]);
-        rig.eval();
-        rig.change(&[("stable", 0), ("canary", 1000)]);
+        let mut rig = Rig::promoting();
         rig.traffic("canary", 98, 0, Duration::from_millis(3));
         rig.traffic("canary", 2, 0, Duration::from_secs(2));
         rig.later(1);
@@ -1031,8 +1033,7 @@ mod tests {
     fn pause_on_failure_holds_the_step_until_the_policy_changes() {
         let mut rig = Rig::new(&[("stable", 1000), ("canary", 0)]);
         rig.rule.settings.on_failure = OnFailure::Pause;
-        rig.eval();
-        rig.change(&[("stable", 0), ("canary", 1000)]);
+        rig.promote();
         rig.ok("canary", 10);
         rig.later(60);
         rig.traffic("canary", 10, 10, Duration::from_millis(3));
@@ -1069,9 +1070,7 @@ mod tests {
 
     #[test]
     fn paused_holds_the_step_but_still_rolls_back() {
-        let mut rig = Rig::new(&[("stable", 1000), ("canary", 0)]);
-        rig.eval();
-        rig.change(&[("stable", 0), ("canary", 1000)]);
+        let mut rig = Rig::promoting();
         rig.rule.settings.paused = true;
         rig.ok("canary", 100);
         rig.later(3600);
@@ -1097,8 +1096,7 @@ mod tests {
     fn paused_at_the_last_step_does_not_complete() {
         let mut rig = Rig::new(&[("stable", 1000), ("canary", 0)]);
         rig.rule.settings.steps = vec![Percent::HUNDRED];
-        rig.eval();
-        rig.change(&[("stable", 0), ("canary", 1000)]);
+        rig.promote();
         rig.rule.settings.paused = true;
         rig.ok("canary", 100);
         rig.later(3600);
@@ -1116,8 +1114,7 @@ mod tests {
     fn paused_before_the_first_step_serves_from() {
         let mut rig = Rig::new(&[("stable", 1000), ("canary", 0)]);
         rig.rule.settings.paused = true;
-        rig.eval();
-        rig.change(&[("stable", 0), ("canary", 1000)]);
+        rig.promote();
         assert_eq!(phase_and_step(&rig.rollout()), (Phase::Paused, None));
         assert_eq!(rig.served(), (1, 0));
         rig.rule.settings.paused = false;
@@ -1130,9 +1127,7 @@ mod tests {
 
     #[test]
     fn a_weight_change_mid_rollout_starts_from_the_served_shares() {
-        let mut rig = Rig::new(&[("stable", 1000), ("canary", 0)]);
-        rig.eval();
-        rig.change(&[("stable", 0), ("canary", 1000)]);
+        let mut rig = Rig::promoting();
         rig.ok("canary", 10);
         rig.later(60);
         assert_eq!(rig.served(), (19, 1));
@@ -1172,9 +1167,7 @@ mod tests {
 
     #[test]
     fn a_rule_no_longer_governed_is_dropped() {
-        let mut rig = Rig::new(&[("stable", 1000), ("canary", 0)]);
-        rig.eval();
-        rig.change(&[("stable", 0), ("canary", 1000)]);
+        let mut rig = Rig::promoting();
         let e = rig.rollouts.evaluate(
             &RolloutInputs::default(),
             &|_, _| BackendTotals::default(),
@@ -1199,9 +1192,7 @@ mod tests {
 
     #[test]
     fn a_restored_rollout_resumes_its_step_and_counts_again() {
-        let mut rig = Rig::new(&[("stable", 1000), ("canary", 0)]);
-        rig.eval();
-        rig.change(&[("stable", 0), ("canary", 1000)]);
+        let mut rig = Rig::promoting();
         rig.ok("canary", 10);
         rig.later(60);
         let recorded = rig.rollouts.records();

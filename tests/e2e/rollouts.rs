@@ -87,6 +87,22 @@ impl Shop {
         }
     }
 
+    /// [`Shop::start`] at `from` with policy `shop` (`spec`); once it
+    /// governs the route, change the weights to `to` and wait for the
+    /// first step. Returns the rollout's status then.
+    async fn promoting(
+        spec: &str,
+        from: (u64, u64),
+        to: (u64, u64),
+        first: &'static str,
+    ) -> (Shop, Value) {
+        let shop = Shop::start(from, Some(policy("shop", spec)), &[]).await;
+        wait_rollout(&shop.sluice, "shop", "first seen", phase("Complete")).await;
+        shop.set_weights(to.0, to.1);
+        let r = wait_rollout(&shop.sluice, "shop", "first step", at("Progressing", first)).await;
+        (shop, r)
+    }
+
     fn set_weights(&self, stable: u64, canary: u64) {
         self.sluice.write("route.yaml", &route(stable, canary));
     }
@@ -284,11 +300,8 @@ async fn a_step_waits_for_its_interval_and_its_requests() {
   interval: 500ms
   analysis: {minRequests: 6}
 ";
-    let shop = Shop::start((1, 0), Some(policy("shop", spec)), &[]).await;
+    let (shop, r) = Shop::promoting(spec, (1, 0), (0, 1), "50%").await;
     let s = &shop.sluice;
-    wait_rollout(s, "shop", "first seen", phase("Complete")).await;
-    shop.set_weights(0, 1);
-    let r = wait_rollout(s, "shop", "first step", at("Progressing", "50%")).await;
     assert_eq!(
         shop.tally(10, &[]).await,
         counts(&[("stable", 5), ("canary", 5)])
@@ -429,11 +442,8 @@ async fn the_last_step_is_judged_like_the_others() {
   interval: 1h
   analysis: {minRequests: 5, maxErrorRate: '1%'}
 ";
-    let shop = Shop::start((1, 0), Some(policy("shop", spec)), &[]).await;
+    let (shop, _) = Shop::promoting(spec, (1, 0), (0, 1), "100%").await;
     let s = &shop.sluice;
-    wait_rollout(s, "shop", "first seen", phase("Complete")).await;
-    shop.set_weights(0, 1);
-    wait_rollout(s, "shop", "last step", at("Progressing", "100%")).await;
     assert_eq!(shop.tally(4, &[]).await, counts(&[("canary", 4)]));
     shop.canary.servers[0].fail_with(Some(StatusCode::INTERNAL_SERVER_ERROR));
     assert_eq!(shop.tally(1, &[]).await, counts(&[("<500>", 1)]));
@@ -458,11 +468,8 @@ async fn pause_on_failure_holds_the_step_until_the_policy_changes() {
 "
         )
     };
-    let shop = Shop::start((1, 0), Some(policy("shop", &spec(4))), &[]).await;
+    let (shop, _) = Shop::promoting(&spec(4), (1, 0), (0, 1), "50%").await;
     let s = &shop.sluice;
-    wait_rollout(s, "shop", "first seen", phase("Complete")).await;
-    shop.set_weights(0, 1);
-    wait_rollout(s, "shop", "first step", at("Progressing", "50%")).await;
     shop.canary.servers[0].fail_with(Some(StatusCode::SERVICE_UNAVAILABLE));
     assert_eq!(
         shop.tally(8, &[]).await,
@@ -510,11 +517,8 @@ async fn paused_holds_the_step_but_still_rolls_back() {
 "
         )
     };
-    let shop = Shop::start((1, 0), Some(policy("shop", &spec(false))), &[]).await;
+    let (shop, _) = Shop::promoting(&spec(false), (1, 0), (0, 1), "50%").await;
     let s = &shop.sluice;
-    wait_rollout(s, "shop", "first seen", phase("Complete")).await;
-    shop.set_weights(0, 1);
-    wait_rollout(s, "shop", "first step", at("Progressing", "50%")).await;
     s.write("policy.yaml", &policy("shop", &spec(true)));
     let r = wait_rollout(s, "shop", "paused", at("Paused", "50%")).await;
     assert!(
@@ -559,11 +563,8 @@ async fn a_weight_change_mid_rollout_starts_from_the_served_shares() {
   interval: 1h
   analysis: {minRequests: 1000}
 ";
-    let shop = Shop::start((100, 0), Some(policy("shop", spec)), &[]).await;
+    let (shop, _) = Shop::promoting(spec, (100, 0), (0, 100), "5%").await;
     let s = &shop.sluice;
-    wait_rollout(s, "shop", "first seen", phase("Complete")).await;
-    shop.set_weights(0, 100);
-    wait_rollout(s, "shop", "first step", at("Progressing", "5%")).await;
     assert_eq!(
         shop.tally(20, &[]).await,
         counts(&[("stable", 19), ("canary", 1)])
@@ -593,11 +594,8 @@ async fn a_weight_change_mid_rollout_starts_from_the_served_shares() {
 #[tokio::test]
 async fn a_policy_removed_mid_rollout_lets_the_spec_apply_at_once() {
     let spec = "  steps: ['5%', '100%']\n  interval: 1h\n";
-    let shop = Shop::start((1, 0), Some(policy("shop", spec)), &[]).await;
+    let (shop, _) = Shop::promoting(spec, (1, 0), (0, 1), "5%").await;
     let s = &shop.sluice;
-    wait_rollout(s, "shop", "first seen", phase("Complete")).await;
-    shop.set_weights(0, 1);
-    wait_rollout(s, "shop", "first step", at("Progressing", "5%")).await;
     assert_eq!(
         shop.tally(20, &[]).await,
         counts(&[("stable", 19), ("canary", 1)])
@@ -887,10 +885,7 @@ async fn a_restart_resumes_the_recorded_step_never_the_spec() {
   interval: 1h
   analysis: {minRequests: 1000}
 ";
-    let mut shop = Shop::start((1, 0), Some(policy("shop", spec)), &[]).await;
-    wait_rollout(&shop.sluice, "shop", "first seen", phase("Complete")).await;
-    shop.set_weights(0, 1);
-    let before = wait_rollout(&shop.sluice, "shop", "first step", at("Progressing", "5%")).await;
+    let (mut shop, before) = Shop::promoting(spec, (1, 0), (0, 1), "5%").await;
     assert_eq!(
         shop.tally(20, &[]).await,
         counts(&[("stable", 19), ("canary", 1)])
@@ -1082,12 +1077,9 @@ async fn a_slow_canary_fails_the_latency_gate() {
   interval: 1h
   analysis: {minRequests: 3, maxLatency: 100ms}
 ";
-    let shop = Shop::start((1, 0), Some(policy("shop", spec)), &[]).await;
+    let (shop, _) = Shop::promoting(spec, (1, 0), (0, 1), "50%").await;
     let s = &shop.sluice;
-    wait_rollout(s, "shop", "first seen", phase("Complete")).await;
     shop.canary.servers[0].delay_by(Duration::from_millis(300));
-    shop.set_weights(0, 1);
-    wait_rollout(s, "shop", "first step", at("Progressing", "50%")).await;
     assert_eq!(
         shop.tally(6, &[]).await,
         counts(&[("stable", 3), ("canary", 3)])

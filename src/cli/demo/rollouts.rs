@@ -195,15 +195,7 @@ impl Stage<'_> {
                 }
             }
         }
-        let after = super::counts(self.pods);
-        let received = after
-            .iter()
-            .map(|(service, counts)| {
-                let was: u64 = before[service].iter().sum();
-                (service.clone(), counts.iter().sum::<u64>() - was)
-            })
-            .filter(|(_, n)| *n > 0)
-            .collect();
+        let received = self.received_since(&before);
         RolloutStepReport {
             step: step.into(),
             served,
@@ -212,6 +204,20 @@ impl Stage<'_> {
             failed,
             failures_expected: false,
         }
+    }
+
+    /// Requests each Service's pods received since `before` (a reading of
+    /// their counters), for the Services that received any.
+    fn received_since(&self, before: &BTreeMap<String, Vec<u64>>) -> BTreeMap<String, u64> {
+        super::counts(self.pods)
+            .into_iter()
+            .map(|(service, counts)| {
+                let was: u64 = before.get(&service).map_or(0, |c| c.iter().sum());
+                let now: u64 = counts.iter().sum();
+                (service, now - was)
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect()
     }
 
     /// Send requests one at a time until `service` answered `n` of them
@@ -336,17 +342,7 @@ pub(super) async fn rollback(stage: &mut Stage<'_>) -> anyhow::Result<RolloutAct
     let (sent, failed) = stage
         .until(PAYMENTS_HOST, canary, ROLLBACK_MIN_REQUESTS as usize)
         .await?;
-    let after = super::counts(stage.pods);
-    let received = after
-        .iter()
-        .map(|(s, c)| {
-            (
-                s.clone(),
-                c.iter().sum::<u64>() - before[s].iter().sum::<u64>(),
-            )
-        })
-        .filter(|(_, n)| *n > 0)
-        .collect();
+    let received = stage.received_since(&before);
     steps.push(RolloutStepReport {
         step: "25%".into(),
         served: served(&r),
