@@ -35,6 +35,19 @@ pub(crate) struct BackendRefFields<'a> {
     pub port: Option<i32>,
 }
 
+impl<'a> BackendRefFields<'a> {
+    /// The fields of one of a rule's backendRefs.
+    pub fn of(b: &'a gateway_api::experimental::httproutes::HttpRouteRulesBackendRefs) -> Self {
+        BackendRefFields {
+            group: b.group.as_deref(),
+            kind: b.kind.as_deref(),
+            name: &b.name,
+            namespace: b.namespace.as_deref(),
+            port: b.port,
+        }
+    }
+}
+
 /// What a backendRef resolved to.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Resolution {

@@ -191,13 +191,7 @@ pub fn rollout_inputs(snapshot: &Snapshot, previous: &[RuleSummary]) -> RolloutI
                 .and_then(|r| r.backend_refs.as_deref())
                 .unwrap_or_default()
             {
-                let fields = BackendRefFields {
-                    group: b.group.as_deref(),
-                    kind: b.kind.as_deref(),
-                    name: &b.name,
-                    namespace: b.namespace.as_deref(),
-                    port: b.port,
-                };
+                let fields = BackendRefFields::of(b);
                 let key = backend_key(&rule_key.namespace, &fields);
                 spec.add(key.clone(), u64::from(spec_weight(b.weight)));
                 let ready = match resolver.resolve(&rule_key.namespace, &fields) {

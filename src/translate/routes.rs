@@ -124,13 +124,7 @@ fn compile_rule(
     let mut summaries = Vec::new();
     for (j, b) in refs.iter().enumerate() {
         let bfield = format!("{field}.backendRefs[{j}]");
-        let fields = BackendRefFields {
-            group: b.group.as_deref(),
-            kind: b.kind.as_deref(),
-            name: &b.name,
-            namespace: b.namespace.as_deref(),
-            port: b.port,
-        };
+        let fields = BackendRefFields::of(b);
         let label = BackendResolver::label(ns, &fields);
         let weight = match b.weight.map(u32::try_from) {
             None => 1,

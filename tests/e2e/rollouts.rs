@@ -163,6 +163,20 @@ async fn wait_rollout(
     }
 }
 
+/// Wait until the clock (sluice's and the test's: one machine) is `ms`
+/// past the step start the rollout `r` shows.
+async fn past_step_start(r: &Value, ms: i64) {
+    let started: k8s_openapi::jiff::Timestamp = r["stepStartedAt"]
+        .as_str()
+        .expect("stepStartedAt")
+        .parse()
+        .expect("a time");
+    let until = started + k8s_openapi::jiff::SignedDuration::from_millis(ms);
+    while k8s_openapi::jiff::Timestamp::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn at(phase: &'static str, step: &'static str) -> impl Fn(&Value) -> bool {
     move |r| r["phase"] == phase && r["step"] == step
 }
@@ -308,16 +322,7 @@ async fn a_step_waits_for_its_interval_and_its_requests() {
     );
     // Well past the interval, counted by sluice's clock, with 5 of 6
     // requests: still at the step.
-    let started: k8s_openapi::jiff::Timestamp = r["stepStartedAt"]
-        .as_str()
-        .expect("stepStartedAt")
-        .parse()
-        .expect("a time");
-    while k8s_openapi::jiff::Timestamp::now()
-        < started + k8s_openapi::jiff::SignedDuration::from_millis(1500)
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    past_step_start(&r, 1500).await;
     let r = wait_rollout(s, "shop", "counted", |r| r["requests"] == 5).await;
     assert_eq!(r["step"], "50%", "{r:#}");
     assert!(
@@ -531,16 +536,7 @@ async fn paused_holds_the_step_but_still_rolls_back() {
         shop.tally(20, &[]).await,
         counts(&[("stable", 10), ("canary", 10)])
     );
-    let started: k8s_openapi::jiff::Timestamp = r["stepStartedAt"]
-        .as_str()
-        .expect("stepStartedAt")
-        .parse()
-        .expect("a time");
-    while k8s_openapi::jiff::Timestamp::now()
-        < started + k8s_openapi::jiff::SignedDuration::from_millis(1500)
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    past_step_start(&r, 1500).await;
     let r = wait_rollout(s, "shop", "counted", |r| r["requests"] == 10).await;
     assert_eq!(
         (r["phase"].as_str(), r["step"].as_str()),
