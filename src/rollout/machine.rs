@@ -278,6 +278,22 @@ impl Rollouts {
         })
     }
 
+    /// What the recorded rollouts serve for the governed rules of
+    /// `inputs`, without moving anything along: what a replica that
+    /// follows another's records serves. A rule without a record serves
+    /// its spec shares (no entry).
+    pub fn served(&self, inputs: &RolloutInputs) -> ServedShares {
+        let rules = inputs
+            .rules
+            .iter()
+            .filter_map(|g| {
+                let live = self.live.get(&(g.policy.clone(), g.rule.clone()))?;
+                Some((g.rule.clone(), served_rule(g, &live.rollout)))
+            })
+            .collect();
+        ServedShares { rules }
+    }
+
     /// Move every rollout along: start rollouts for rules whose weights
     /// changed, judge steps, drop rollouts of rules no longer governed.
     pub fn evaluate(
@@ -316,18 +332,9 @@ impl Rollouts {
             };
             advance(&mut live, g, totals, now, &mut out.transitions);
             out.changed |= recorded.as_ref() != Some(&live.rollout);
-            out.served.rules.insert(
-                g.rule.clone(),
-                ServedRule {
-                    policy: g.policy.clone(),
-                    phase: live.rollout.phase,
-                    step: live.rollout.step,
-                    weights: live.rollout.served(),
-                    from: live.rollout.from.clone(),
-                    to: live.rollout.to.clone(),
-                    consistent_by: g.settings.consistent_by.clone(),
-                },
-            );
+            out.served
+                .rules
+                .insert(g.rule.clone(), served_rule(g, &live.rollout));
             next.insert(key, live);
         }
         // Rules no longer governed (policy or route gone, target changed,
@@ -335,6 +342,19 @@ impl Rollouts {
         out.changed |= !self.live.is_empty();
         self.live = next;
         out
+    }
+}
+
+/// How `rollout` serves its governed rule.
+fn served_rule(g: &GovernedRule, rollout: &Rollout) -> ServedRule {
+    ServedRule {
+        policy: g.policy.clone(),
+        phase: rollout.phase,
+        step: rollout.step,
+        weights: rollout.served(),
+        from: rollout.from.clone(),
+        to: rollout.to.clone(),
+        consistent_by: g.settings.consistent_by.clone(),
     }
 }
 
@@ -1216,6 +1236,27 @@ mod tests {
             resumed.rollout().step,
             Percent::parse("25%").ok(),
             "the interval ran from the recorded start"
+        );
+    }
+
+    #[test]
+    fn a_follower_serves_the_recorded_step_even_past_a_new_spec() {
+        let mut rig = Rig::promoting();
+        rig.ok("canary", 10);
+        rig.later(60);
+        let follower = Rollouts::restore(rig.rollouts.records());
+        // The leader has not recorded a rollout for the new weights yet:
+        // the follower keeps serving the recorded step.
+        rig.rule.spec = weights(&[("stable", 1), ("canary", 1)]);
+        let inputs = RolloutInputs {
+            rules: vec![rig.rule.clone()],
+        };
+        let served = follower.served(&inputs);
+        let w = &served.rules[&rig.rule.rule].weights;
+        assert_eq!((w.get(&key("stable")), w.get(&key("canary"))), (19, 1));
+        assert!(
+            Rollouts::new().served(&inputs).rules.is_empty(),
+            "no record: the spec"
         );
     }
 
