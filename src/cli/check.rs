@@ -27,8 +27,8 @@ use crate::rollout::{FileStore, PolicyKey, RolloutReport, Rollouts};
 use crate::source::files::read_all;
 use crate::source::{ConfigError, FileSet};
 use crate::translate::{
-    BackendOutcome, BackendSummary, ObjectStatus, RuleSummary, TranslateOptions, Translation,
-    rollout_inputs, translate_served,
+    BackendOutcome, BackendSummary, ConditionType, ObjectStatus, RuleSummary, TranslateOptions,
+    Translation, rollout_inputs, translate_served,
 };
 
 /// Everything is accepted and resolved.
@@ -370,10 +370,11 @@ fn write_conditions(
 /// is good); a few are negative (`Conflicted`, `PartiallyInvalid`,
 /// `OverlappingTLSConfig`: True is bad). Unknown types are not judged.
 fn condition_is_problem(kind: &str, status: &str) -> bool {
-    match kind {
-        "Accepted" | "ResolvedRefs" | "Programmed" => status != "True",
-        "Conflicted" | "PartiallyInvalid" | "OverlappingTLSConfig" => status == "True",
-        _ => false,
+    use ConditionType::*;
+    match ConditionType::parse(kind) {
+        Some(Accepted | ResolvedRefs | Programmed) => status != "True",
+        Some(Conflicted | PartiallyInvalid | OverlappingTLSConfig) => status == "True",
+        Some(InsecureFrontendValidationMode) | None => false,
     }
 }
 

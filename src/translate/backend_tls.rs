@@ -35,6 +35,7 @@ use gateway_api::apis::standard::backendtlspolicies::{
     BackendTlsPolicyStatus, BackendTlsPolicyStatusAncestors,
     BackendTlsPolicyStatusAncestorsAncestorRef,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -42,23 +43,18 @@ use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
 use super::certificates::{KeyPair, ca_bundle, key_pair};
-use super::conditions::{ConditionMaker, set_condition};
+use super::conditions::{ConditionMaker, ConditionType, Reason, find, is_true, set_condition};
+use super::meta::{namespace_of, sort_key};
+use super::output::{ObjectStatus, StatusMetadata, api_version};
 use super::references::{self, CoreRef, Referrer};
-use super::{ObjectStatus, StatusMetadata, api_version, sort_key};
-use crate::resources::{
-    BackendTlsPolicy, CONTROLLER_NAME, DEFAULT_NAMESPACE, GATEWAY_GROUP, Snapshot,
-};
+use crate::resources::{BackendTlsPolicy, CONTROLLER_NAME, GATEWAY_GROUP, Snapshot};
 use crate::route::BackendTls;
 
 /// `(reason, message)` of a condition that is False.
-type Failure = (&'static str, String);
+type Failure = (Reason, String);
 
 /// `(namespace, name)` of a Gateway.
 type GatewayKey = (String, String);
-
-fn ns_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
-    meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE)
-}
 
 /// One BackendTLSPolicy, validated.
 struct PolicyView<'a> {
@@ -153,7 +149,7 @@ impl<'a> BackendTlsIndex<'a> {
             let Some(name) = gw.metadata.name.as_deref() else {
                 continue;
             };
-            let gw_ns = ns_of(&gw.metadata);
+            let gw_ns = namespace_of(&gw.metadata);
             let r = CoreRef {
                 group: r.group.as_deref().unwrap_or(""),
                 kind: r.kind.as_deref().unwrap_or("Secret"),
@@ -321,26 +317,24 @@ impl<'a> BackendTlsIndex<'a> {
             };
             let condition = match resolved {
                 Ok(_) => cond.make(
-                    "ResolvedRefs",
+                    ConditionType::ResolvedRefs,
                     true,
-                    "ResolvedRefs",
+                    Reason::ResolvedRefs,
                     "all references resolved",
                 ),
-                Err((reason, message)) => cond.make("ResolvedRefs", false, reason, message.clone()),
+                Err((reason, message)) => {
+                    cond.make(ConditionType::ResolvedRefs, false, *reason, message.clone())
+                }
             };
             let Some(serde_json::Value::Array(list)) = object.status.get_mut("conditions") else {
                 continue;
             };
-            let mut conditions: Vec<_> = list
+            let mut conditions: Vec<Condition> = list
                 .iter()
                 .filter_map(|c| serde_json::from_value(c.clone()).ok())
                 .collect();
-            let already_false = conditions.iter().any(
-                |c: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition| {
-                    c.type_ == "ResolvedRefs" && c.status == "False"
-                },
-            );
-            if already_false && condition.status == "True" {
+            let already_false = find(&conditions, ConditionType::ResolvedRefs, false).is_some();
+            if already_false && is_true(&condition) {
                 continue;
             }
             set_condition(&mut conditions, condition);
@@ -357,18 +351,30 @@ impl PolicyView<'_> {
         cond: &ConditionMaker,
     ) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
         let accepted = if let Some((reason, message)) = &self.rejected {
-            cond.make("Accepted", false, reason, message.clone())
+            cond.make(ConditionType::Accepted, false, *reason, message.clone())
         } else if let Some(message) = &self.conflicted {
-            cond.make("Accepted", false, "Conflicted", message.clone())
+            cond.make(
+                ConditionType::Accepted,
+                false,
+                Reason::Conflicted,
+                message.clone(),
+            )
         } else {
-            cond.make("Accepted", true, "Accepted", "policy accepted")
+            cond.make(
+                ConditionType::Accepted,
+                true,
+                Reason::Accepted,
+                "policy accepted",
+            )
         };
         let resolved = match &self.unresolved {
-            Some((reason, message)) => cond.make("ResolvedRefs", false, reason, message.clone()),
+            Some((reason, message)) => {
+                cond.make(ConditionType::ResolvedRefs, false, *reason, message.clone())
+            }
             None => cond.make(
-                "ResolvedRefs",
+                ConditionType::ResolvedRefs,
                 true,
-                "ResolvedRefs",
+                Reason::ResolvedRefs,
                 "all references resolved",
             ),
         };
@@ -377,7 +383,7 @@ impl PolicyView<'_> {
 }
 
 fn validate_policy<'a>(snapshot: &Snapshot, policy: &'a BackendTlsPolicy) -> PolicyView<'a> {
-    let namespace = ns_of(&policy.metadata);
+    let namespace = namespace_of(&policy.metadata);
     let name = policy.metadata.name.as_deref().unwrap_or("");
     let v = &policy.spec.validation;
     let mut view = PolicyView {
@@ -408,7 +414,8 @@ fn validate_policy<'a>(snapshot: &Snapshot, policy: &'a BackendTlsPolicy) -> Pol
         match references::resolve(snapshot, from, r, ca_bundle) {
             Ok(certs) => view.roots.extend(certs),
             Err(e) => {
-                let (reason, message) = e.reason("InvalidKind", "InvalidCACertificateRef");
+                let (reason, message) =
+                    e.reason(Reason::InvalidKind, Reason::InvalidCACertificateRef);
                 failures.push((
                     reason,
                     format!("spec.validation.caCertificateRefs[{i}]: {message}"),
@@ -422,10 +429,10 @@ fn validate_policy<'a>(snapshot: &Snapshot, policy: &'a BackendTlsPolicy) -> Pol
             .map(|f| f.1.as_str())
             .collect::<Vec<_>>()
             .join("; ");
-        view.unresolved = Some((reason, message.clone()));
+        view.unresolved = Some((*reason, message.clone()));
         if view.roots.is_empty() {
             view.rejected = Some((
-                "NoValidCACertificate",
+                Reason::NoValidCACertificate,
                 format!("no CA certificate reference is valid: {message}"),
             ));
         }
@@ -436,14 +443,14 @@ fn validate_policy<'a>(snapshot: &Snapshot, policy: &'a BackendTlsPolicy) -> Pol
         .filter(|w| !w.is_empty())
     {
         view.rejected = Some((
-            "Invalid",
+            Reason::Invalid,
             format!(
                 "spec.validation.wellKnownCACertificates {well_known:?} is not supported; name the CA in caCertificateRefs"
             ),
         ));
     } else if refs.is_empty() {
         view.rejected = Some((
-            "Invalid",
+            Reason::Invalid,
             "spec.validation needs caCertificateRefs (or wellKnownCACertificates)".into(),
         ));
     }
@@ -451,7 +458,7 @@ fn validate_policy<'a>(snapshot: &Snapshot, policy: &'a BackendTlsPolicy) -> Pol
         Ok(n @ ServerName::DnsName(_)) => view.server_name = Some(n),
         _ => {
             view.rejected.get_or_insert((
-                "Invalid",
+                Reason::Invalid,
                 format!(
                     "spec.validation.hostname {:?} is not a DNS name",
                     v.hostname
@@ -464,7 +471,7 @@ fn validate_policy<'a>(snapshot: &Snapshot, policy: &'a BackendTlsPolicy) -> Pol
             (Some(h), _) if !h.is_empty() => view.san_hostnames.push(h.clone()),
             _ => {
                 view.rejected.get_or_insert((
-                    "Invalid",
+                    Reason::Invalid,
                     format!(
                         "spec.validation.subjectAltNames[{i}]: only type Hostname is supported, not URI"
                     ),
@@ -487,8 +494,10 @@ fn resolve_client_cert(
         namespace: gateway_ns,
     };
     references::resolve(snapshot, from, r, key_pair).map_err(|e| {
-        let (reason, message) =
-            e.reason("InvalidClientCertificateRef", "InvalidClientCertificateRef");
+        let (reason, message) = e.reason(
+            Reason::InvalidClientCertificateRef,
+            Reason::InvalidClientCertificateRef,
+        );
         (
             reason,
             format!("spec.tls.backend.clientCertificateRef: {message}"),
@@ -789,7 +798,7 @@ mod tests {
         let index = BackendTlsIndex::new(&s);
         let reason = |gw: &str| match &index.client_certs[&("default", gw)] {
             Ok(_) => "ok",
-            Err((reason, _)) => reason,
+            Err((reason, _)) => reason.as_str(),
         };
         assert_eq!(reason("ok"), "ok");
         for gw in ["missing", "kind", "group", "malformed"] {

@@ -17,9 +17,11 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::ServicePort;
 
 use super::backend_tls::BackendTlsIndex;
+use super::conditions::Reason;
+use super::meta::namespace_of;
 use super::references::{Referrer, reference_allowed};
 use crate::resources::{EndpointSlice, Service, Snapshot};
-use crate::route::{AppProtocol, BackendTls};
+use crate::route::{AppProtocol, BackendTarget, BackendTls, EndpointSet};
 
 /// The label EndpointSlices carry to name their Service.
 pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -59,9 +61,33 @@ pub(crate) enum Resolution {
     },
     NoReadyEndpoints,
     Unresolved {
-        reason: &'static str,
+        reason: Reason,
         message: String,
     },
+}
+
+/// A backendRef (or mirror backendRef) that did not resolve, for the
+/// route's `ResolvedRefs=False`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RefFailure {
+    pub reason: Reason,
+    pub message: String,
+}
+
+/// What the route table does with a backend that resolved so: send to its
+/// endpoints, or answer 503 (no ready endpoint) or 500 (unresolved).
+pub(crate) fn backend_target(resolution: Resolution) -> BackendTarget {
+    match resolution {
+        Resolution::Endpoints {
+            addrs,
+            protocol,
+            tls,
+        } => BackendTarget::Endpoints(EndpointSet::new(addrs, protocol).with_tls(tls.map(|t| t.0))),
+        Resolution::NoReadyEndpoints => BackendTarget::NoReadyEndpoints,
+        Resolution::Unresolved { reason, .. } => BackendTarget::Unresolved {
+            reason: reason.to_string(),
+        },
+    }
 }
 
 /// A backend's TLS settings, compared by their identity key.
@@ -83,18 +109,12 @@ pub(crate) struct BackendResolver<'a> {
     pub tls: BackendTlsIndex<'a>,
 }
 
-fn ns_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
-    meta.namespace
-        .as_deref()
-        .unwrap_or(crate::resources::DEFAULT_NAMESPACE)
-}
-
 impl<'a> BackendResolver<'a> {
     pub fn new(snapshot: &'a Snapshot) -> Self {
         let mut services = BTreeMap::new();
         for s in &snapshot.services {
             if let Some(name) = s.metadata.name.as_deref() {
-                services.insert((ns_of(&s.metadata), name), s);
+                services.insert((namespace_of(&s.metadata), name), s);
             }
         }
         let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
@@ -106,7 +126,7 @@ impl<'a> BackendResolver<'a> {
                 .and_then(|l| l.get(SERVICE_NAME_LABEL));
             if let Some(svc) = svc {
                 slices
-                    .entry((ns_of(&es.metadata), svc.as_str()))
+                    .entry((namespace_of(&es.metadata), svc.as_str()))
                     .or_default()
                     .push(es);
             }
@@ -131,7 +151,7 @@ impl<'a> BackendResolver<'a> {
             let group = r.group.unwrap_or("");
             let kind = r.kind.unwrap_or("Service");
             return Resolution::Unresolved {
-                reason: "InvalidKind",
+                reason: Reason::InvalidKind,
                 message: format!(
                     "backendRef {}: kind {kind:?} of group {group:?} is not supported; only core Services are",
                     Self::label(route_ns, r)
@@ -145,7 +165,7 @@ impl<'a> BackendResolver<'a> {
         };
         if !reference_allowed(self.snapshot, from, "Service", ns, r.name) {
             return Resolution::Unresolved {
-                reason: "RefNotPermitted",
+                reason: Reason::RefNotPermitted,
                 message: format!(
                     "backendRef {}: no ReferenceGrant in namespace {ns} allows HTTPRoutes from namespace {route_ns} to refer to Service {}",
                     Self::label(route_ns, r),
@@ -155,7 +175,7 @@ impl<'a> BackendResolver<'a> {
         }
         let Some(service) = self.services.get(&(ns, r.name)) else {
             return Resolution::Unresolved {
-                reason: "BackendNotFound",
+                reason: Reason::BackendNotFound,
                 message: format!(
                     "backendRef {}: Service {ns}/{} not found",
                     Self::label(route_ns, r),
@@ -165,7 +185,7 @@ impl<'a> BackendResolver<'a> {
         };
         let Some(port_number) = r.port else {
             return Resolution::Unresolved {
-                reason: "BackendNotFound",
+                reason: Reason::BackendNotFound,
                 message: format!(
                     "backendRef {}: a port is required for a Service",
                     Self::label(route_ns, r)
@@ -179,7 +199,7 @@ impl<'a> BackendResolver<'a> {
             .unwrap_or_default();
         let Some(port) = ports.iter().find(|p| p.port == port_number) else {
             return Resolution::Unresolved {
-                reason: "BackendNotFound",
+                reason: Reason::BackendNotFound,
                 message: format!(
                     "backendRef {}: Service {ns}/{} has no port {port_number}",
                     Self::label(route_ns, r),
@@ -334,20 +354,20 @@ endpoints:
         };
         assert_eq!(
             reason(res.resolve("shop", &r("nope", None, 80))),
-            "BackendNotFound"
+            Reason::BackendNotFound
         );
         assert_eq!(
             reason(res.resolve("shop", &r("web", None, 81))),
-            "BackendNotFound"
+            Reason::BackendNotFound
         );
         assert_eq!(
             reason(res.resolve("default", &r("web", Some("shop"), 80))),
-            "RefNotPermitted"
+            Reason::RefNotPermitted
         );
         let mut other = r("bucket", None, 80);
         other.group = Some("storage.example.com");
         other.kind = Some("Bucket");
-        assert_eq!(reason(res.resolve("shop", &other)), "InvalidKind");
+        assert_eq!(reason(res.resolve("shop", &other)), Reason::InvalidKind);
     }
 
     #[test]

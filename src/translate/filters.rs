@@ -16,8 +16,7 @@ use gateway_api::experimental::httproutes::{
 };
 use http::{HeaderName, HeaderValue, StatusCode};
 
-use super::backends::{BackendRefFields, BackendResolver, Resolution};
-use super::{RefFailure, backend_target};
+use super::backends::{BackendRefFields, BackendResolver, RefFailure, Resolution, backend_target};
 use crate::resources::filter_type_name;
 use crate::route::{
     Backend, CorsList, CorsPolicy, Filter, HeaderModifier, Mirror, OriginPattern, PathModifier,
@@ -360,6 +359,7 @@ fn header_modifier<'a>(
 mod tests {
     use super::*;
     use crate::resources::Snapshot;
+    use crate::translate::conditions::Reason;
 
     fn compile(yaml: &str) -> CompiledFilters {
         let filters: Vec<HttpRouteRulesFilters> =
@@ -466,6 +466,6 @@ mod tests {
         );
         assert!(c.filters.is_empty());
         assert_eq!(c.ref_failures.len(), 1);
-        assert_eq!(c.ref_failures[0].reason, "BackendNotFound");
+        assert_eq!(c.ref_failures[0].reason, Reason::BackendNotFound);
     }
 }

@@ -31,10 +31,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use rustls::sign::CertifiedKey;
 
-use super::conditions::ConditionMaker;
+use super::TranslateOptions;
+use super::conditions::{ConditionMaker, ConditionType, Reason, find, is_true};
 use super::listenersets::ListenerSetView;
+use super::meta::sort_key;
+use super::output::{ObjectStatus, StatusMetadata, api_version};
 use super::references::Referrer;
-use super::{ObjectStatus, StatusMetadata, TranslateOptions, api_version, sort_key};
 use crate::resources::{CONTROLLER_NAME, GATEWAY_GROUP, Gateway, GatewayClass, Snapshot};
 use crate::route::HostPattern;
 
@@ -67,11 +69,11 @@ pub(crate) struct ListenerView {
     pub certificate: Option<Arc<CertifiedKey>>,
     /// HTTPS: `(reason, message)` of `ResolvedRefs=False` for its
     /// certificateRefs.
-    pub tls_unresolved: Option<(&'static str, String)>,
+    pub tls_unresolved: Option<(Reason, String)>,
     /// HTTPS: client certificate validation (Gateway `spec.tls.frontend`).
     pub frontend: tls::frontend::ListenerFrontend,
     /// (reason, message) of the `Conflicted=True` condition.
-    pub conflict: Option<(&'static str, String)>,
+    pub conflict: Option<(Reason, String)>,
     /// Accepted routes attached to this listener.
     pub attached_routes: i32,
     /// Where the listener is defined: `None` in the Gateway's own
@@ -99,7 +101,7 @@ pub(crate) struct GatewayView {
     pub name: String,
     pub cond: ConditionMaker,
     /// (reason, message) when the Gateway as a whole is not accepted.
-    pub rejected: Option<(&'static str, String)>,
+    pub rejected: Option<(Reason, String)>,
     pub addresses: Vec<IpAddr>,
     /// The Gateway's own listeners, then those of its admitted
     /// ListenerSets in precedence order.
@@ -173,9 +175,9 @@ pub(crate) fn gateway_classes(
         let cond = ConditionMaker { generation, now };
         let status = GatewayClassStatus {
             conditions: Some(vec![cond.make(
-                "Accepted",
+                ConditionType::Accepted,
                 true,
-                "Accepted",
+                Reason::Accepted,
                 format!("handled by {CONTROLLER_NAME}"),
             )]),
             supported_features: None,
@@ -259,7 +261,7 @@ fn gateway_view(
         let ty = a.r#type.as_deref().unwrap_or("IPAddress");
         if ty != "IPAddress" {
             rejected = Some((
-                "UnsupportedAddress",
+                Reason::UnsupportedAddress,
                 format!(
                     "spec.addresses[{i}]: address type {ty} is not supported; sluice binds IPAddress addresses only"
                 ),
@@ -273,7 +275,7 @@ fn gateway_view(
                 Ok(ip) => addresses.push(ip),
                 Err(_) => {
                     rejected = Some((
-                        "UnsupportedAddress",
+                        Reason::UnsupportedAddress,
                         format!("spec.addresses[{i}]: {v:?} is not an IP address"),
                     ));
                 }
@@ -290,7 +292,7 @@ fn gateway_view(
             .and_then(|i| i.parameters_ref.as_ref())
     {
         rejected = Some((
-            "InvalidParameters",
+            Reason::InvalidParameters,
             format!(
                 "spec.infrastructure.parametersRef: {}/{} {} is not supported; sluice takes no parameters",
                 p.group, p.kind, p.name
@@ -453,7 +455,7 @@ fn find_conflicts(views: &mut [GatewayView]) {
             ),
         }
     };
-    let mut conflicts: BTreeMap<(usize, usize), (&'static str, String)> = BTreeMap::new();
+    let mut conflicts: BTreeMap<(usize, usize), (Reason, String)> = BTreeMap::new();
     for (socket, members) in &by_socket {
         // The Gateways' own listeners: every indistinct one is conflicted.
         let own: Vec<(usize, usize)> = members
@@ -469,7 +471,7 @@ fn find_conflicts(views: &mut [GatewayView]) {
             let list: Vec<&str> = protocols.into_iter().collect();
             for &m in &own {
                 conflicts.entry(m).or_insert((
-                    "ProtocolConflict",
+                    Reason::ProtocolConflict,
                     format!(
                         "listeners on {socket} use different protocols ({})",
                         list.join(", ")
@@ -486,7 +488,7 @@ fn find_conflicts(views: &mut [GatewayView]) {
                     .collect();
                 if !others.is_empty() {
                     conflicts.entry(m).or_insert((
-                        "HostnameConflict",
+                        Reason::HostnameConflict,
                         format!(
                             "listener(s) {} on {socket} have the same hostname {host}",
                             others.join(", ")
@@ -515,7 +517,7 @@ fn find_conflicts(views: &mut [GatewayView]) {
             let conflict =
                 if let Some(&o) = before.iter().find(|&&o| lv(o).protocol != this.protocol) {
                     Some((
-                        "ProtocolConflict",
+                        Reason::ProtocolConflict,
                         format!(
                             "listener {} on {socket} comes first and uses protocol {}",
                             id(views, o),
@@ -528,7 +530,7 @@ fn find_conflicts(views: &mut [GatewayView]) {
                         .find(|&&o| lv(o).hostname == this.hostname)
                         .map(|&o| {
                             (
-                                "HostnameConflict",
+                                Reason::HostnameConflict,
                                 format!(
                                     "listener {} on {socket} comes first with the same hostname {}",
                                     id(views, o),
@@ -560,7 +562,7 @@ fn find_conflicts(views: &mut [GatewayView]) {
             for (this, other) in [(a, b), (b, a)] {
                 for m in by_socket[this].iter().filter(|m| served(m)) {
                     conflicts.entry(*m).or_insert((
-                        "PortUnavailable",
+                        Reason::PortUnavailable,
                         format!("{this} and {other} cannot both be bound"),
                     ));
                 }
@@ -623,24 +625,36 @@ pub(crate) fn listener_status(
     let mut conds: Vec<Condition> = Vec::new();
     let accepted = match (&l.conflict, &l.unsupported) {
         (Some((reason, message)), Some(_)) if conflict_first => {
-            c.make("Accepted", false, reason, message.clone())
+            c.make(ConditionType::Accepted, false, *reason, message.clone())
         }
-        (_, Some(message)) => c.make("Accepted", false, "UnsupportedProtocol", message.clone()),
-        (Some((reason, message)), None) => c.make("Accepted", false, reason, message.clone()),
-        (None, None) if !l.frontend.accepted() => c.make(
-            "Accepted",
+        (_, Some(message)) => c.make(
+            ConditionType::Accepted,
             false,
-            "NoValidCACertificate",
+            Reason::UnsupportedProtocol,
+            message.clone(),
+        ),
+        (Some((reason, message)), None) => {
+            c.make(ConditionType::Accepted, false, *reason, message.clone())
+        }
+        (None, None) if !l.frontend.accepted() => c.make(
+            ConditionType::Accepted,
+            false,
+            Reason::NoValidCACertificate,
             l.frontend.rejection(),
         ),
-        (None, None) => c.make("Accepted", true, "Accepted", "listener accepted"),
+        (None, None) => c.make(
+            ConditionType::Accepted,
+            true,
+            Reason::Accepted,
+            "listener accepted",
+        ),
     };
     conds.push(accepted);
     conds.push(if view.serves(i) {
         c.make(
-            "Programmed",
+            ConditionType::Programmed,
             true,
-            "Programmed",
+            Reason::Programmed,
             format!(
                 "served on {}",
                 l.binds
@@ -652,42 +666,42 @@ pub(crate) fn listener_status(
         )
     } else if let Some((_, message)) = &view.rejected {
         c.make(
-            "Programmed",
+            ConditionType::Programmed,
             false,
-            "Invalid",
+            Reason::Invalid,
             format!("the Gateway is not accepted: {message}"),
         )
     } else if let (true, Some((reason, message))) = (conflict_first, &l.conflict) {
-        c.make("Programmed", false, reason, message.clone())
+        c.make(ConditionType::Programmed, false, *reason, message.clone())
     } else if l.valid() && l.lacks_certificate() {
         c.make(
-            "Programmed",
+            ConditionType::Programmed,
             false,
-            "Invalid",
+            Reason::Invalid,
             "no certificate of the listener resolved; TLS cannot be terminated",
         )
     } else {
         c.make(
-            "Programmed",
+            ConditionType::Programmed,
             false,
-            "Invalid",
+            Reason::Invalid,
             "the listener is not accepted",
         )
     });
     conds.push(if let Some((reason, message)) = &l.tls_unresolved {
-        c.make("ResolvedRefs", false, reason, message.clone())
+        c.make(ConditionType::ResolvedRefs, false, *reason, message.clone())
     } else if l.invalid_kinds.is_empty() {
         c.make(
-            "ResolvedRefs",
+            ConditionType::ResolvedRefs,
             true,
-            "ResolvedRefs",
+            Reason::ResolvedRefs,
             "all references resolved",
         )
     } else {
         c.make(
-            "ResolvedRefs",
+            ConditionType::ResolvedRefs,
             false,
-            "InvalidRouteKinds",
+            Reason::InvalidRouteKinds,
             format!(
                 "route kinds {} are not supported; sluice supports HTTPRoute",
                 l.invalid_kinds.join(", ")
@@ -695,8 +709,15 @@ pub(crate) fn listener_status(
         )
     });
     conds.push(match &l.conflict {
-        Some((reason, message)) => c.make("Conflicted", true, reason, message.clone()),
-        None => c.make("Conflicted", false, "NoConflicts", "no conflicts"),
+        Some((reason, message)) => {
+            c.make(ConditionType::Conflicted, true, *reason, message.clone())
+        }
+        None => c.make(
+            ConditionType::Conflicted,
+            false,
+            Reason::NoConflicts,
+            "no conflicts",
+        ),
     });
     GatewayStatusListeners {
         attached_routes: l.attached_routes,
@@ -721,45 +742,56 @@ pub(crate) fn gateway_status(view: &GatewayView) -> ObjectStatus {
     let mut invalid = Vec::new();
     for i in view.listeners_of(None) {
         let status = listener_status(view, i, c, false);
-        if let Some(a) = status
-            .conditions
-            .iter()
-            .find(|a| a.type_ == "Accepted" && a.status == "False")
-        {
+        if let Some(a) = find(&status.conditions, ConditionType::Accepted, false) {
             invalid.push(format!("{} ({})", status.name, a.reason));
         }
         listeners.push(status);
     }
     let any_valid = view.listeners_of(None).any(|i| view.listeners[i].valid());
     let accepted = match &view.rejected {
-        Some((reason, message)) => c.make("Accepted", false, reason, message.clone()),
+        Some((reason, message)) => c.make(ConditionType::Accepted, false, *reason, message.clone()),
         None if !any_valid => c.make(
-            "Accepted",
+            ConditionType::Accepted,
             false,
-            "ListenersNotValid",
+            Reason::ListenersNotValid,
             format!("no listener is valid: {}", invalid.join(", ")),
         ),
         None if !invalid.is_empty() => c.make(
-            "Accepted",
+            ConditionType::Accepted,
             true,
-            "ListenersNotValid",
+            Reason::ListenersNotValid,
             format!(
                 "listeners not accepted: {}; the others are served",
                 invalid.join(", ")
             ),
         ),
-        None => c.make("Accepted", true, "Accepted", "Gateway accepted"),
+        None => c.make(
+            ConditionType::Accepted,
+            true,
+            Reason::Accepted,
+            "Gateway accepted",
+        ),
     };
     let any_served = view.listeners_of(None).any(|i| view.serves(i));
-    let programmed = if accepted.status == "True" && any_served {
-        c.make("Programmed", true, "Programmed", "Gateway programmed")
-    } else if accepted.status == "True" {
-        c.make("Programmed", false, "Invalid", "no listener can be served")
+    let programmed = if is_true(&accepted) && any_served {
+        c.make(
+            ConditionType::Programmed,
+            true,
+            Reason::Programmed,
+            "Gateway programmed",
+        )
+    } else if is_true(&accepted) {
+        c.make(
+            ConditionType::Programmed,
+            false,
+            Reason::Invalid,
+            "no listener can be served",
+        )
     } else {
         c.make(
-            "Programmed",
+            ConditionType::Programmed,
             false,
-            "Invalid",
+            Reason::Invalid,
             "the Gateway is not accepted",
         )
     };

@@ -26,13 +26,14 @@ use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::conditions::ConditionMaker;
+use super::conditions::{ConditionMaker, ConditionType, Reason};
 use super::gateways::{
     AllowedNamespaces, GatewayView, ListenerTls, listener_status, listener_tls, listener_view,
     namespace_allowed,
 };
+use super::meta::sort_key;
+use super::output::{ObjectStatus, StatusMetadata, api_version};
 use super::references::Referrer;
-use super::{ObjectStatus, StatusMetadata, api_version, sort_key};
 use crate::resources::{DEFAULT_NAMESPACE, GATEWAY_GROUP, Gateway, Snapshot};
 
 /// One ListenerSet whose parentRef names one of our Gateways.
@@ -46,7 +47,7 @@ pub(crate) struct ListenerSetView {
     /// `(reason, message)` of `Accepted=False` when the Gateway does not
     /// take it (`NotAllowed`, `ParentNotAccepted`): none of its listeners
     /// are merged.
-    pub rejected: Option<(&'static str, String)>,
+    pub rejected: Option<(Reason, String)>,
 }
 
 impl ListenerSetView {
@@ -123,11 +124,11 @@ pub(crate) fn admit(
         };
         let rejected = if let Some((reason, _)) = &view.rejected {
             Some((
-                "ParentNotAccepted",
+                Reason::ParentNotAccepted,
                 format!("Gateway {gw_ns}/{} is not accepted ({reason})", parent.name),
             ))
         } else {
-            not_allowed(gateway, gw_ns, &parent.name, ns, labels).map(|m| ("NotAllowed", m))
+            not_allowed(gateway, gw_ns, &parent.name, ns, labels).map(|m| (Reason::NotAllowed, m))
         };
         if rejected.is_none() {
             for (i, l) in set.spec.listeners.iter().enumerate() {
@@ -222,15 +223,15 @@ pub(crate) fn listener_set_status(view: &GatewayView, set: &ListenerSetView) -> 
     let mut status = ListenerSetStatus::default();
     match &set.rejected {
         Some((reason, message)) => {
-            let programmed = if *reason == "ParentNotAccepted" {
-                "ParentNotProgrammed"
+            let programmed = if *reason == Reason::ParentNotAccepted {
+                Reason::ParentNotProgrammed
             } else {
-                reason
+                *reason
             };
             status.conditions = Some(vec![
-                c.make("Accepted", false, reason, message.clone()),
+                c.make(ConditionType::Accepted, false, *reason, message.clone()),
                 c.make(
-                    "Programmed",
+                    ConditionType::Programmed,
                     false,
                     programmed,
                     format!("not merged into its Gateway: {message}"),
@@ -249,23 +250,33 @@ pub(crate) fn listener_set_status(view: &GatewayView, set: &ListenerSetView) -> 
             status.conditions = Some(if invalid.len() == own.len() {
                 let message = format!("no listener is valid: {}", invalid.join(", "));
                 vec![
-                    c.make("Accepted", false, "ListenersNotValid", message.clone()),
-                    c.make("Programmed", false, "ListenersNotValid", message),
+                    c.make(
+                        ConditionType::Accepted,
+                        false,
+                        Reason::ListenersNotValid,
+                        message.clone(),
+                    ),
+                    c.make(
+                        ConditionType::Programmed,
+                        false,
+                        Reason::ListenersNotValid,
+                        message,
+                    ),
                 ]
             } else {
                 vec![
                     if invalid.is_empty() {
                         c.make(
-                            "Accepted",
+                            ConditionType::Accepted,
                             true,
-                            "Accepted",
+                            Reason::Accepted,
                             format!("merged into {gateway}"),
                         )
                     } else {
                         c.make(
-                            "Accepted",
+                            ConditionType::Accepted,
                             true,
-                            "ListenersNotValid",
+                            Reason::ListenersNotValid,
                             format!(
                                 "merged into {gateway}; listeners not valid: {}; the others are served",
                                 invalid.join(", ")
@@ -273,9 +284,19 @@ pub(crate) fn listener_set_status(view: &GatewayView, set: &ListenerSetView) -> 
                         )
                     },
                     if any_served {
-                        c.make("Programmed", true, "Programmed", "ListenerSet programmed")
+                        c.make(
+                            ConditionType::Programmed,
+                            true,
+                            Reason::Programmed,
+                            "ListenerSet programmed",
+                        )
                     } else {
-                        c.make("Programmed", false, "Invalid", "no listener can be served")
+                        c.make(
+                            ConditionType::Programmed,
+                            false,
+                            Reason::Invalid,
+                            "no listener can be served",
+                        )
                     },
                 ]
             });
@@ -300,10 +321,8 @@ pub(crate) fn listener_set_status(view: &GatewayView, set: &ListenerSetView) -> 
 
 #[cfg(test)]
 mod tests {
-    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-
     use crate::translate::Translation;
-    use crate::translate::testing::translate_manifests;
+    use crate::translate::testing::{bind, condition, listener, status, translate_manifests};
 
     const GATEWAY: &str = "apiVersion: gateway.networking.k8s.io/v1
 kind: GatewayClass
@@ -323,28 +342,6 @@ spec:
         translate_manifests(&format!("{GATEWAY}---\n{yaml}"))
     }
 
-    fn status<'a>(t: &'a Translation, kind: &str, name: &str) -> &'a serde_json::Value {
-        &t.status
-            .objects
-            .iter()
-            .find(|o| o.kind == kind && o.metadata.name == name)
-            .unwrap_or_else(|| panic!("{kind} {name} has a status"))
-            .status
-    }
-
-    fn condition(conditions: &serde_json::Value, ty: &str) -> (String, String) {
-        let c = conditions
-            .as_array()
-            .expect("conditions")
-            .iter()
-            .find(|c| c["type"] == ty)
-            .unwrap_or_else(|| panic!("no {ty} in {conditions}"));
-        (
-            c["status"].as_str().unwrap_or("").into(),
-            c["reason"].as_str().unwrap_or("").into(),
-        )
-    }
-
     const TWO_PORTS: &str = "apiVersion: gateway.networking.k8s.io/v1
 kind: ListenerSet
 metadata: {name: set}
@@ -358,25 +355,15 @@ spec:
     #[test]
     fn bind_failures_mark_the_listener_set_that_defines_the_listener() {
         let mut t = translate_yaml(TWO_PORTS);
-        let bind = |port| SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port);
         t.status
             .apply_bind_failures(&[(bind(9090), "Address already in use".into())]);
-        let set = status(&t, "ListenerSet", "set").clone();
-        let listener = |name: &str| {
-            set["listeners"]
-                .as_array()
-                .expect("listeners")
-                .iter()
-                .find(|l| l["name"] == name)
-                .expect("listener")
-                .clone()
-        };
+        let set = status(&t, "ListenerSet", "set");
         assert_eq!(
-            condition(&listener("a")["conditions"], "Accepted"),
+            condition(&listener(set, "a")["conditions"], "Accepted"),
             ("False".into(), "PortUnavailable".into())
         );
         assert_eq!(
-            condition(&listener("b")["conditions"], "Programmed"),
+            condition(&listener(set, "b")["conditions"], "Programmed"),
             ("True".into(), "Programmed".into())
         );
         assert_eq!(

@@ -1,5 +1,6 @@
 //! translate: the pure function from a [`Snapshot`] to what sluice serves
-//! ([`RouteTable`]) and what it reports ([`StatusReport`]).
+//! ([`RouteTable`](crate::route::RouteTable)) and what it reports
+//! ([`StatusReport`]).
 //!
 //! All Gateway API semantics of *configuration* live here: which Gateways
 //! are ours, which routes attach to which listeners, hostname intersection,
@@ -8,203 +9,45 @@
 
 mod backend_tls;
 mod backends;
+mod bind_failures;
 mod certificates;
 mod conditions;
 mod filters;
 mod gateways;
 mod listenersets;
 mod matches;
+mod meta;
+mod output;
 mod references;
 mod rollouts;
 mod routes;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, SocketAddr};
-
-use gateway_api::experimental::gateways::GatewayStatus;
-use gateway_api::experimental::httproutes::{
-    HttpRouteStatus, HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
+pub(crate) use conditions::ConditionType;
+pub use output::{
+    BackendOutcome, BackendSummary, ListenerBind, ObjectStatus, RuleRollout, RuleSummary,
+    StatusMetadata, StatusReport, Translation,
 };
-use gateway_api::experimental::listenersets::ListenerSetStatus;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
-use k8s_openapi::jiff::Timestamp;
-use serde::Serialize;
-
-use crate::resources::{CONTROLLER_NAME, DEFAULT_NAMESPACE, GATEWAY_GROUP, Snapshot};
-use crate::rollout::{BackendKey, ServedShares};
-use crate::route::{BackendTarget, EndpointSet, RouteOrder, RouteTable, RouteTableBuilder};
-
-use backends::{BackendResolver, Resolution};
-use conditions::{ConditionMaker, set_condition};
-
 pub use rollouts::rollout_inputs;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::resources::{CONTROLLER_NAME, Snapshot};
+use crate::rollout::ServedShares;
+use crate::route::{ListenerHandle, RouteOrder, RouteTableBuilder};
+
+use backends::BackendResolver;
+use gateways::GatewayView;
+use meta::{created_nanos, namespace_of, sort_key};
+use routes::AttachedRoute;
 
 /// Settings that are not part of the manifests.
 #[derive(Debug, Clone)]
 pub struct TranslateOptions {
     /// Address listeners bind on when their Gateway has no `spec.addresses`.
     pub default_bind: IpAddr,
-}
-
-/// Everything translate produces.
-#[derive(Debug)]
-pub struct Translation {
-    pub table: RouteTable,
-    pub status: StatusReport,
-    /// Every HTTPRoute rule that is attached somewhere, with its backends'
-    /// shares (what `sluice check` prints), in (namespace, name, rule) order.
-    pub rules: Vec<RuleSummary>,
-    /// Traps worth a warning that are not errors (an omitted weight next to
-    /// explicit ones, a backend whose share will get 500 or 503, ...).
-    pub warnings: Vec<String>,
-}
-
-/// The status of every object, in the shape Kubernetes would hold it.
-#[derive(Debug, Clone, Default, Serialize)]
-#[serde(transparent)]
-pub struct StatusReport {
-    pub objects: Vec<ObjectStatus>,
-    /// Which socket each Gateway listener is served on, so that runtime bind
-    /// failures can be reported against the right listener.
-    #[serde(skip)]
-    pub listener_binds: Vec<ListenerBind>,
-}
-
-/// `{apiVersion, kind, metadata, status}` of one object.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct ObjectStatus {
-    pub api_version: String,
-    pub kind: String,
-    pub metadata: StatusMetadata,
-    pub status: serde_json::Value,
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct StatusMetadata {
-    pub name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    pub generation: i64,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ListenerBind {
-    pub gateway_namespace: String,
-    pub gateway_name: String,
-    /// `(namespace, name)` of the ListenerSet that defines the listener;
-    /// `None` for one of the Gateway's own listeners.
-    pub listener_set: Option<(String, String)>,
-    pub listener: String,
-    pub bind: SocketAddr,
-}
-
-/// One rule's backends and their shares, for `sluice check`.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct RuleSummary {
-    /// `<namespace>/<name>` of the HTTPRoute.
-    pub route: String,
-    pub rule: usize,
-    pub backends: Vec<BackendSummary>,
-    /// The RolloutPolicy governing the rule, when one does.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rollout: Option<RuleRollout>,
-}
-
-/// Which rollout governs a rule, and where it is.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct RuleRollout {
-    /// `<namespace>/<name>` of the RolloutPolicy.
-    pub policy: String,
-    pub phase: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub step: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct BackendSummary {
-    /// `<namespace>/<name>:<port>` (kind prefixed when not a Service).
-    pub name: String,
-    pub weight: u32,
-    /// The weight was omitted in the manifest (so it is 1).
-    pub weight_omitted: bool,
-    /// Percentage of the rule's traffic, `100 * weight / sum`.
-    pub share_percent: f64,
-    pub outcome: BackendOutcome,
-    /// What the backendRef points at (its identity across reorderings).
-    #[serde(skip)]
-    pub key: BackendKey,
-    /// The weight served when a rollout governs the rule (the spec's
-    /// `weight` otherwise).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub served_weight: Option<u64>,
-    /// Percentage of the rule's traffic served, when a rollout governs it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub served_percent: Option<f64>,
-    /// The spec no longer lists the backend; a rollout still serves it.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub removed_from_spec: bool,
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(
-    tag = "outcome",
-    rename_all = "camelCase",
-    rename_all_fields = "camelCase"
-)]
-pub enum BackendOutcome {
-    /// Resolved, with this many ready endpoints.
-    Serves { ready_endpoints: usize },
-    /// Resolved but no ready endpoint: its share gets 503.
-    NoReadyEndpoints,
-    /// Does not resolve: its share gets 500. `reason` is the spec's
-    /// (`BackendNotFound`, `InvalidKind`, `RefNotPermitted`).
-    Unresolved { reason: String, message: String },
-}
-
-/// A backendRef (or mirror backendRef) that did not resolve.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct RefFailure {
-    pub reason: &'static str,
-    pub message: String,
-}
-
-pub(crate) fn backend_target(resolution: Resolution) -> BackendTarget {
-    match resolution {
-        Resolution::Endpoints {
-            addrs,
-            protocol,
-            tls,
-        } => BackendTarget::Endpoints(EndpointSet::new(addrs, protocol).with_tls(tls.map(|t| t.0))),
-        Resolution::NoReadyEndpoints => BackendTarget::NoReadyEndpoints,
-        Resolution::Unresolved { reason, .. } => BackendTarget::Unresolved {
-            reason: reason.to_string(),
-        },
-    }
-}
-
-pub(crate) fn api_version() -> String {
-    format!("{GATEWAY_GROUP}/v1")
-}
-
-/// Inputs are ordered by (creationTimestamp, namespace, name) so that the
-/// output never depends on file order.
-pub(crate) fn sort_key(meta: &ObjectMeta) -> (i128, String, String) {
-    (
-        created_nanos(meta),
-        meta.namespace.clone().unwrap_or_default(),
-        meta.name.clone().unwrap_or_default(),
-    )
-}
-
-fn created_nanos(meta: &ObjectMeta) -> i128 {
-    meta.creation_timestamp
-        .as_ref()
-        .map(|t| t.0.as_nanosecond())
-        .unwrap_or(0)
 }
 
 /// Build the route table and status for a snapshot, with conditions
@@ -215,6 +58,11 @@ pub fn translate(snapshot: &Snapshot, options: &TranslateOptions) -> Translation
 
 /// [`translate`] with the time conditions are stamped with
 /// (`lastTransitionTime`) given: the pure form, for tests.
+///
+/// Translation runs in phases, each owning one step: our Gateways with
+/// their listeners and conflicts (`gateways::gateways`), then
+/// `bind_listeners`, `attach_routes`, the routes' status
+/// (`routes::route_status`) and `assemble_status`.
 pub fn translate_at(
     snapshot: &Snapshot,
     options: &TranslateOptions,
@@ -241,28 +89,73 @@ pub fn translate_served_at(
     now: Timestamp,
 ) -> Translation {
     let mut warnings = Vec::new();
-    let (mut objects, classes) = gateways::gateway_classes(snapshot, now);
-    let namespace_labels: BTreeMap<&str, &BTreeMap<String, String>> = snapshot
+    let labels = namespace_labels(snapshot);
+    let (class_statuses, classes) = gateways::gateway_classes(snapshot, now);
+    let mut views = gateways::gateways(snapshot, &classes, options, &labels, now, &mut warnings);
+    let mut listeners = bind_listeners(&views);
+    let resolver = BackendResolver::new(snapshot);
+    let (attached, rules) = attach_routes(
+        snapshot,
+        &mut views,
+        &mut listeners,
+        &resolver,
+        served,
+        &labels,
+        &mut warnings,
+    );
+    let route_statuses = attached
+        .iter()
+        .map(|route| routes::route_status(route, &views, now));
+    let mut objects = assemble_status(class_statuses, &views, route_statuses, &resolver, now);
+    let route_gateways = rollouts::route_gateways(&attached, &views);
+    objects.extend(rollouts::policy_statuses(snapshot, &route_gateways, now));
+    Translation {
+        table: listeners.builder.build(),
+        status: StatusReport {
+            objects,
+            listener_binds: listeners.binds,
+        },
+        rules,
+        warnings,
+    }
+}
+
+/// Each namespace's labels, for `allowedRoutes` and `allowedListeners`
+/// selectors. Every namespace has `kubernetes.io/metadata.name` (Kubernetes
+/// sets it), even one the snapshot holds no Namespace object for.
+fn namespace_labels(snapshot: &Snapshot) -> impl Fn(&str) -> BTreeMap<String, String> + '_ {
+    let by_name: BTreeMap<&str, &BTreeMap<String, String>> = snapshot
         .namespaces
         .iter()
         .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()?)))
         .collect();
-    let labels = |ns: &str| -> BTreeMap<String, String> {
-        let mut l = namespace_labels
-            .get(ns)
-            .map(|l| (*l).clone())
-            .unwrap_or_default();
+    move |ns: &str| {
+        let mut l = by_name.get(ns).map(|l| (*l).clone()).unwrap_or_default();
         l.insert("kubernetes.io/metadata.name".into(), ns.to_string());
         l
-    };
+    }
+}
 
-    let mut views = gateways::gateways(snapshot, &classes, options, &labels, now, &mut warnings);
+/// The route table's listeners, before any route is attached.
+struct BoundListeners {
+    builder: RouteTableBuilder,
+    /// Which socket each listener is served on, for bind failures.
+    binds: Vec<ListenerBind>,
+    /// `handles[gateway][listener]`: one per socket the listener is served
+    /// on (none when it is not served).
+    handles: Vec<Vec<Vec<ListenerHandle>>>,
+}
 
+/// Phase: bind listeners. Every listener that is served
+/// ([`GatewayView::serves`]) gets a route table listener on each of its
+/// sockets, with its certificate and client validation, and a
+/// [`ListenerBind`] so that a socket that cannot be bound is reported on
+/// it. Listeners that are not served get no socket.
+fn bind_listeners(views: &[GatewayView]) -> BoundListeners {
     let mut builder = RouteTableBuilder::new();
-    let mut listener_binds = Vec::new();
-    // handles[gateway][listener]: one per socket the listener is served on.
+    let mut binds = Vec::new();
     let mut handles = Vec::new();
-    for view in &views {
+    for view in views {
         let mut per_listener = Vec::new();
         for (l, listener) in view.listeners.iter().enumerate() {
             let mut hs = Vec::new();
@@ -277,7 +170,7 @@ pub fn translate_served_at(
                         builder.set_port_client_validation(*bind, v.clone());
                     }
                     hs.push(handle);
-                    listener_binds.push(ListenerBind {
+                    binds.push(ListenerBind {
                         gateway_namespace: view.namespace.clone(),
                         gateway_name: view.name.clone(),
                         listener_set: listener.owner.map(|s| {
@@ -293,23 +186,39 @@ pub fn translate_served_at(
         }
         handles.push(per_listener);
     }
+    BoundListeners {
+        builder,
+        binds,
+        handles,
+    }
+}
 
-    let resolver = BackendResolver::new(snapshot);
+/// Phase: attach routes. Each HTTPRoute, oldest first, is attached through
+/// its parentRefs ([`routes::attach`]) and compiled
+/// ([`routes::compile_route`]). Unless it asks for something sluice cannot
+/// honour, its rules are added to every listener it attached to, and each
+/// such listener counts it once however many parentRefs reach it. A route
+/// that names none of our Gateways only gets a warning.
+///
+/// Returns the routes to report on, in that order, and the rule summaries
+/// of those accepted somewhere, by (route, rule).
+fn attach_routes<'a>(
+    snapshot: &'a Snapshot,
+    views: &mut [GatewayView],
+    listeners: &mut BoundListeners,
+    resolver: &BackendResolver<'_>,
+    served: &ServedShares,
+    labels: &dyn Fn(&str) -> BTreeMap<String, String>,
+    warnings: &mut Vec<String>,
+) -> (Vec<AttachedRoute<'a>>, Vec<RuleSummary>) {
     let mut routes: Vec<_> = snapshot.http_routes.iter().collect();
     routes.sort_by_key(|r| sort_key(&r.metadata));
-    let mut route_statuses = Vec::new();
+    let mut attached_routes = Vec::new();
     let mut rules = Vec::new();
-    // route -> the Gateways that accepted it (RolloutPolicy ancestors).
-    let mut route_gateways: BTreeMap<(String, String), BTreeSet<(String, String)>> =
-        BTreeMap::new();
     for route in routes {
-        let ns = route
-            .metadata
-            .namespace
-            .as_deref()
-            .unwrap_or(DEFAULT_NAMESPACE);
+        let ns = namespace_of(&route.metadata);
         let name = route.metadata.name.as_deref().unwrap_or("");
-        let parents = routes::attach(route, ns, &views, &labels);
+        let parents = routes::attach(route, ns, views, labels);
         if parents.is_empty() {
             warnings.push(format!(
                 "HTTPRoute {ns}/{name}: no parentRef names a Gateway of {CONTROLLER_NAME}, or a ListenerSet whose parent is one; the route is ignored"
@@ -329,124 +238,70 @@ pub fn translate_served_at(
                 })
                 .collect(),
         );
-        let compiled = routes::compile_route(route, ns, name, &resolver, served);
-        let cond = ConditionMaker {
-            generation: route.metadata.generation.unwrap_or(0),
-            now,
-        };
+        let compiled = routes::compile_route(route, ns, name, resolver, served);
         let order = RouteOrder {
             created: created_nanos(&route.metadata),
             namespace: ns.to_string(),
             name: name.to_string(),
         };
-        let resolved = match compiled.ref_failures.first() {
-            None => cond.make(
-                "ResolvedRefs",
-                true,
-                "ResolvedRefs",
-                "all references resolved",
-            ),
-            Some(first) => cond.make(
-                "ResolvedRefs",
-                false,
-                first.reason,
-                compiled
-                    .ref_failures
-                    .iter()
-                    .map(|f| f.message.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            ),
-        };
+        // (gateway, listener) pairs the route is attached to already.
         let mut attached: BTreeSet<(usize, usize)> = BTreeSet::new();
-        let mut status_parents = Vec::new();
         let mut accepted_anywhere = false;
-        for parent in &parents {
-            let accepted = if !compiled.unsupported.is_empty() {
-                cond.make(
-                    "Accepted",
-                    false,
-                    "UnsupportedValue",
-                    compiled.unsupported.join("; "),
-                )
-            } else {
-                match &parent.accepted {
-                    Err((reason, message)) => cond.make("Accepted", false, reason, message.clone()),
-                    Ok(attachments) => {
-                        accepted_anywhere = true;
-                        let mut names = Vec::new();
-                        for a in attachments {
-                            route_gateways
-                                .entry((ns.to_string(), name.to_string()))
-                                .or_default()
-                                .insert((
-                                    views[a.gateway].namespace.clone(),
-                                    views[a.gateway].name.clone(),
-                                ));
-                            names.push(views[a.gateway].listeners[a.listener].name.clone());
-                            if !attached.insert((a.gateway, a.listener)) {
-                                continue; // attached here through another parentRef
-                            }
-                            views[a.gateway].listeners[a.listener].attached_routes += 1;
-                            for handle in &handles[a.gateway][a.listener] {
-                                for r in &compiled.rules {
-                                    builder.add_rule(
-                                        *handle,
-                                        &a.hostnames,
-                                        &order,
-                                        r.rule.clone(),
-                                        r.matches.clone(),
-                                    );
-                                }
-                            }
+        if compiled.unsupported.is_empty() {
+            for attachments in parents.iter().filter_map(|p| p.accepted.as_ref().ok()) {
+                accepted_anywhere = true;
+                for a in attachments {
+                    if !attached.insert((a.gateway, a.listener)) {
+                        continue; // attached here through another parentRef
+                    }
+                    views[a.gateway].listeners[a.listener].attached_routes += 1;
+                    for handle in &listeners.handles[a.gateway][a.listener] {
+                        for r in &compiled.rules {
+                            listeners.builder.add_rule(
+                                *handle,
+                                &a.hostnames,
+                                &order,
+                                r.rule.clone(),
+                                r.matches.clone(),
+                            );
                         }
-                        cond.make(
-                            "Accepted",
-                            true,
-                            "Accepted",
-                            format!("attached to listener(s) {}", names.join(", ")),
-                        )
                     }
                 }
-            };
-            let p = parent.parent_ref;
-            status_parents.push(HttpRouteStatusParents {
-                conditions: vec![accepted, resolved.clone()],
-                controller_name: CONTROLLER_NAME.to_string(),
-                parent_ref: HttpRouteStatusParentsParentRef {
-                    group: p.group.clone(),
-                    kind: p.kind.clone(),
-                    name: p.name.clone(),
-                    namespace: p.namespace.clone(),
-                    port: p.port,
-                    section_name: p.section_name.clone(),
-                },
-            });
+            }
         }
         if accepted_anywhere {
             rules.extend(compiled.summaries);
             warnings.extend(compiled.warnings);
         }
-        route_statuses.push(ObjectStatus {
-            api_version: api_version(),
-            kind: "HTTPRoute".into(),
-            metadata: StatusMetadata {
-                name: name.to_string(),
-                namespace: Some(ns.to_string()),
-                generation: cond.generation,
-            },
-            status: serde_json::to_value(HttpRouteStatus {
-                parents: status_parents,
-            })
-            .unwrap_or_default(),
+        attached_routes.push(AttachedRoute {
+            route,
+            namespace: ns,
+            name,
+            parents,
+            unsupported: compiled.unsupported,
+            ref_failures: compiled.ref_failures,
         });
     }
     rules.sort_by(|a, b| (&a.route, a.rule).cmp(&(&b.route, b.rule)));
+    (attached_routes, rules)
+}
 
-    views
-        .iter()
-        .for_each(|v| objects.push(gateways::gateway_status(v)));
-    for view in &views {
+/// Phase: assemble the status, in this order: GatewayClasses, Gateways
+/// (their listeners now count the routes attached), ListenerSets,
+/// HTTPRoutes; then what only the compiled routes tell: the Gateways'
+/// `ResolvedRefs` for their backend client certificate, and the
+/// BackendTLSPolicies the attached routes' backends use. (RolloutPolicies
+/// come last, from the attached routes: [`rollouts::policy_statuses`].)
+fn assemble_status(
+    class_statuses: Vec<ObjectStatus>,
+    views: &[GatewayView],
+    route_statuses: impl Iterator<Item = ObjectStatus>,
+    resolver: &BackendResolver<'_>,
+    now: Timestamp,
+) -> Vec<ObjectStatus> {
+    let mut objects = class_statuses;
+    objects.extend(views.iter().map(gateways::gateway_status));
+    for view in views {
         for set in &view.listener_sets {
             objects.push(listenersets::listener_set_status(view, set));
         }
@@ -454,139 +309,7 @@ pub fn translate_served_at(
     objects.extend(route_statuses);
     resolver.tls.apply_gateway_conditions(&mut objects, now);
     objects.extend(resolver.tls.policy_statuses(now));
-    objects.extend(rollouts::policy_statuses(snapshot, &route_gateways, now));
-    Translation {
-        table: builder.build(),
-        status: StatusReport {
-            objects,
-            listener_binds,
-        },
-        rules,
-        warnings,
-    }
-}
-
-impl StatusReport {
-    /// Report sockets the proxy could not listen on: their listeners get
-    /// `Accepted=False` (reason `PortUnavailable`, "the port is already in
-    /// use") and `Programmed=False` (reason `Pending`), with the OS error
-    /// as message; a Gateway none of whose listeners is programmed any more
-    /// gets `Programmed=False` with reason `AddressNotUsable`, a ListenerSet
-    /// likewise with reason `PortUnavailable`.
-    pub fn apply_bind_failures(&mut self, failures: &[(SocketAddr, String)]) {
-        // (kind, ns, name) of the object defining the listener -> listener
-        // -> errors
-        let mut failed: BTreeMap<(&str, &str, &str), BTreeMap<&str, Vec<String>>> = BTreeMap::new();
-        for b in &self.listener_binds {
-            for (addr, error) in failures {
-                if *addr == b.bind {
-                    let owner = match &b.listener_set {
-                        None => (
-                            "Gateway",
-                            b.gateway_namespace.as_str(),
-                            b.gateway_name.as_str(),
-                        ),
-                        Some((ns, name)) => ("ListenerSet", ns.as_str(), name.as_str()),
-                    };
-                    failed
-                        .entry(owner)
-                        .or_default()
-                        .entry(&b.listener)
-                        .or_default()
-                        .push(format!("cannot listen on {addr}: {error}"));
-                }
-            }
-        }
-        for ((kind, ns, name), listeners) in failed {
-            let Some(object) = self.objects.iter_mut().find(|o| {
-                o.kind == kind
-                    && o.metadata.namespace.as_deref() == Some(ns)
-                    && o.metadata.name == name
-            }) else {
-                continue;
-            };
-            let cond = ConditionMaker {
-                generation: object.metadata.generation,
-                now: Timestamp::now(),
-            };
-            let mark = |listener: &str, conditions: &mut Vec<Condition>| {
-                if let Some(errors) = listeners.get(listener) {
-                    let message = errors.join("; ");
-                    set_condition(
-                        conditions,
-                        cond.make("Accepted", false, "PortUnavailable", message.clone()),
-                    );
-                    set_condition(
-                        conditions,
-                        cond.make("Programmed", false, "Pending", message),
-                    );
-                }
-            };
-            let message = listeners
-                .iter()
-                .map(|(l, e)| format!("listener {l}: {}", e.join("; ")))
-                .collect::<Vec<_>>()
-                .join("; ");
-            let updated = if kind == "Gateway" {
-                let Ok(mut status) = serde_json::from_value::<GatewayStatus>(object.status.clone())
-                else {
-                    continue;
-                };
-                mark_listeners(
-                    status
-                        .listeners
-                        .iter_mut()
-                        .flatten()
-                        .map(|l| (l.name.as_str(), &mut l.conditions)),
-                    mark,
-                    &mut status.conditions,
-                    cond.make("Programmed", false, "AddressNotUsable", message),
-                );
-                serde_json::to_value(status)
-            } else {
-                let Ok(mut status) =
-                    serde_json::from_value::<ListenerSetStatus>(object.status.clone())
-                else {
-                    continue;
-                };
-                mark_listeners(
-                    status
-                        .listeners
-                        .iter_mut()
-                        .flatten()
-                        .map(|l| (l.name.as_str(), &mut l.conditions)),
-                    mark,
-                    &mut status.conditions,
-                    cond.make("Programmed", false, "PortUnavailable", message),
-                );
-                serde_json::to_value(status)
-            };
-            if let Ok(v) = updated {
-                object.status = v;
-            }
-        }
-    }
-}
-
-/// Apply `mark` to each (name, conditions) of one Gateway's or
-/// ListenerSet's listener statuses; when none of them is programmed
-/// afterwards, `not_programmed` is set among the object's `conditions`.
-fn mark_listeners<'a>(
-    listeners: impl Iterator<Item = (&'a str, &'a mut Vec<Condition>)>,
-    mark: impl Fn(&str, &mut Vec<Condition>),
-    conditions: &mut Option<Vec<Condition>>,
-    not_programmed: Condition,
-) {
-    let mut any_programmed = false;
-    for (name, listener_conditions) in listeners {
-        mark(name, listener_conditions);
-        any_programmed |= listener_conditions
-            .iter()
-            .any(|c| c.type_ == "Programmed" && c.status == "True");
-    }
-    if !any_programmed {
-        set_condition(conditions.get_or_insert_with(Vec::new), not_programmed);
-    }
+    objects
 }
 
 #[cfg(test)]
@@ -594,12 +317,45 @@ pub(crate) mod testing {
     //! Helpers the module tests share: manifests in, a snapshot or a
     //! translation out.
 
-    use std::net::{IpAddr, Ipv4Addr};
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
     use k8s_openapi::jiff::Timestamp;
 
     use super::{TranslateOptions, Translation, translate_at};
     use crate::resources::{Generations, Object, Snapshot, parse_manifests};
+
+    /// Our GatewayClass `sluice`, and Service `web` (port 80) with one
+    /// ready endpoint.
+    pub(crate) const CLASS: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: sluice}
+spec: {controllerName: sluice.dev/gateway-controller}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec: {ports: [{port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.0.0.1]}]
+";
+
+    /// Gateway `gw` of class `sluice`: listeners `foo` (foo.example.com)
+    /// and `wild` (*.example.com) on port 8080, `other` on 9090.
+    pub(crate) const TWO_LISTENERS: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw}
+spec:
+  gatewayClassName: sluice
+  listeners:
+  - {name: foo, port: 8080, protocol: HTTP, hostname: foo.example.com}
+  - {name: wild, port: 8080, protocol: HTTP, hostname: '*.example.com'}
+  - {name: other, port: 9090, protocol: HTTP}
+";
 
     fn objects(yaml: &str) -> Vec<Object> {
         let parsed = parse_manifests(yaml, "t.yaml");
@@ -626,40 +382,59 @@ pub(crate) mod testing {
             Timestamp::UNIX_EPOCH,
         )
     }
+
+    /// `0.0.0.0:port`, where listeners bind by default.
+    pub(crate) fn bind(port: u16) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)
+    }
+
+    /// `yaml` after [`CLASS`], translated with [`translate_manifests`].
+    pub(crate) fn translate_yaml(yaml: &str) -> Translation {
+        translate_manifests(&format!("{CLASS}---\n{yaml}"))
+    }
+
+    /// The `status` of object `kind` `name`.
+    pub(crate) fn status<'a>(t: &'a Translation, kind: &str, name: &str) -> &'a serde_json::Value {
+        &t.status
+            .objects
+            .iter()
+            .find(|o| o.kind == kind && o.metadata.name == name)
+            .unwrap_or_else(|| panic!("{kind} {name} has a status"))
+            .status
+    }
+
+    /// The entry of listener `name` in a Gateway's or ListenerSet's
+    /// `status`.
+    pub(crate) fn listener<'a>(status: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+        status["listeners"]
+            .as_array()
+            .expect("listeners")
+            .iter()
+            .find(|l| l["name"] == name)
+            .unwrap_or_else(|| panic!("no listener {name} in {status}"))
+    }
+
+    /// `(status, reason)` of the condition of type `ty` among `conditions`.
+    pub(crate) fn condition(conditions: &serde_json::Value, ty: &str) -> (String, String) {
+        let c = conditions
+            .as_array()
+            .expect("conditions")
+            .iter()
+            .find(|c| c["type"] == ty)
+            .unwrap_or_else(|| panic!("no {ty} in {conditions}"));
+        (
+            c["status"].as_str().unwrap_or("").into(),
+            c["reason"].as_str().unwrap_or("").into(),
+        )
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::testing::{TWO_LISTENERS, bind, translate_yaml};
     use super::*;
     use crate::route::Lookup;
     use http::{HeaderMap, Method};
-    use std::net::Ipv4Addr;
-
-    const CLASS: &str = "apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {name: sluice}
-spec: {controllerName: sluice.dev/gateway-controller}
----
-apiVersion: v1
-kind: Service
-metadata: {name: web}
-spec: {ports: [{port: 80}]}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
-addressType: IPv4
-ports: [{port: 8080}]
-endpoints: [{addresses: [10.0.0.1]}]
-";
-
-    fn translate_yaml(yaml: &str) -> Translation {
-        testing::translate_manifests(&format!("{CLASS}---\n{yaml}"))
-    }
-
-    fn bind(port: u16) -> SocketAddr {
-        SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)
-    }
 
     /// `route ns/name` of the rule a GET for `host` + `path` reaches.
     fn route_for(t: &Translation, port: u16, host: &str, path: &str) -> Option<String> {
@@ -682,17 +457,6 @@ endpoints: [{addresses: [10.0.0.1]}]
              spec:\n{extra}  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]\n"
         )
     }
-
-    const TWO_LISTENERS: &str = "apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: gw}
-spec:
-  gatewayClassName: sluice
-  listeners:
-  - {name: foo, port: 8080, protocol: HTTP, hostname: foo.example.com}
-  - {name: wild, port: 8080, protocol: HTTP, hostname: '*.example.com'}
-  - {name: other, port: 9090, protocol: HTTP}
-";
 
     #[test]
     fn section_name_attaches_to_that_listener_only() {
@@ -796,72 +560,6 @@ spec:
                 .objects
                 .iter()
                 .all(|o| o.kind == "GatewayClass" && o.metadata.name == "sluice")
-        );
-    }
-
-    #[test]
-    fn bind_failures_mark_listeners_and_the_gateway() {
-        let mut t = translate_yaml(TWO_LISTENERS);
-        t.status
-            .apply_bind_failures(&[(bind(9090), "Address already in use (os error 98)".into())]);
-        let gw = t
-            .status
-            .objects
-            .iter()
-            .find(|o| o.kind == "Gateway")
-            .expect("the Gateway has status");
-        let listener = |name: &str| {
-            gw.status["listeners"]
-                .as_array()
-                .expect("listeners")
-                .iter()
-                .find(|l| l["name"] == name)
-                .expect("listener")
-                .clone()
-        };
-        let cond = |v: &serde_json::Value, ty: &str| {
-            v["conditions"]
-                .as_array()
-                .expect("conditions")
-                .iter()
-                .find(|c| c["type"] == ty)
-                .map(|c| {
-                    (
-                        c["status"].as_str().unwrap_or("").to_string(),
-                        c["reason"].as_str().unwrap_or("").to_string(),
-                    )
-                })
-        };
-        let other = listener("other");
-        assert_eq!(
-            cond(&other, "Programmed"),
-            Some(("False".into(), "Pending".into()))
-        );
-        assert_eq!(
-            cond(&other, "Accepted"),
-            Some(("False".into(), "PortUnavailable".into()))
-        );
-        assert_eq!(
-            cond(&listener("foo"), "Programmed"),
-            Some(("True".into(), "Programmed".into()))
-        );
-        // Other listeners still serve: the Gateway stays programmed.
-        assert_eq!(
-            cond(&gw.status, "Programmed"),
-            Some(("True".into(), "Programmed".into()))
-        );
-
-        t.status
-            .apply_bind_failures(&[(bind(8080), "denied".into())]);
-        let gw = t
-            .status
-            .objects
-            .iter()
-            .find(|o| o.kind == "Gateway")
-            .expect("status");
-        assert_eq!(
-            cond(&gw.status, "Programmed"),
-            Some(("False".into(), "AddressNotUsable".into()))
         );
     }
 

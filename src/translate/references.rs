@@ -15,7 +15,9 @@
 use k8s_openapi::Metadata;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::resources::{ConfigMap, DEFAULT_NAMESPACE, GATEWAY_GROUP, Secret, Snapshot};
+use super::conditions::Reason;
+use super::meta::namespace_of;
+use crate::resources::{ConfigMap, GATEWAY_GROUP, Secret, Snapshot};
 
 /// The object that holds a reference: a kind of group
 /// `gateway.networking.k8s.io` (`Gateway`, `ListenerSet`, `HTTPRoute`,
@@ -51,14 +53,10 @@ pub(crate) enum RefError {
 impl RefError {
     /// `(reason, message)`: `unsupported_kind` for [`RefError::UnsupportedKind`],
     /// `RefNotPermitted`, `invalid` for [`RefError::Invalid`].
-    pub fn reason(
-        self,
-        unsupported_kind: &'static str,
-        invalid: &'static str,
-    ) -> (&'static str, String) {
+    pub fn reason(self, unsupported_kind: Reason, invalid: Reason) -> (Reason, String) {
         match self {
             RefError::UnsupportedKind(m) => (unsupported_kind, m),
-            RefError::NotPermitted(m) => ("RefNotPermitted", m),
+            RefError::NotPermitted(m) => (Reason::RefNotPermitted, m),
             RefError::Invalid(m) => (invalid, m),
         }
     }
@@ -158,10 +156,6 @@ pub(crate) fn resolve<T: CoreObject, U>(
         })
         .ok_or_else(|| RefError::Invalid(format!("{kind} {ns}/{name} not found")))?;
     read(object).map_err(|why| RefError::Invalid(format!("{kind} {ns}/{name}: {why}")))
-}
-
-fn namespace_of(meta: &ObjectMeta) -> &str {
-    meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE)
 }
 
 #[cfg(test)]
@@ -277,12 +271,21 @@ spec:
 
     #[test]
     fn ref_errors_map_onto_the_callers_reasons() {
-        let r = |e: RefError| e.reason("InvalidKind", "InvalidCACertificateRef").0;
-        assert_eq!(r(RefError::UnsupportedKind(String::new())), "InvalidKind");
-        assert_eq!(r(RefError::NotPermitted(String::new())), "RefNotPermitted");
+        let r = |e: RefError| {
+            e.reason(Reason::InvalidKind, Reason::InvalidCACertificateRef)
+                .0
+        };
+        assert_eq!(
+            r(RefError::UnsupportedKind(String::new())),
+            Reason::InvalidKind
+        );
+        assert_eq!(
+            r(RefError::NotPermitted(String::new())),
+            Reason::RefNotPermitted
+        );
         assert_eq!(
             r(RefError::Invalid(String::new())),
-            "InvalidCACertificateRef"
+            Reason::InvalidCACertificateRef
         );
     }
 }

@@ -14,15 +14,17 @@ use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteRules};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
-use super::backends::{BackendRefFields, BackendResolver, Resolution};
-use super::conditions::ConditionMaker;
-use super::{
+use super::backends::{BackendRefFields, BackendResolver, Resolution, backend_target};
+use super::conditions::{ConditionMaker, ConditionType, Reason};
+use super::gateways::GatewayView;
+use super::meta::{namespace_of, sort_key};
+use super::output::{
     BackendOutcome, BackendSummary, ObjectStatus, RuleRollout, RuleSummary, StatusMetadata,
-    backend_target, sort_key,
 };
+use super::routes::AttachedRoute;
 use crate::resources::{
-    CONTROLLER_NAME, ConsistentKey, DEFAULT_NAMESPACE, GATEWAY_GROUP, ROLLOUT_POLICY_API_VERSION,
-    RolloutPolicy, RolloutSettings, Snapshot,
+    CONTROLLER_NAME, ConsistentKey, GATEWAY_GROUP, ROLLOUT_POLICY_API_VERSION, RolloutPolicy,
+    RolloutSettings, Snapshot,
 };
 use crate::rollout::{
     BackendKey, GovernedRule, PolicyKey, Readiness, RolloutInputs, RuleKey, ServedShares, Weights,
@@ -62,11 +64,7 @@ fn targets(snapshot: &Snapshot) -> Vec<PolicyTargets<'_>> {
         let Ok(settings) = policy.settings() else {
             continue;
         };
-        let ns = policy
-            .metadata
-            .namespace
-            .as_deref()
-            .unwrap_or(DEFAULT_NAMESPACE);
+        let ns = namespace_of(&policy.metadata);
         let key = PolicyKey {
             namespace: ns.to_string(),
             name: policy.metadata.name.clone().unwrap_or_default(),
@@ -82,7 +80,7 @@ fn targets(snapshot: &Snapshot) -> Vec<PolicyTargets<'_>> {
         for target in &policy.spec.target_refs {
             let route = snapshot.http_routes.iter().find(|r| {
                 r.metadata.name.as_deref() == Some(target.name.as_str())
-                    && r.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE) == ns
+                    && namespace_of(&r.metadata) == ns
             });
             let Some(route) = route else {
                 t.not_found.push((
@@ -344,6 +342,30 @@ pub(crate) fn outcome_of(resolution: &Resolution) -> BackendOutcome {
     }
 }
 
+/// route -> the Gateways that accepted it, from the attached routes (a
+/// route asking for something sluice cannot honour is accepted nowhere).
+pub(crate) fn route_gateways(
+    attached: &[AttachedRoute<'_>],
+    views: &[GatewayView],
+) -> BTreeMap<(String, String), BTreeSet<(String, String)>> {
+    let mut out: BTreeMap<(String, String), BTreeSet<(String, String)>> = BTreeMap::new();
+    for route in attached.iter().filter(|r| r.unsupported.is_empty()) {
+        for attachments in route
+            .parents
+            .iter()
+            .filter_map(|p| p.accepted.as_ref().ok())
+        {
+            for a in attachments {
+                let view = &views[a.gateway];
+                out.entry((route.namespace.to_string(), route.name.to_string()))
+                    .or_default()
+                    .insert((view.namespace.clone(), view.name.clone()));
+            }
+        }
+    }
+    out
+}
+
 /// The status of every valid RolloutPolicy (`ancestors`; `rollouts` is
 /// the serve loop's, see [`crate::rollout::RolloutReport::complete`]).
 ///
@@ -384,18 +406,20 @@ pub(crate) fn policy_statuses(
             notes.push(lost.join("; "));
         }
         notes.extend(t.not_found.iter().map(|(_, why)| why.clone()));
-        let accepted = if !t.governs.is_empty() {
+        let governs = !t.governs.is_empty();
+        let (reason, message) = if governs {
             let mut message = format!("governs {}", list(&mut t.governs.iter().map(|(r, _, _)| r)));
             for note in &notes {
                 message.push_str("; ");
                 message.push_str(note);
             }
-            cond.make("Accepted", true, "Accepted", message)
+            (Reason::Accepted, message)
         } else if !t.conflicts.is_empty() {
-            cond.make("Accepted", false, "Conflicted", notes.join("; "))
+            (Reason::Conflicted, notes.join("; "))
         } else {
-            cond.make("Accepted", false, "TargetNotFound", notes.join("; "))
+            (Reason::TargetNotFound, notes.join("; "))
         };
+        let accepted = cond.make(ConditionType::Accepted, governs, reason, message.clone());
 
         let mut gateways: BTreeSet<(String, String)> = BTreeSet::new();
         let mut unattached: BTreeSet<String> = BTreeSet::new();
@@ -425,18 +449,22 @@ pub(crate) fn policy_statuses(
             .collect();
         for route in &unattached {
             let condition = cond.make(
-                "Accepted",
-                accepted.status == "True",
-                &accepted.reason,
+                ConditionType::Accepted,
+                governs,
+                reason,
                 format!(
-                    "{}; HTTPRoute {ns}/{route} is not attached to a Gateway of {CONTROLLER_NAME}, so it carries no traffic",
-                    accepted.message
+                    "{message}; HTTPRoute {ns}/{route} is not attached to a Gateway of {CONTROLLER_NAME}, so it carries no traffic"
                 ),
             );
             ancestors.push(route_ancestor(ns, route, condition));
         }
         for (route, why) in &t.not_found {
-            let condition = cond.make("Accepted", false, "TargetNotFound", why.clone());
+            let condition = cond.make(
+                ConditionType::Accepted,
+                false,
+                Reason::TargetNotFound,
+                why.clone(),
+            );
             ancestors.push(route_ancestor(ns, route, condition));
         }
         out.push(ObjectStatus {

@@ -1,5 +1,5 @@
-//! HTTPRoutes: compiling their rules (matches, filters, weighted backends)
-//! and attaching them to listeners through their parentRefs.
+//! HTTPRoutes: compiling their rules (matches, filters, weighted backends),
+//! attaching them to listeners through their parentRefs, and their status.
 //!
 //! Per the spec, a route attaches to a listener when the parentRef selects
 //! it (`sectionName`, `port`), the listener's `allowedRoutes` admits the
@@ -11,17 +11,22 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gateway_api::experimental::httproutes::{
-    HttpRoute, HttpRouteParentRefs, HttpRouteRules, HttpRouteRulesRetry,
+    HttpRoute, HttpRouteParentRefs, HttpRouteRules, HttpRouteRulesRetry, HttpRouteStatus,
+    HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
 };
 use http::StatusCode;
+use k8s_openapi::jiff::Timestamp;
 
-use super::backends::{BackendRefFields, BackendResolver, Resolution};
+use super::backends::{BackendRefFields, BackendResolver, RefFailure, Resolution, backend_target};
+use super::conditions::{ConditionMaker, ConditionType, Reason};
 use super::filters::{backend_filters_as_rule_filters, compile_filters};
 use super::gateways::{GatewayView, namespace_allowed};
 use super::matches::{compile_match, compile_timeouts};
+use super::output::{
+    BackendOutcome, BackendSummary, ObjectStatus, RuleSummary, StatusMetadata, api_version,
+};
 use super::rollouts::{backend_key, served_split};
-use super::{BackendOutcome, BackendSummary, RefFailure, RuleSummary, backend_target};
-use crate::resources::{GATEWAY_GROUP, parse_gateway_duration};
+use crate::resources::{CONTROLLER_NAME, GATEWAY_GROUP, parse_gateway_duration};
 use crate::rollout::{RuleKey, ServedShares};
 use crate::route::{
     Backend, DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, Filter, HostPattern, RequestMatch,
@@ -162,7 +167,7 @@ fn compile_rule(
                     ));
                 }
                 out.ref_failures.push(RefFailure {
-                    reason,
+                    reason: *reason,
                     message: format!("{bfield}: {message}"),
                 });
                 BackendOutcome::Unresolved {
@@ -317,7 +322,7 @@ pub(crate) struct Attachment {
 pub(crate) struct ParentResult<'a> {
     pub parent_ref: &'a HttpRouteParentRefs,
     /// `Err((reason, message))` when the route is not accepted here.
-    pub accepted: Result<Vec<Attachment>, (&'static str, String)>,
+    pub accepted: Result<Vec<Attachment>, (Reason, String)>,
 }
 
 /// Attach a route through each of its parentRefs that names one of our
@@ -382,7 +387,7 @@ pub(crate) fn attach<'a>(
         let set_rejected = owner.and_then(|s| view.listener_sets[s].rejected.as_ref());
         let accepted = if let Some((reason, message)) = set_rejected {
             Err((
-                "NoMatchingParent",
+                Reason::NoMatchingParent,
                 format!(
                     "ListenerSet {parent_ns}/{} is not attached to its Gateway ({reason}: {message})",
                     parent.name
@@ -390,7 +395,7 @@ pub(crate) fn attach<'a>(
             ))
         } else if selected.is_empty() {
             Err((
-                "NoMatchingParent",
+                Reason::NoMatchingParent,
                 match (&parent.section_name, parent.port) {
                     (Some(s), Some(p)) => format!(
                         "{kind} {parent_ns}/{} has no listener {s} on port {p}",
@@ -431,7 +436,7 @@ pub(crate) fn attach<'a>(
                     .iter()
                     .any(|&l| view.listeners[l].accepts_http_routes);
                 Err((
-                    "NotAllowedByListeners",
+                    Reason::NotAllowedByListeners,
                     if kind_ok {
                         format!(
                             "no listener of {kind} {parent_ns}/{} that the parentRef selects allows HTTPRoutes from namespace {ns}",
@@ -470,7 +475,7 @@ pub(crate) fn attach<'a>(
                         .map(|&l| view.listeners[l].hostname.to_string())
                         .collect();
                     Err((
-                        "NoMatchingListenerHostname",
+                        Reason::NoMatchingListenerHostname,
                         format!(
                             "no route hostname intersects the listener hostnames ({})",
                             listener_hosts.join(", ")
@@ -487,6 +492,111 @@ pub(crate) fn attach<'a>(
         });
     }
     out
+}
+
+/// An HTTPRoute that names at least one of our Gateways, attached and
+/// compiled: what its status is made of.
+#[derive(Debug)]
+pub(crate) struct AttachedRoute<'a> {
+    pub route: &'a HttpRoute,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    /// One per parentRef that names one of our Gateways (or a ListenerSet
+    /// of one), in the route's order.
+    pub parents: Vec<ParentResult<'a>>,
+    /// What compiling found that sluice cannot honour
+    /// ([`CompiledRoute::unsupported`]).
+    pub unsupported: Vec<String>,
+    /// backendRefs that do not resolve ([`CompiledRoute::ref_failures`]).
+    pub ref_failures: Vec<RefFailure>,
+}
+
+/// Phase: route status. A route's `status.parents`, one entry per
+/// parentRef of [`AttachedRoute::parents`], each with `Accepted`
+/// (`UnsupportedValue` when the route asks for something sluice cannot
+/// honour, else why the parentRef did not attach, else the listeners it
+/// attached to) and the route's `ResolvedRefs` (the first failure's reason,
+/// every failure's message).
+pub(crate) fn route_status(
+    route: &AttachedRoute<'_>,
+    views: &[GatewayView],
+    now: Timestamp,
+) -> ObjectStatus {
+    let cond = ConditionMaker {
+        generation: route.route.metadata.generation.unwrap_or(0),
+        now,
+    };
+    let resolved = match route.ref_failures.first() {
+        None => cond.make(
+            ConditionType::ResolvedRefs,
+            true,
+            Reason::ResolvedRefs,
+            "all references resolved",
+        ),
+        Some(first) => cond.make(
+            ConditionType::ResolvedRefs,
+            false,
+            first.reason,
+            route
+                .ref_failures
+                .iter()
+                .map(|f| f.message.as_str())
+                .collect::<Vec<_>>()
+                .join("; "),
+        ),
+    };
+    let mut parents = Vec::new();
+    for parent in &route.parents {
+        let accepted = if !route.unsupported.is_empty() {
+            cond.make(
+                ConditionType::Accepted,
+                false,
+                Reason::UnsupportedValue,
+                route.unsupported.join("; "),
+            )
+        } else {
+            match &parent.accepted {
+                Err((reason, message)) => {
+                    cond.make(ConditionType::Accepted, false, *reason, message.clone())
+                }
+                Ok(attachments) => {
+                    let names: Vec<&str> = attachments
+                        .iter()
+                        .map(|a| views[a.gateway].listeners[a.listener].name.as_str())
+                        .collect();
+                    cond.make(
+                        ConditionType::Accepted,
+                        true,
+                        Reason::Accepted,
+                        format!("attached to listener(s) {}", names.join(", ")),
+                    )
+                }
+            }
+        };
+        let p = parent.parent_ref;
+        parents.push(HttpRouteStatusParents {
+            conditions: vec![accepted, resolved.clone()],
+            controller_name: CONTROLLER_NAME.to_string(),
+            parent_ref: HttpRouteStatusParentsParentRef {
+                group: p.group.clone(),
+                kind: p.kind.clone(),
+                name: p.name.clone(),
+                namespace: p.namespace.clone(),
+                port: p.port,
+                section_name: p.section_name.clone(),
+            },
+        });
+    }
+    ObjectStatus {
+        api_version: api_version(),
+        kind: "HTTPRoute".into(),
+        metadata: StatusMetadata {
+            name: route.name.to_string(),
+            namespace: Some(route.namespace.to_string()),
+            generation: cond.generation,
+        },
+        status: serde_json::to_value(HttpRouteStatus { parents }).unwrap_or_default(),
+    }
 }
 
 #[cfg(test)]

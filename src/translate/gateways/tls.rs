@@ -19,6 +19,7 @@ use rustls::sign::CertifiedKey;
 
 use crate::resources::{Gateway, Snapshot};
 use crate::translate::certificates::certified_key;
+use crate::translate::conditions::Reason;
 use crate::translate::references::{self, CoreRef, Referrer};
 
 /// What a listener's TLS configuration resolved to.
@@ -29,7 +30,7 @@ pub(crate) struct ListenerTls {
     pub certificate: Option<Arc<CertifiedKey>>,
     /// `(reason, message)` of `ResolvedRefs=False`, when a reference did not
     /// resolve.
-    pub unresolved: Option<(&'static str, String)>,
+    pub unresolved: Option<(Reason, String)>,
     /// Why the listener's TLS settings cannot be accepted at all (the
     /// listener gets `Accepted=False`).
     pub unsupported: Option<String>,
@@ -54,7 +55,7 @@ impl ListenerTls {
             self.unresolved = Some(match self.unresolved.take() {
                 // The certificate's reason comes first; both messages stay.
                 Some((first, m)) => (first, format!("{m}; {message}")),
-                None => (reason, message.clone()),
+                None => (*reason, message.clone()),
             });
         }
         self
@@ -72,7 +73,7 @@ pub(crate) fn resolve(
     let mut out = ListenerTls::default();
     let Some(tls) = &listener.tls else {
         out.unresolved = Some((
-            "InvalidCertificateRef",
+            Reason::InvalidCertificateRef,
             "an HTTPS listener needs tls.certificateRefs".into(),
         ));
         return out;
@@ -87,12 +88,12 @@ pub(crate) fn resolve(
     let refs = tls.certificate_refs.as_deref().unwrap_or_default();
     if refs.is_empty() {
         out.unresolved = Some((
-            "InvalidCertificateRef",
+            Reason::InvalidCertificateRef,
             "tls.certificateRefs is empty; mode Terminate needs a certificate".into(),
         ));
         return out;
     }
-    let mut failures: Vec<(&'static str, String)> = Vec::new();
+    let mut failures: Vec<(Reason, String)> = Vec::new();
     for (i, r) in refs.iter().enumerate() {
         let r = CoreRef {
             group: r.group.as_deref().unwrap_or(""),
@@ -105,7 +106,8 @@ pub(crate) fn resolve(
                 out.certificate.get_or_insert(key);
             }
             Err(e) => {
-                let (reason, message) = e.reason("InvalidCertificateRef", "InvalidCertificateRef");
+                let (reason, message) =
+                    e.reason(Reason::InvalidCertificateRef, Reason::InvalidCertificateRef);
                 failures.push((reason, format!("tls.certificateRefs[{i}]: {message}")))
             }
         }
@@ -113,10 +115,10 @@ pub(crate) fn resolve(
     if let Some((reason, _)) = failures.first() {
         // RefNotPermitted says more than InvalidCertificateRef (the spec
         // reserves the latter for references that are allowed).
-        let reason = if failures.iter().any(|f| f.0 == "RefNotPermitted") {
-            "RefNotPermitted"
+        let reason = if failures.iter().any(|f| f.0 == Reason::RefNotPermitted) {
+            Reason::RefNotPermitted
         } else {
-            reason
+            *reason
         };
         let message = failures
             .iter()

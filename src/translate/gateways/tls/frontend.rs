@@ -29,11 +29,8 @@ use super::super::GatewayView;
 use crate::resources::{Gateway, Snapshot};
 use crate::route::ClientValidation;
 use crate::translate::certificates::ca_bundle;
+use crate::translate::conditions::{ConditionType, Reason};
 use crate::translate::references::{self, CoreRef, Referrer};
-
-/// The condition type a Gateway reports while one of its listeners accepts
-/// clients without a valid certificate.
-pub(crate) const INSECURE_CONDITION: &str = "InsecureFrontendValidationMode";
 
 /// What `spec.tls.frontend` means for one listener.
 #[derive(Debug, Default)]
@@ -43,7 +40,7 @@ pub(crate) struct ListenerFrontend {
     pub validation: Option<Arc<ClientValidation>>,
     /// `(reason, message)` of `ResolvedRefs=False`, when a CA reference did
     /// not resolve.
-    pub unresolved: Option<(&'static str, String)>,
+    pub unresolved: Option<(Reason, String)>,
     /// Every CA reference is invalid: the message of `Accepted=False` with
     /// reason `NoValidCACertificate` (the listener is not served).
     pub no_valid_ca: Option<String>,
@@ -137,7 +134,7 @@ pub(crate) fn resolve(
         "spec.tls.frontend.default".to_string()
     };
     let mut roots = RootCertStore::empty();
-    let mut failures: Vec<(&'static str, String)> = Vec::new();
+    let mut failures: Vec<(Reason, String)> = Vec::new();
     let from = Referrer {
         kind: "Gateway",
         namespace: gateway_ns,
@@ -149,8 +146,10 @@ pub(crate) fn resolve(
                 debug_assert_eq!(unusable, 0, "ca_bundle checked every certificate");
             }
             Err(e) => {
-                let (reason, message) =
-                    e.reason("InvalidCACertificateKind", "InvalidCACertificateRef");
+                let (reason, message) = e.reason(
+                    Reason::InvalidCACertificateKind,
+                    Reason::InvalidCACertificateRef,
+                );
                 failures.push((
                     reason,
                     format!("{source}.validation.caCertificateRefs[{i}]: {message}"),
@@ -160,7 +159,7 @@ pub(crate) fn resolve(
     }
     if refs.is_empty() {
         failures.push((
-            "InvalidCACertificateRef",
+            Reason::InvalidCACertificateRef,
             format!("{source}.validation.caCertificateRefs is empty"),
         ));
     }
@@ -170,7 +169,7 @@ pub(crate) fn resolve(
         .collect::<Vec<_>>()
         .join("; ");
     if let Some((reason, _)) = failures.first() {
-        out.unresolved = Some((reason, message.clone()));
+        out.unresolved = Some((*reason, message.clone()));
     }
     if roots.is_empty() {
         out.no_valid_ca = Some(format!("no CA certificate of {source} is valid: {message}"));
@@ -204,9 +203,9 @@ pub(crate) fn insecure_condition(view: &GatewayView) -> Option<Condition> {
         .collect();
     (!names.is_empty()).then(|| {
         view.cond.make(
-            INSECURE_CONDITION,
+            ConditionType::InsecureFrontendValidationMode,
             true,
-            "ConfigurationChanged",
+            Reason::ConfigurationChanged,
             format!(
                 "listener(s) {} validate client certificates with mode AllowInsecureFallback: clients without a valid certificate are served",
                 names.join(", ")
@@ -327,27 +326,27 @@ perPort:
         for (reference, reason) in [
             (
                 "{kind: ConfigMap, group: '', name: missing}",
-                "InvalidCACertificateRef",
+                Reason::InvalidCACertificateRef,
             ),
             (
                 "{kind: ConfigMap, group: '', name: no-key}",
-                "InvalidCACertificateRef",
+                Reason::InvalidCACertificateRef,
             ),
             (
                 "{kind: ConfigMap, group: '', name: garbage}",
-                "InvalidCACertificateRef",
+                Reason::InvalidCACertificateRef,
             ),
             (
                 "{kind: Service, group: '', name: infra-backend-v2}",
-                "InvalidCACertificateKind",
+                Reason::InvalidCACertificateKind,
             ),
             (
                 "{kind: ConfigMap, group: example.com, name: default-ca}",
-                "InvalidCACertificateKind",
+                Reason::InvalidCACertificateKind,
             ),
             (
                 "{kind: ConfigMap, group: '', name: web-ca, namespace: web}",
-                "RefNotPermitted",
+                Reason::RefNotPermitted,
             ),
         ] {
             let gw = gateway(&format!(
@@ -377,7 +376,7 @@ perPort:
         let out = resolve(&s, &gw, "infra", listener(&gw, "https"));
         assert_eq!(
             out.unresolved.as_ref().unwrap().0,
-            "InvalidCACertificateRef"
+            Reason::InvalidCACertificateRef
         );
         assert!(out.accepted() && out.validation.is_some());
     }
@@ -405,7 +404,7 @@ spec:
         );
         // A grant to Secrets does not cover ConfigMaps.
         let out = resolve(&s, &gw, "infra", listener(&gw, "https"));
-        assert_eq!(out.unresolved.unwrap().0, "RefNotPermitted");
+        assert_eq!(out.unresolved.unwrap().0, Reason::RefNotPermitted);
         let mut to_config_maps = grant;
         to_config_maps.spec.to[0].kind = "ConfigMap".into();
         s.reference_grants = vec![to_config_maps];

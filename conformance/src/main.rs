@@ -6,7 +6,15 @@
 //! kubernetes-sigs/gateway-api v1.6.1), stands in for the cluster with
 //! in-process echo pods and synthesized EndpointSlices (see `env`), starts
 //! sluice in-process on each test's manifests, and makes the requests and
-//! status checks each upstream test makes (see `suite` and `check`).
+//! status checks each upstream test makes.
+//!
+//! Where things are: `registry` is the one list of tests (profile,
+//! features, manifests, checks); the checks live by area in `suite`
+//! (Gateway and HTTPRoute), `listenerset`, `client_cert` and `backend_tls`,
+//! written with `ctx` (the running test), `client` (the suite's requests),
+//! `expect` (what a response must look like) and `status` (what published
+//! status must say); `env`, `backend` and `ws` stand in for the cluster and
+//! its echo pods; `report` writes the results.
 //!
 //! Output: one line per test (PASS, FAIL with the reason, N/A with why),
 //! totals, optionally the upstream `ConformanceReport` YAML (`--report`) and
@@ -15,11 +23,15 @@
 
 mod backend;
 mod backend_tls;
-mod check;
+mod client;
 mod client_cert;
+mod ctx;
 mod env;
+mod expect;
 mod listenerset;
+mod registry;
 mod report;
+mod status;
 mod suite;
 mod ws;
 
@@ -31,10 +43,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Parser;
 
-use crate::check::Ctx;
+use crate::ctx::Ctx;
 use crate::env::{ManifestFile, Pods, PortMap};
+use crate::registry::{Applicability, Checks, Test};
 use crate::report::{Outcome, TestResult};
-use crate::suite::{Applicability, TestInfo};
 
 /// Bound on one test (a test that hangs fails, the run goes on).
 const TEST_DEADLINE: Duration = Duration::from_secs(60);
@@ -55,7 +67,7 @@ struct Args {
     #[arg(long)]
     only: Vec<String>,
     /// Tests that must pass (one name a line).
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/conformance/expected-pass.txt"))]
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/expected-pass.txt"))]
     expected: PathBuf,
 }
 
@@ -89,25 +101,27 @@ async fn run(args: Args) -> anyhow::Result<bool> {
 
     let expected = read_expected(&args.expected)?;
     let mut results = Vec::new();
-    for info in suite::TESTS {
-        if !args.only.is_empty() && !args.only.iter().any(|o| o == info.name) {
+    for test in registry::TESTS {
+        if !args.only.is_empty() && !args.only.iter().any(|o| o == test.name) {
             continue;
         }
         let t0 = Instant::now();
-        let outcome = match info.applies {
+        let outcome = match test.applies {
             Applicability::NotApplicable(why) => Outcome::NotApplicable(why.to_owned()),
-            Applicability::Runs => match run_one(&args.manifests, &base, &mut pods, info).await {
-                Ok(()) => Outcome::Pass,
-                Err(e) => Outcome::Fail(format!("{e:#}")),
-            },
+            Applicability::Runs(checks) => {
+                match run_one(&args.manifests, &base, &mut pods, test, checks).await {
+                    Ok(()) => Outcome::Pass,
+                    Err(e) => Outcome::Fail(format!("{e:#}")),
+                }
+            }
         };
         let line = match &outcome {
-            Outcome::Pass => format!("PASS  {}", info.name),
-            Outcome::Fail(why) => format!("FAIL  {}: {}", info.name, one_line(why)),
-            Outcome::NotApplicable(why) => format!("N/A   {}: {why}", info.name),
+            Outcome::Pass => format!("PASS  {}", test.name),
+            Outcome::Fail(why) => format!("FAIL  {}: {}", test.name, one_line(why)),
+            Outcome::NotApplicable(why) => format!("N/A   {}: {why}", test.name),
         };
         println!("{line}  ({} ms)", t0.elapsed().as_millis());
-        results.push(TestResult { info, outcome });
+        results.push(TestResult { test, outcome });
     }
 
     let totals = report::Totals::of(&results);
@@ -135,15 +149,15 @@ async fn run(args: Args) -> anyhow::Result<bool> {
 
     let mut ok = true;
     for r in &results {
-        let listed = expected.contains(r.info.name);
+        let listed = expected.contains(r.test.name);
         match (&r.outcome, listed) {
             (Outcome::Pass, false) => {
-                println!("newly passing (add to expected-pass.txt): {}", r.info.name)
+                println!("newly passing (add to expected-pass.txt): {}", r.test.name)
             }
             (Outcome::Fail(_), true) | (Outcome::NotApplicable(_), true) => {
                 println!(
                     "REGRESSION: {} is in expected-pass.txt but did not pass",
-                    r.info.name
+                    r.test.name
                 );
                 ok = false;
             }
@@ -179,15 +193,16 @@ fn read_expected(path: &Path) -> anyhow::Result<BTreeSet<String>> {
     }
 }
 
-/// Set up one test's manifests, start sluice on them, run the checks, stop.
+/// Set up one test's manifests, start sluice on them, run its checks, stop.
 async fn run_one(
     dir: &Path,
     base: &ManifestFile,
     pods: &mut Pods,
-    info: &TestInfo,
+    test: &Test,
+    checks: Checks,
 ) -> anyhow::Result<()> {
     let mut files = vec![base.clone()];
-    for (i, manifest) in info.manifests.iter().enumerate() {
+    for (i, manifest) in test.manifests.iter().enumerate() {
         files.push(env::parse_file(
             &dir.join("tests").join(manifest),
             &format!("test-{i}.yaml"),
@@ -211,7 +226,7 @@ async fn run_one(
         pods,
         gateway,
     };
-    let result = match tokio::time::timeout(TEST_DEADLINE, suite::run(info.name, &mut cx)).await {
+    let result = match tokio::time::timeout(TEST_DEADLINE, checks(&mut cx)).await {
         Ok(result) => result,
         Err(_) => Err(anyhow::anyhow!("did not finish within {TEST_DEADLINE:?}")),
     };

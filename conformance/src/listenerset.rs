@@ -10,65 +10,9 @@
 
 use anyhow::anyhow;
 
-use crate::check::{Case, Cond, Ctx, INFRA, ListenerExpect, req};
-
-/// Run the checks of test `name`.
-pub async fn run(name: &str, cx: &mut Ctx<'_>) -> anyhow::Result<()> {
-    match name {
-        "ListenerSetAllowedNamespaceNone" => {
-            not_allowed(
-                cx,
-                "gateway-does-not-allow-listenerset",
-                &infra("listenerset-not-allowed"),
-            )
-            .await
-        }
-        "ListenerSetDefaultNotAllowed" => {
-            not_allowed(
-                cx,
-                "gateway-default-does-not-allow-listenerset",
-                &infra("listenerset-default-not-allowed"),
-            )
-            .await
-        }
-        "ListenerSetAllowedNamespaceSame" => {
-            allowed_namespaces(
-                cx,
-                "gateway-allows-listenerset-in-same-namespace",
-                (
-                    &infra("listenerset-in-same-namespace"),
-                    "listenerset-in-same-namespace-listener",
-                ),
-                "gateway-api-listenerset-not-allowed-ns/listenerset-in-different-namespace",
-            )
-            .await
-        }
-        "ListenerSetAllowedNamespaceSelector" => allowed_namespaces(
-            cx,
-            "gateway-allows-listenerset-in-selected-namespace",
-            (
-                "gateway-api-listenerset-selector-allowed-ns/listenerset-in-selected-namespace",
-                "listenerset-in-selected-namespace-listener",
-            ),
-            "gateway-api-listenerset-selector-not-allowed-ns/listenerset-not-in-selected-namespace",
-        )
-        .await,
-        "ListenerSetAllowedRoutesNamespaces" => allowed_routes_namespaces(cx).await,
-        "ListenerSetAllowedRoutesSupportedKinds" => allowed_routes_supported_kinds(cx).await,
-        "ListenerSetDualParentRefIndependence" => dual_parent_ref_independence(cx).await,
-        "ListenerSetGatewayParentSectionNameNotFound" => gateway_parent_section_not_found(cx).await,
-        "ListenerSetHostnameConflict" => conflict(cx, "hostname", "HostnameConflict").await,
-        "ListenerSetProtocolConflict" => conflict(cx, "protocol", "ProtocolConflict").await,
-        "ListenerSetHTTPRouting" => http_routing(cx).await,
-        "ListenerSetReferenceGrant" => reference_grant(cx).await,
-        "ListenerSetRouteStatusScopedToParentRef" => route_status_scoped_to_parent_ref(cx).await,
-        other => Err(anyhow!("the runner has no checks for {other}")),
-    }
-}
-
-fn infra(name: &str) -> String {
-    format!("{INFRA}/{name}")
-}
+use crate::ctx::{Ctx, infra};
+use crate::expect::{Case, req};
+use crate::status::{Cond, ListenerExpect};
 
 /// The suite's `generateAcceptedListenerConditions`.
 const LISTENER_READY: &[Cond] = &[
@@ -161,7 +105,7 @@ async fn rejected_not_allowed(cx: &Ctx<'_>, listener_set: &str) -> anyhow::Resul
 /// ListenerSetAllowedNamespaceNone and ListenerSetDefaultNotAllowed: a
 /// Gateway whose `allowedListeners` is None (or unset, which means None)
 /// attaches no ListenerSet, and the ListenerSet says NotAllowed.
-async fn not_allowed(cx: &Ctx<'_>, gateway: &str, listener_set: &str) -> anyhow::Result<()> {
+pub async fn not_allowed(cx: &Ctx<'_>, gateway: &str, listener_set: &str) -> anyhow::Result<()> {
     let gw = infra(gateway);
     gateway_accepted(cx, &gw, false).await?;
     cx.attached_listener_sets(&gw, 0).await?;
@@ -171,7 +115,7 @@ async fn not_allowed(cx: &Ctx<'_>, gateway: &str, listener_set: &str) -> anyhow:
 /// ListenerSetAllowedNamespaceSame and ListenerSetAllowedNamespaceSelector:
 /// the ListenerSet in an allowed namespace is attached, Accepted and
 /// Programmed with a ready listener; the one elsewhere is NotAllowed.
-async fn allowed_namespaces(
+pub async fn allowed_namespaces(
     cx: &Ctx<'_>,
     gateway: &str,
     (allowed, listener): (&str, &str),
@@ -189,7 +133,7 @@ async fn allowed_namespaces(
     rejected_not_allowed(cx, disallowed).await
 }
 
-async fn allowed_routes_namespaces(cx: &Ctx<'_>) -> anyhow::Result<()> {
+pub async fn allowed_routes_namespaces(cx: &Ctx<'_>) -> anyhow::Result<()> {
     let gw = infra("gateway-with-listener-sets-test-allowed-routes");
     gateway_accepted(cx, &gw, true).await?;
     cx.attached_listener_sets(&gw, 2).await?;
@@ -287,7 +231,7 @@ async fn allowed_routes_namespaces(cx: &Ctx<'_>) -> anyhow::Result<()> {
 
 /// A TLS Passthrough listener that only allows HTTPRoute has no route kind
 /// it can carry: ResolvedRefs=False InvalidRouteKinds.
-async fn allowed_routes_supported_kinds(cx: &Ctx<'_>) -> anyhow::Result<()> {
+pub async fn allowed_routes_supported_kinds(cx: &Ctx<'_>) -> anyhow::Result<()> {
     let gw = infra("gateway-with-listener-sets-test-supported-route-kinds");
     gateway_accepted(cx, &gw, false).await?;
     cx.listener_set_listener_conditions(
@@ -301,7 +245,7 @@ async fn allowed_routes_supported_kinds(cx: &Ctx<'_>) -> anyhow::Result<()> {
 /// A route with a Gateway and a ListenerSet parentRef gets each accepted
 /// on its own: a sectionName that only the ListenerSet has rejects the
 /// Gateway parentRef and not the other.
-async fn dual_parent_ref_independence(cx: &Ctx<'_>) -> anyhow::Result<()> {
+pub async fn dual_parent_ref_independence(cx: &Ctx<'_>) -> anyhow::Result<()> {
     let gw = infra("gateway-dual-parentref");
     gateway_accepted(cx, &gw, true).await?;
     cx.attached_listener_sets(&gw, 1).await?;
@@ -342,7 +286,7 @@ async fn dual_parent_ref_independence(cx: &Ctx<'_>) -> anyhow::Result<()> {
 
 /// A Gateway parentRef never reaches a ListenerSet's listener by
 /// sectionName: NoMatchingParent.
-async fn gateway_parent_section_not_found(cx: &Ctx<'_>) -> anyhow::Result<()> {
+pub async fn gateway_parent_section_not_found(cx: &Ctx<'_>) -> anyhow::Result<()> {
     let gw = infra("gateway-section-name");
     gateway_accepted(cx, &gw, true).await?;
     cx.attached_listener_sets(&gw, 1).await?;
@@ -380,7 +324,7 @@ async fn gateway_parent_section_not_found(cx: &Ctx<'_>) -> anyhow::Result<()> {
 /// Gateway listeners first, then ListenerSets by creation time and name.
 /// A losing listener is Conflicted; a ListenerSet keeps Accepted while one
 /// of its listeners is valid and is ListenersNotValid when none is.
-async fn conflict(cx: &Ctx<'_>, what: &str, reason: &'static str) -> anyhow::Result<()> {
+pub async fn conflict(cx: &Ctx<'_>, what: &str, reason: &'static str) -> anyhow::Result<()> {
     let lost = conflicted(reason);
     let gw = infra(&format!("gateway-with-listenerset-{what}-conflict"));
     let with_gateway = format!("{what}-conflict-with-gateway-listener");
@@ -441,7 +385,7 @@ async fn no_valid_listener(cx: &Ctx<'_>, listener_set: &str) -> anyhow::Result<(
         .await
 }
 
-async fn http_routing(cx: &Ctx<'_>) -> anyhow::Result<()> {
+pub async fn http_routing(cx: &Ctx<'_>) -> anyhow::Result<()> {
     let gw = infra("gateway-with-listener-sets-http-routing");
     let all_listeners = infra("attaches-to-all-listeners");
     // GatewayAndHTTPRoutesMustBeAccepted.
@@ -540,7 +484,7 @@ async fn http_routing(cx: &Ctx<'_>) -> anyhow::Result<()> {
 /// A ListenerSet listener's certificateRef to another namespace needs a
 /// ReferenceGrant from ListenerSet; without one the listener is
 /// RefNotPermitted and the ListenerSet has no valid listener.
-async fn reference_grant(cx: &Ctx<'_>) -> anyhow::Result<()> {
+pub async fn reference_grant(cx: &Ctx<'_>) -> anyhow::Result<()> {
     let gw = infra("gateway-with-listener-sets-test-reference-grant");
     gateway_accepted(cx, &gw, false).await?;
     let ls = infra("listenerset-with-reference-grant");
@@ -567,7 +511,7 @@ async fn reference_grant(cx: &Ctx<'_>) -> anyhow::Result<()> {
 /// A route's status has parents for the parentRefs it declares only: a
 /// Gateway parentRef does not reach the Gateway's ListenerSets, nor a
 /// ListenerSet parentRef its Gateway.
-async fn route_status_scoped_to_parent_ref(cx: &Ctx<'_>) -> anyhow::Result<()> {
+pub async fn route_status_scoped_to_parent_ref(cx: &Ctx<'_>) -> anyhow::Result<()> {
     let gw = infra("gateway-parentref");
     gateway_accepted(cx, &gw, false).await?;
     cx.attached_listener_sets(&gw, 1).await?;

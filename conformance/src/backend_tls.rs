@@ -20,8 +20,10 @@ use anyhow::{Context, anyhow, bail};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde_yaml::Value;
 
-use crate::check::{Ctx, INFRA, fresh, has_condition, req};
+use crate::ctx::{Ctx, INFRA};
 use crate::env;
+use crate::expect::req;
+use crate::status::{fresh, has_condition};
 
 const CA_CONFIG_MAP: &str = "tls-checks-ca-certificate";
 const SERVER_SECRET: &str = "tls-checks-certificate";
@@ -142,16 +144,7 @@ pub fn server_config(deployment: &Value) -> anyhow::Result<Option<Arc<rustls::Se
     Ok(Some(Arc::new(config)))
 }
 
-/// Run the checks of test `name`.
-pub async fn run(name: &str, cx: &mut Ctx<'_>) -> anyhow::Result<()> {
-    match name {
-        "GatewayTLSBackendClientCertificate" => client_certificate(cx).await,
-        "GatewayInvalidTLSBackendConfiguration" => invalid_configuration(cx).await,
-        other => bail!("no backend TLS checks for {other}"),
-    }
-}
-
-async fn client_certificate(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn client_certificate(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let gw = format!("{INFRA}/gateway-tls-backend-client-certificate");
     let route = format!("{INFRA}/gateway-tls-backend-client-certificate");
     let policy = format!("{INFRA}/gateway-tls-backend-client-certificate-test");
@@ -206,7 +199,7 @@ async fn client_certificate(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     }
 }
 
-async fn invalid_configuration(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn invalid_configuration(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     for (gateway, reason) in [
         (
             "gateway-client-certificate-nonexistent-secret",

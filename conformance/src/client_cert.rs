@@ -30,8 +30,10 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_yaml::Value;
 use tokio::net::TcpStream;
 
-use crate::check::{Ctx, Exchange, INFRA, compare, read_exchange, req};
+use crate::client::{Exchange, REQUEST_DEADLINE, read_exchange};
+use crate::ctx::{Ctx, INFRA};
 use crate::env::{self, PortMap};
+use crate::expect::{compare, req};
 
 /// ConfigMap of the CA the default validation trusts.
 const DEFAULT_CA: &str = "tls-validity-checks-ca-certificate";
@@ -47,8 +49,6 @@ const PER_PORT_CLIENT: &str = "tls-validity-checks-per-port-client-certificate";
 const CONSISTENCY_DEADLINE: Duration = Duration::from_secs(10);
 /// Successes in a row that make a response consistent.
 const CONSISTENT_SUCCESSES: usize = 3;
-/// Bound on one request.
-const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 
 /// One client identity: certificate chain and key.
 struct ClientIdentity {
@@ -124,17 +124,6 @@ pub fn remap_per_port(doc: &mut Value, gateway: &str, ports: &PortMap) {
     }
 }
 
-/// Run the checks of test `name`.
-pub async fn run(name: &str, cx: &mut Ctx<'_>) -> anyhow::Result<()> {
-    match name {
-        "GatewayFrontendClientCertificateValidation" => validation(cx, false).await,
-        "GatewayFrontendClientCertificateValidationInsecureFallback" => validation(cx, true).await,
-        "GatewayInvalidFrontendClientCertificateValidation" => invalid(cx).await,
-        "GatewayFrontendInvalidDefaultClientCertificateValidation" => invalid_default(cx).await,
-        other => bail!("{other} is not a client certificate test"),
-    }
-}
-
 /// Which client certificate a request presents.
 #[derive(Debug, Clone, Copy)]
 enum Client {
@@ -159,7 +148,7 @@ impl Client {
 /// port 8443 with the per-port CA. With `AllowValidOnly` the other CA's
 /// certificate is refused; with `AllowInsecureFallback` every client is
 /// served, and the Gateway says so.
-async fn validation(cx: &mut Ctx<'_>, insecure: bool) -> anyhow::Result<()> {
+pub async fn validation(cx: &mut Ctx<'_>, insecure: bool) -> anyhow::Result<()> {
     let (gateway, routes) = if insecure {
         (
             format!("{INFRA}/client-validation-insecure-fallback"),
@@ -233,7 +222,7 @@ async fn validation(cx: &mut Ctx<'_>, insecure: bool) -> anyhow::Result<()> {
 /// `GatewayInvalidFrontendClientCertificateValidation`: each listener whose
 /// port's CA reference is invalid reports why and is not accepted; the
 /// listener with the valid default keeps serving.
-async fn invalid(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn invalid(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let gateway = format!("{INFRA}/gateway-with-invalid-client-cert-validation");
     for (ty, status, reason) in [
         ("ResolvedRefs", true, ""),
@@ -263,7 +252,7 @@ async fn invalid(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
 /// `GatewayFrontendInvalidDefaultClientCertificateValidation`: an invalid
 /// default validation takes the HTTPS listener down and leaves the HTTP
 /// listener serving.
-async fn invalid_default(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn invalid_default(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let gateway = format!("{INFRA}/invalid-default-client-validation-config");
     cx.eventually("Gateway address assigned", |cx| {
         let gw = cx

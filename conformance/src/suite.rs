@@ -1,341 +1,21 @@
-//! The GATEWAY-HTTP tests of Gateway API v1.6.1, one `async fn` each.
+//! The checks of the GATEWAY-HTTP tests of Gateway API v1.6.1 on Gateways,
+//! GatewayClasses and HTTPRoutes, one `async fn` each (some shared by
+//! tests that differ only in their manifests); the registry
+//! ([`crate::registry`]) names the test each one runs for.
 //!
-//! Names, features and expectations come from reading the upstream test
-//! code (`conformance/tests/*.go` of kubernetes-sigs/gateway-api); the code
-//! here is ours. A test whose features are all in [`CORE_FEATURES`] is Core,
-//! the others are Extended.
+//! Expectations come from reading the upstream test code
+//! (`conformance/tests/*.go` of kubernetes-sigs/gateway-api); the code here
+//! is ours.
 
 use anyhow::{anyhow, bail};
 
 use anyhow::Context as _;
 
-use crate::check::{APP, Case, Ctx, INFRA, ListenerExpect, WEB, listener, parent, req, same_ns};
+use crate::ctx::{APP, Ctx, INFRA, WEB, infra};
+use crate::expect::{Case, req, same_ns};
+use crate::status::{ListenerExpect, listener, parent};
 
-/// Features every GATEWAY-HTTP implementation supports (Core).
-pub const CORE_FEATURES: &[&str] = &["Gateway", "HTTPRoute", "ReferenceGrant"];
-
-/// Features a test names that sluice does not claim, because they belong to
-/// another profile. `ListenerSetAllowedRoutesSupportedKinds` names TLSRoute:
-/// it checks that a ListenerSet listener allowing only TLSRoute reports
-/// `InvalidRouteKinds`, which sluice does (it serves no TLSRoute), so the
-/// runner runs it, while an upstream run that only claims GATEWAY-HTTP
-/// features would skip it. The report never lists these as supported.
-pub const UNCLAIMED_FEATURES: &[&str] = &["TLSRoute"];
-
-/// Whether a test can run outside a cluster.
-#[derive(Debug, Clone, Copy)]
-pub enum Applicability {
-    Runs,
-    /// Why it cannot apply to a standalone gateway.
-    NotApplicable(&'static str),
-}
-
-#[derive(Debug)]
-pub struct TestInfo {
-    pub name: &'static str,
-    pub features: &'static [&'static str],
-    /// Test YAML files under `tests/`.
-    pub manifests: &'static [&'static str],
-    pub applies: Applicability,
-}
-
-impl TestInfo {
-    pub fn is_core(&self) -> bool {
-        self.features.iter().all(|f| CORE_FEATURES.contains(f))
-    }
-}
-
-use Applicability::{NotApplicable, Runs};
-
-macro_rules! t {
-    ($name:literal, [$($f:literal),*], [$($m:literal),*]) => {
-        TestInfo { name: $name, features: &[$($f),*], manifests: &[$($m),*], applies: Runs }
-    };
-    ($name:literal, [$($f:literal),*], [$($m:literal),*], na = $why:literal) => {
-        TestInfo { name: $name, features: &[$($f),*], manifests: &[$($m),*], applies: NotApplicable($why) }
-    };
-}
-
-/// Every GATEWAY-HTTP test, in the order they run.
-#[rustfmt::skip]
-pub static TESTS: &[TestInfo] = &[
-    t!("HTTPRouteSimpleSameNamespace", ["Gateway", "HTTPRoute"], ["httproute-simple-same-namespace.yaml"]),
-    t!("HTTPRouteWeight", ["Gateway", "HTTPRoute"], ["httproute-weight.yaml"]),
-    t!("HTTPRouteMatching", ["Gateway", "HTTPRoute"], ["httproute-matching.yaml"]),
-    t!("HTTPRouteHeaderMatching", ["Gateway", "HTTPRoute"], ["httproute-header-matching.yaml"]),
-    t!("HTTPRouteExactPathMatching", ["Gateway", "HTTPRoute"], ["httproute-exact-path-matching.yaml"]),
-    t!("HTTPRoutePathMatchOrder", ["Gateway", "HTTPRoute"], ["httproute-path-match-order.yaml"]),
-    t!("HTTPRouteMatchingAcrossRoutes", ["Gateway", "HTTPRoute"], ["httproute-matching-across-routes.yaml"]),
-    t!("HTTPRouteQueryParamMatching", ["Gateway", "HTTPRoute", "HTTPRouteQueryParamMatching"], ["httproute-query-param-matching.yaml"]),
-    t!("HTTPRouteMethodMatching", ["Gateway", "HTTPRoute", "HTTPRouteMethodMatching"], ["httproute-method-matching.yaml"]),
-    t!("HTTPRouteRequestHeaderModifier", ["Gateway", "HTTPRoute"], ["httproute-request-header-modifier.yaml"]),
-    t!("HTTPRouteResponseHeaderModifier", ["Gateway", "HTTPRoute", "HTTPRouteResponseHeaderModification"], ["httproute-response-header-modifier.yaml"]),
-    t!("HTTPRouteRedirectHostAndStatus", ["Gateway", "HTTPRoute"], ["httproute-redirect-host-and-status.yaml"]),
-    t!("HTTPRouteRedirectPath", ["Gateway", "HTTPRoute", "HTTPRoutePathRedirect"], ["httproute-redirect-path.yaml"]),
-    t!("HTTPRouteRedirectPort", ["Gateway", "HTTPRoute", "HTTPRoutePortRedirect"], ["httproute-redirect-port.yaml"]),
-    t!("HTTPRouteRedirectScheme", ["Gateway", "HTTPRoute", "HTTPRouteSchemeRedirect"], ["httproute-redirect-scheme.yaml"]),
-    t!("HTTPRouteRedirectPortAndScheme", ["Gateway", "HTTPRoute", "HTTPRoutePortRedirect", "GatewayPort8080"], ["httproute-redirect-port-and-scheme.yaml"]),
-    t!("HTTPRoute303Redirect", ["Gateway", "HTTPRoute", "HTTPRoute303RedirectStatusCode"], ["httproute-303-redirect.yaml"]),
-    t!("HTTPRoute307Redirect", ["Gateway", "HTTPRoute", "HTTPRoute307RedirectStatusCode"], ["httproute-307-redirect.yaml"]),
-    t!("HTTPRoute308Redirect", ["Gateway", "HTTPRoute", "HTTPRoute308RedirectStatusCode"], ["httproute-308-redirect.yaml"]),
-    t!("HTTPRouteRewritePath", ["Gateway", "HTTPRoute", "HTTPRoutePathRewrite"], ["httproute-rewrite-path.yaml"]),
-    t!("HTTPRouteRewriteHost", ["Gateway", "HTTPRoute", "HTTPRouteHostRewrite"], ["httproute-rewrite-host.yaml"]),
-    t!("HTTPRouteInvalidNonExistentBackendRef", ["Gateway", "HTTPRoute"], ["httproute-invalid-nonexistent-backendref.yaml"]),
-    t!("HTTPRouteInvalidBackendRefUnknownKind", ["Gateway", "HTTPRoute"], ["httproute-invalid-backendref-unknown-kind.yaml"]),
-    t!("HTTPRouteInvalidCrossNamespaceBackendRef", ["Gateway", "HTTPRoute", "ReferenceGrant"], ["httproute-invalid-cross-namespace-backend-ref.yaml"]),
-    t!("HTTPRouteInvalidReferenceGrant", ["Gateway", "HTTPRoute", "ReferenceGrant"], ["httproute-invalid-reference-grant.yaml"]),
-    t!("HTTPRouteReferenceGrant", ["Gateway", "HTTPRoute", "ReferenceGrant"], ["httproute-reference-grant.yaml"]),
-    t!("HTTPRoutePartiallyInvalidViaInvalidReferenceGrant", ["Gateway", "HTTPRoute", "ReferenceGrant"], ["httproute-partially-invalid-via-invalid-reference-grant.yaml"]),
-    t!("HTTPRouteCrossNamespace", ["Gateway", "HTTPRoute"], ["httproute-cross-namespace.yaml"]),
-    t!("HTTPRouteInvalidCrossNamespaceParentRef", ["Gateway", "HTTPRoute"], ["httproute-invalid-cross-namespace-parent-ref.yaml"]),
-    t!("HTTPRouteInvalidParentRefNotMatchingSectionName", ["Gateway", "HTTPRoute"], ["httproute-invalid-parentref-not-matching-section-name.yaml"]),
-    t!("HTTPRouteHostnameIntersection", ["Gateway", "HTTPRoute"], ["httproute-hostname-intersection.yaml"]),
-    t!("HTTPRouteListenerHostnameMatching", ["Gateway", "HTTPRoute"], ["httproute-listener-hostname-matching.yaml"]),
-    t!("HTTPRouteObservedGenerationBump", ["Gateway", "HTTPRoute"], ["httproute-observed-generation-bump.yaml"]),
-    t!("GatewayObservedGenerationBump", ["Gateway"], ["gateway-observed-generation-bump.yaml"]),
-    t!("GatewayClassObservedGenerationBump", ["Gateway"], ["gatewayclass-observed-generation-bump.yaml"]),
-    t!("GatewayWithAttachedRoutes", ["Gateway"], ["gateway-with-attached-routes.yaml"]),
-    t!("GatewayWithAttachedRoutesWithPort8080", ["Gateway", "GatewayPort8080"], ["gateway-with-attached-routes-with-port-8080.yaml"]),
-    t!("GatewayInvalidRouteKind", ["Gateway"], ["gateway-invalid-route-kind.yaml"]),
-    t!("GatewayModifyListeners", ["Gateway"], ["gateway-modify-listeners.yaml"]),
-    t!("HTTPRouteMultipleGateways", ["Gateway", "HTTPRoute"], ["httproute-multiple-gateways.yaml"]),
-    t!("HTTPRouteServiceTypes", ["Gateway", "HTTPRoute"], ["httproute-service-types.yaml"]),
-    t!("HTTPRouteNoBackendRefs", ["Gateway", "HTTPRoute"], ["httproute-omitted-backendrefs.yaml"]),
-    t!("HTTPRouteHTTPSListener", ["Gateway", "HTTPRoute"], ["httproute-https-listener.yaml"]),
-    t!("GatewayInvalidTLSConfiguration", ["Gateway"], ["gateway-invalid-tls-configuration.yaml"]),
-    t!("GatewayListenerUnsupportedProtocol", ["Gateway"], ["gateway-invalid-listeners-unsupported-protocol.yaml"]),
-    t!("GatewayInvalidParametersRef", ["Gateway"], ["gateway-invalid-parameters-ref.yaml"]),
-    t!("GatewaySecretInvalidReferenceGrant", ["Gateway", "ReferenceGrant"], ["gateway-secret-invalid-reference-grant.yaml"]),
-    t!("GatewaySecretMissingReferenceGrant", ["Gateway", "ReferenceGrant"], ["gateway-secret-missing-reference-grant.yaml"]),
-    t!("GatewaySecretReferenceGrantAllInNamespace", ["Gateway", "ReferenceGrant"], ["gateway-secret-reference-grant-all-in-namespace.yaml"]),
-    t!("GatewaySecretReferenceGrantSpecific", ["Gateway", "ReferenceGrant"], ["gateway-secret-reference-grant-specific.yaml"]),
-    t!("HTTPRouteInvalidParentRefNotMatchingListenerPort", ["Gateway", "HTTPRoute", "HTTPRouteParentRefPort"], ["httproute-invalid-parentref-not-matching-listener-port.yaml"]),
-    t!("HTTPRouteInvalidParentRefSectionNameNotMatchingPort", ["Gateway", "HTTPRoute", "HTTPRouteParentRefPort"], ["httproute-invalid-parentref-section-name-not-matching-port.yaml"]),
-    t!("HTTPRouteListenerPortMatching", ["Gateway", "HTTPRoute", "HTTPRouteParentRefPort"], ["httproute-listener-port-matching.yaml"]),
-    t!("HTTPRouteNamedRule", ["Gateway", "HTTPRoute", "HTTPRouteNamedRouteRule"], ["httproute-named-rule.yaml"]),
-    t!("HTTPRouteBackendRequestHeaderModifier", ["Gateway", "HTTPRoute", "HTTPRouteBackendRequestHeaderModification"], ["httproute-request-header-modifier-backend.yaml"]),
-    t!("HTTPRouteRequestHeaderModifierBackendWeights", ["Gateway", "HTTPRoute", "HTTPRouteBackendRequestHeaderModification"], ["httproute-request-header-modifier-backend-weights.yaml"]),
-    t!("HTTPRouteRequestMirror", ["Gateway", "HTTPRoute", "HTTPRouteRequestMirror"], ["httproute-request-mirror.yaml"]),
-    t!("HTTPRouteRequestMultipleMirrors", ["Gateway", "HTTPRoute", "HTTPRouteRequestMultipleMirrors"], ["httproute-request-multiple-mirrors.yaml"]),
-    t!("HTTPRouteRequestPercentageMirror", ["Gateway", "HTTPRoute", "HTTPRouteRequestPercentageMirror"], ["httproute-request-percentage-mirror.yaml"]),
-    t!("HTTPRouteTimeoutRequest", ["Gateway", "HTTPRoute", "HTTPRouteRequestTimeout"], ["httproute-timeout-request.yaml"]),
-    t!("HTTPRouteTimeoutBackendRequest", ["Gateway", "HTTPRoute", "HTTPRouteBackendTimeout"], ["httproute-timeout-backend-request.yaml"]),
-    t!("HTTPRouteRetry", ["Gateway", "HTTPRoute", "HTTPRouteRetry"], ["httproute-retry.yaml"]),
-    t!("HTTPRouteCORS", ["Gateway", "HTTPRoute", "HTTPRouteCORS"], ["httproute-cors.yaml"]),
-    t!("HTTPRouteBackendProtocolH2C", ["Gateway", "HTTPRoute", "HTTPRouteBackendProtocolH2C"], ["httproute-backend-protocol-h2c.yaml"]),
-    t!("HTTPRouteBackendProtocolWebSocket", ["Gateway", "HTTPRoute", "HTTPRouteBackendProtocolWebSocket"], ["httproute-backend-protocol-websocket.yaml"]),
-    t!("HTTPRouteHTTPSListenerDetectMisdirectedRequests", ["Gateway", "HTTPRoute", "GatewayHTTPSListenerDetectMisdirectedRequests"], ["httproute-https-listener-detect-misdirected-requests.yaml"]),
-    t!("GatewayHTTPListenerIsolation", ["Gateway", "HTTPRoute", "GatewayHTTPListenerIsolation"], ["gateway-http-listener-isolation.yaml", "gateway-http-listener-isolation-with-hostname-intersection.yaml"]),
-    t!("GatewayStaticAddresses", ["Gateway", "GatewayStaticAddresses"], ["gateway-static-addresses.yaml"]),
-    t!("GatewayOptionalAddressValue", ["Gateway", "GatewayAddressEmpty"], ["gateway-optional-address-value.yaml"]),
-    t!("GatewayFrontendClientCertificateValidation", ["Gateway", "HTTPRoute", "GatewayFrontendClientCertificateValidation"], ["gateway-with-clientcertificate-validation.yaml"]),
-    t!("GatewayFrontendClientCertificateValidationInsecureFallback", ["Gateway", "HTTPRoute", "GatewayFrontendClientCertificateValidation", "GatewayFrontendClientCertificateValidationInsecureFallback"], ["gateway-with-clientcertificate-validation-insecure-fallback.yaml"]),
-    t!("GatewayInvalidFrontendClientCertificateValidation", ["Gateway", "HTTPRoute", "ReferenceGrant", "GatewayFrontendClientCertificateValidation"], ["gateway-with-invalid-clientcertificate-validation.yaml"]),
-    t!("GatewayFrontendInvalidDefaultClientCertificateValidation", ["Gateway", "HTTPRoute", "GatewayFrontendClientCertificateValidation"], ["gateway-invalid-default-frontend-client-certificate-validation.yaml"]),
-    t!("GatewayTLSBackendClientCertificate", ["Gateway", "HTTPRoute", "GatewayBackendClientCertificate", "BackendTLSPolicy"], ["gateway-tls-backend-client-certificate.yaml"]),
-    t!("GatewayInvalidTLSBackendConfiguration", ["Gateway", "HTTPRoute", "GatewayBackendClientCertificate", "BackendTLSPolicy"], ["gateway-invalid-tls-backend-configuration.yaml"]),
-    t!("ListenerSetAllowedNamespaceNone", ["Gateway", "ListenerSet"], ["listenerset-allowed-namespace-none.yaml"]),
-    t!("ListenerSetAllowedNamespaceSame", ["Gateway", "ListenerSet"], ["listenerset-allowed-namespace-same.yaml"]),
-    t!("ListenerSetAllowedNamespaceSelector", ["Gateway", "ListenerSet"], ["listenerset-allowed-namespace-selector.yaml"]),
-    t!("ListenerSetAllowedRoutesNamespaces", ["Gateway", "HTTPRoute", "ListenerSet", "ReferenceGrant"], ["listenerset-allowed-routes-namespaces.yaml"]),
-    t!("ListenerSetAllowedRoutesSupportedKinds", ["Gateway", "ListenerSet", "TLSRoute"], ["listenerset-allowed-routes-supported-kinds.yaml"]),
-    t!("ListenerSetDefaultNotAllowed", ["Gateway", "ListenerSet"], ["listenerset-default-not-allowed.yaml"]),
-    t!("ListenerSetDualParentRefIndependence", ["Gateway", "HTTPRoute", "ListenerSet"], ["listenerset-dual-parentref-independence.yaml"]),
-    t!("ListenerSetGatewayParentSectionNameNotFound", ["Gateway", "HTTPRoute", "ListenerSet"], ["listenerset-gateway-parent-section-name-not-found.yaml"]),
-    t!("ListenerSetHostnameConflict", ["Gateway", "ListenerSet"], ["listenerset-hostname-conflict.yaml"]),
-    t!("ListenerSetHTTPRouting", ["Gateway", "HTTPRoute", "ListenerSet"], ["listenerset-http-routing.yaml"]),
-    t!("ListenerSetProtocolConflict", ["Gateway", "ListenerSet"], ["listenerset-protocol-conflict.yaml"]),
-    t!("ListenerSetReferenceGrant", ["Gateway", "ListenerSet", "ReferenceGrant"], ["listenerset-reference-grant.yaml"]),
-    t!("ListenerSetRouteStatusScopedToParentRef", ["Gateway", "HTTPRoute", "ListenerSet"], ["listenerset-route-status-scoped-to-parentref.yaml"]),
-    t!("HTTPRouteDisallowedKind", ["Gateway", "HTTPRoute", "TLSRoute"], ["httproute-disallowed-kind.yaml"]),
-    t!("GatewayInfrastructure", ["Gateway", "GatewayInfrastructurePropagation"], ["gateway-infrastructure.yaml"],
-        na = "checks that spec.infrastructure labels and annotations reach the Deployment/Service a controller generates in the cluster; a standalone gateway generates no cluster resources"),
-];
-
-/// Run the checks of test `name`.
-pub async fn run(name: &str, cx: &mut Ctx<'_>) -> anyhow::Result<()> {
-    match name {
-        "HTTPRouteSimpleSameNamespace" => simple_same_namespace(cx).await,
-        "HTTPRouteWeight" => weight(cx).await,
-        "HTTPRouteMatching" => matching(cx).await,
-        "HTTPRouteHeaderMatching" => header_matching(cx).await,
-        "HTTPRouteExactPathMatching" => exact_path_matching(cx).await,
-        "HTTPRoutePathMatchOrder" => path_match_order(cx).await,
-        "HTTPRouteMatchingAcrossRoutes" => matching_across_routes(cx).await,
-        "HTTPRouteQueryParamMatching" => query_param_matching(cx).await,
-        "HTTPRouteMethodMatching" => method_matching(cx).await,
-        "HTTPRouteRequestHeaderModifier" => request_header_modifier(cx).await,
-        "HTTPRouteResponseHeaderModifier" => response_header_modifier(cx).await,
-        "HTTPRouteRedirectHostAndStatus" => redirect_host_and_status(cx).await,
-        "HTTPRouteRedirectPath" => redirect_path(cx).await,
-        "HTTPRouteRedirectPort" => redirect_port(cx).await,
-        "HTTPRouteRedirectScheme" => redirect_scheme(cx).await,
-        "HTTPRouteRedirectPortAndScheme" => redirect_port_and_scheme(cx).await,
-        "HTTPRoute303Redirect" => redirect_status(cx, "303-redirect", "/see-other", 303).await,
-        "HTTPRoute307Redirect" => redirect_status(cx, "307-redirect", "/temporary", 307).await,
-        "HTTPRoute308Redirect" => redirect_status(cx, "308-redirect", "/permanent", 308).await,
-        "HTTPRouteRewritePath" => rewrite_path(cx).await,
-        "HTTPRouteRewriteHost" => rewrite_host(cx).await,
-        "HTTPRouteInvalidNonExistentBackendRef" => {
-            invalid_backend(
-                cx,
-                "invalid-nonexistent-backend-ref",
-                "/",
-                "BackendNotFound",
-            )
-            .await
-        }
-        "HTTPRouteInvalidBackendRefUnknownKind" => {
-            invalid_backend(cx, "invalid-backend-ref-unknown-kind", "/v2", "InvalidKind").await
-        }
-        "HTTPRouteInvalidCrossNamespaceBackendRef" => {
-            invalid_backend(
-                cx,
-                "invalid-cross-namespace-backend-ref",
-                "/",
-                "RefNotPermitted",
-            )
-            .await
-        }
-        "HTTPRouteInvalidReferenceGrant" => {
-            invalid_backend(cx, "reference-grant", "/", "RefNotPermitted").await
-        }
-        "HTTPRouteReferenceGrant" => reference_grant(cx).await,
-        "HTTPRoutePartiallyInvalidViaInvalidReferenceGrant" => partially_invalid(cx).await,
-        "HTTPRouteCrossNamespace" => cross_namespace(cx).await,
-        "HTTPRouteInvalidCrossNamespaceParentRef" => invalid_cross_namespace_parent_ref(cx).await,
-        "HTTPRouteInvalidParentRefNotMatchingSectionName" => not_matching_section_name(cx).await,
-        "HTTPRouteHostnameIntersection" => hostname_intersection(cx).await,
-        "HTTPRouteListenerHostnameMatching" => listener_hostname_matching(cx).await,
-        "HTTPRouteObservedGenerationBump" => route_generation_bump(cx).await,
-        "GatewayObservedGenerationBump" => gateway_generation_bump(cx).await,
-        "GatewayClassObservedGenerationBump" => class_generation_bump(cx).await,
-        "GatewayWithAttachedRoutes" => with_attached_routes(cx).await,
-        "GatewayWithAttachedRoutesWithPort8080" => with_attached_routes_8080(cx).await,
-        "GatewayInvalidRouteKind" => invalid_route_kind(cx).await,
-        "HTTPRouteDisallowedKind" => disallowed_kind(cx).await,
-        "GatewayModifyListeners" => modify_listeners(cx).await,
-        "HTTPRouteListenerPortMatching" => listener_port_matching(cx).await,
-        "HTTPRouteInvalidParentRefNotMatchingListenerPort" => {
-            parent_port_not_matching(cx, SAME_NS, "httproute-listener-not-matching-route-port")
-                .await
-        }
-        "HTTPRouteInvalidParentRefSectionNameNotMatchingPort" => {
-            parent_port_not_matching(
-                cx,
-                &infra("gateway-with-one-not-matching-port-and-section-name-route"),
-                "httproute-listener-section-name-not-matching-port",
-            )
-            .await
-        }
-        "HTTPRouteRequestMirror" => {
-            request_mirror(cx, "request-mirror", &["/mirror"], &["infra-backend-v2"]).await
-        }
-        "HTTPRouteRequestMultipleMirrors" => {
-            request_mirror(
-                cx,
-                "request-multiple-mirrors",
-                &["/multi-mirror"],
-                &["infra-backend-v2", "infra-backend-v3"],
-            )
-            .await
-        }
-        "HTTPRouteTimeoutRequest" => {
-            timeouts(
-                cx,
-                "request-timeout",
-                "/request-timeout",
-                "/disable-request-timeout",
-            )
-            .await
-        }
-        "HTTPRouteTimeoutBackendRequest" => {
-            timeouts(
-                cx,
-                "backend-request-timeout",
-                "/backend-timeout",
-                "/disable-backend-timeout",
-            )
-            .await
-        }
-        "HTTPRouteBackendRequestHeaderModifier" => request_header_modifier(cx).await,
-        "HTTPRouteNamedRule" => named_rule(cx).await,
-        "HTTPRouteMultipleGateways" => multiple_gateways(cx).await,
-        "HTTPRouteHTTPSListener" => https_listener(cx).await,
-        "HTTPRouteHTTPSListenerDetectMisdirectedRequests" => misdirected_requests(cx).await,
-        "GatewayInvalidTLSConfiguration" => invalid_tls_configuration(cx).await,
-        "GatewaySecretInvalidReferenceGrant" => {
-            secret_listeners(
-                cx,
-                "gateway-secret-invalid-reference-grant",
-                &["https"],
-                false,
-            )
-            .await
-        }
-        "GatewaySecretMissingReferenceGrant" => {
-            // v1.6.1's manifest has the `https` listener only (later
-            // releases add `https-nonexistent-secret`).
-            secret_listeners(
-                cx,
-                "gateway-secret-missing-reference-grant",
-                &["https"],
-                false,
-            )
-            .await
-        }
-        "GatewaySecretReferenceGrantAllInNamespace" => {
-            secret_listeners(
-                cx,
-                "gateway-secret-reference-grant-all-in-namespace",
-                &["https"],
-                true,
-            )
-            .await
-        }
-        "GatewaySecretReferenceGrantSpecific" => {
-            secret_listeners(
-                cx,
-                "gateway-secret-reference-grant-specific",
-                &["https"],
-                true,
-            )
-            .await
-        }
-        "GatewayHTTPListenerIsolation" => listener_isolation(cx).await,
-        "HTTPRouteBackendProtocolH2C" => backend_protocol_h2c(cx).await,
-        "HTTPRouteBackendProtocolWebSocket" => backend_protocol_websocket(cx).await,
-        "HTTPRouteServiceTypes" => service_types(cx).await,
-        "HTTPRouteNoBackendRefs" => no_backend_refs(cx).await,
-        "GatewayListenerUnsupportedProtocol" => unsupported_protocol(cx).await,
-        "GatewayInvalidParametersRef" => invalid_parameters_ref(cx).await,
-        "GatewayStaticAddresses" => static_addresses(cx).await,
-        "GatewayOptionalAddressValue" => optional_address_value(cx).await,
-        "HTTPRouteRequestPercentageMirror" => percentage_mirror(cx).await,
-        "HTTPRouteRequestHeaderModifierBackendWeights" => backend_weights(cx).await,
-        "HTTPRouteRetry" => retry(cx).await,
-        "HTTPRouteCORS" => cors(cx).await,
-        n if n.starts_with("ListenerSet") => crate::listenerset::run(n, cx).await,
-        "GatewayFrontendClientCertificateValidation"
-        | "GatewayFrontendClientCertificateValidationInsecureFallback"
-        | "GatewayInvalidFrontendClientCertificateValidation"
-        | "GatewayFrontendInvalidDefaultClientCertificateValidation" => {
-            crate::client_cert::run(name, cx).await
-        }
-        "GatewayTLSBackendClientCertificate" | "GatewayInvalidTLSBackendConfiguration" => {
-            crate::backend_tls::run(name, cx).await
-        }
-        other => Err(anyhow!(
-            "not implemented yet: the runner has no checks for {other}, and sluice does not implement its feature"
-        )),
-    }
-}
-
-fn infra(name: &str) -> String {
-    format!("{INFRA}/{name}")
-}
-
-const SAME_NS: &str = "gateway-conformance-infra/same-namespace";
+pub const SAME_NS: &str = "gateway-conformance-infra/same-namespace";
 
 /// Accepted + ResolvedRefs for routes on a Gateway, as most tests start.
 async fn ready(cx: &Ctx<'_>, gateway: &str, routes: &[&str]) -> anyhow::Result<()> {
@@ -366,13 +46,13 @@ async fn all(cx: &Ctx<'_>, cases: Vec<Case>) -> anyhow::Result<()> {
     }
 }
 
-async fn simple_same_namespace(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn simple_same_namespace(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let route = infra("gateway-conformance-infra-test");
     ready(cx, SAME_NS, &[&route]).await?;
     all(cx, vec![same_ns("/").infra("infra-backend-v1")]).await
 }
 
-async fn weight(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn weight(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let route = infra("weighted-backends");
     ready(cx, SAME_NS, &[&route]).await?;
     let case = same_ns("/").status(200).to("", INFRA);
@@ -385,7 +65,7 @@ async fn weight(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
         let sends = (0..10).map(|_| cx.send(&case));
         for exchange in futures_util::future::join_all(sends).await {
             let exchange = exchange?;
-            crate::check::compare(&case, &exchange)
+            crate::expect::compare(&case, &exchange)
                 .map_err(|e| e.context(format!("request batch {chunk}")))?;
             let pod = exchange.echo.map(|e| e.pod).unwrap_or_default();
             let backend = ["infra-backend-v1", "infra-backend-v2", "infra-backend-v3"]
@@ -416,7 +96,7 @@ async fn weight(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     }
 }
 
-async fn matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("matching")]).await?;
     all(
         cx,
@@ -436,7 +116,7 @@ async fn matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn header_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn header_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("header-matching")]).await?;
     let h = |headers: &[(&str, &str)]| {
         headers
@@ -462,7 +142,7 @@ async fn header_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn exact_path_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn exact_path_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("exact-matching")]).await?;
     all(
         cx,
@@ -478,7 +158,7 @@ async fn exact_path_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn path_match_order(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn path_match_order(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("path-matching-order")]).await?;
     all(
         cx,
@@ -494,7 +174,7 @@ async fn path_match_order(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn matching_across_routes(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn matching_across_routes(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let r1 = infra("matching-part1");
     let r2 = infra("matching-part2");
     ready(cx, SAME_NS, &[&r1, &r2]).await?;
@@ -519,7 +199,7 @@ async fn matching_across_routes(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn query_param_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn query_param_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("query-param-matching")]).await?;
     let v = |n: u8| format!("infra-backend-v{n}");
     all(
@@ -557,7 +237,7 @@ async fn query_param_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn method_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn method_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("method-matching")]).await?;
     let v = |n: u8| format!("infra-backend-v{n}");
     all(
@@ -689,7 +369,7 @@ const HEADER_MODIFIER_CASES: &[HeaderCase] = &[
 /// The request header modifier cases, with the filters on the rule
 /// (HTTPRouteRequestHeaderModifier) or on the backendRef
 /// (HTTPRouteBackendRequestHeaderModifier, same route name and cases).
-async fn request_header_modifier(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn request_header_modifier(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("request-header-modifier")]).await?;
     let cases = HEADER_MODIFIER_CASES
         .iter()
@@ -707,7 +387,7 @@ async fn request_header_modifier(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     all(cx, cases).await
 }
 
-async fn response_header_modifier(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn response_header_modifier(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("response-header-modifier")]).await?;
     // The suite has the backend set these headers on its response
     // (`BackendSetResponseHeaders`, carried by `X-Echo-Set-Header`) and
@@ -732,7 +412,7 @@ async fn response_header_modifier(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     all(cx, cases).await
 }
 
-async fn redirect_host_and_status(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn redirect_host_and_status(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("redirect-host-and-status")]).await?;
     all(
         cx,
@@ -748,7 +428,7 @@ async fn redirect_host_and_status(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn redirect_path(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn redirect_path(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("redirect-path")]).await?;
     all(
         cx,
@@ -778,7 +458,7 @@ async fn redirect_path(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn redirect_port(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn redirect_port(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("redirect-port")]).await?;
     all(
         cx,
@@ -798,7 +478,7 @@ async fn redirect_port(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn redirect_scheme(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn redirect_scheme(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("redirect-scheme")]).await?;
     all(
         cx,
@@ -826,7 +506,7 @@ async fn redirect_scheme(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn redirect_port_and_scheme(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn redirect_port_and_scheme(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let gw8080 = infra("same-namespace-with-http-listener-on-8080");
     let gw443 = infra("same-namespace-with-https-listener");
     ready(cx, SAME_NS, &[&infra("http-route-for-listener-on-port-80")]).await?;
@@ -875,7 +555,7 @@ async fn redirect_port_and_scheme(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn redirect_status(
+pub async fn redirect_status(
     cx: &mut Ctx<'_>,
     route: &str,
     path: &str,
@@ -885,7 +565,7 @@ async fn redirect_status(
     all(cx, vec![same_ns(path).redirect(status).r_path(path)]).await
 }
 
-async fn rewrite_path(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn rewrite_path(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("rewrite-path")]).await?;
     let v1 = "infra-backend-v1";
     let with_headers = |path: &str, want: &str| {
@@ -914,7 +594,7 @@ async fn rewrite_path(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn rewrite_host(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn rewrite_host(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("rewrite-host")]).await?;
     let h = |path: &str| same_ns(path).host("rewrite.example");
     all(
@@ -940,7 +620,7 @@ async fn rewrite_host(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
 
 /// A route whose only backend does not resolve: Accepted, ResolvedRefs
 /// False with `reason`, and its requests answered 500.
-async fn invalid_backend(
+pub async fn invalid_backend(
     cx: &mut Ctx<'_>,
     route: &str,
     path: &str,
@@ -953,12 +633,12 @@ async fn invalid_backend(
     all(cx, vec![same_ns(path).status(500)]).await
 }
 
-async fn reference_grant(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn reference_grant(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("reference-grant")]).await?;
     all(cx, vec![same_ns("/").to("web-backend", WEB)]).await
 }
 
-async fn partially_invalid(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn partially_invalid(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let route = infra("invalid-reference-grant");
     cx.accepted(SAME_NS, &[&route]).await?;
     cx.route_condition(&route, SAME_NS, "ResolvedRefs", false, "RefNotPermitted")
@@ -973,28 +653,28 @@ async fn partially_invalid(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn cross_namespace(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn cross_namespace(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let gw = infra("backend-namespaces");
     let route = format!("{WEB}/cross-namespace");
     ready(cx, &gw, &[&route]).await?;
     all(cx, vec![req(&gw, "/").to("web-backend", WEB)]).await
 }
 
-async fn invalid_cross_namespace_parent_ref(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn invalid_cross_namespace_parent_ref(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let route = format!("{WEB}/invalid-cross-namespace-parent-ref");
     cx.attached_routes(SAME_NS, "http", 0).await?;
     cx.route_condition(&route, SAME_NS, "Accepted", false, "NotAllowedByListeners")
         .await
 }
 
-async fn not_matching_section_name(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn not_matching_section_name(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let route = infra("httproute-listener-not-matching-section-name");
     cx.attached_routes(SAME_NS, "http", 0).await?;
     cx.route_condition(&route, SAME_NS, "Accepted", false, "NoMatchingParent")
         .await
 }
 
-async fn hostname_intersection(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn hostname_intersection(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let gw = infra("httproute-hostname-intersection");
     let routes = [
         infra("specific-host-matches-listener-specific-host"),
@@ -1086,7 +766,7 @@ async fn hostname_intersection(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn listener_hostname_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn listener_hostname_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let gw = infra("httproute-listener-hostname-matching");
     for route in ["backend-v1", "backend-v2", "backend-v3"] {
         ready(cx, &gw, &[&infra(route)]).await?;
@@ -1108,7 +788,7 @@ async fn listener_hostname_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn route_generation_bump(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn route_generation_bump(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let route = infra("observed-generation-bump");
     cx.latest_conditions("HTTPRoute", &route, None).await?;
     let before = cx.generation("HTTPRoute", &route)?;
@@ -1135,7 +815,7 @@ fn push_listener(gateway: &mut serde_yaml::Value, listener: serde_yaml::Value) {
     }
 }
 
-async fn gateway_generation_bump(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn gateway_generation_bump(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let gw = infra("gateway-observed-generation-bump");
     cx.latest_conditions("Gateway", &gw, None).await?;
     let before = cx.generation("Gateway", &gw)?;
@@ -1147,14 +827,14 @@ async fn gateway_generation_bump(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     cx.gateway_condition(&gw, "Programmed", true, "").await
 }
 
-async fn class_generation_bump(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn class_generation_bump(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let class = "gatewayclass-observed-generation-bump";
     let accepted = |cx: &Ctx<'_>| -> anyhow::Result<()> {
         let s = cx
             .status_of("GatewayClass", class)
             .ok_or_else(|| anyhow!("no status for GatewayClass {class}"))?;
-        crate::check::fresh(&s, &s.status["conditions"])?;
-        if !crate::check::has_condition(&s.status["conditions"], "Accepted", "True", "") {
+        crate::status::fresh(&s, &s.status["conditions"])?;
+        if !crate::status::has_condition(&s.status["conditions"], "Accepted", "True", "") {
             bail!("GatewayClass not Accepted: {}", s.status["conditions"]);
         }
         Ok(())
@@ -1170,7 +850,7 @@ async fn class_generation_bump(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
         .await
 }
 
-async fn with_attached_routes(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn with_attached_routes(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     cx.listeners(
         &infra("gateway-with-one-attached-route"),
         &[listener("http", 1)],
@@ -1194,7 +874,7 @@ async fn with_attached_routes(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn with_attached_routes_8080(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn with_attached_routes_8080(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     cx.listeners(
         &infra("gateway-with-two-listeners-and-one-attached-route"),
         &[listener("http-unattached", 0), listener("http", 1)],
@@ -1202,8 +882,8 @@ async fn with_attached_routes_8080(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn invalid_route_kind(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
-    let invalid = |kinds: &[&str]| crate::check::ListenerExpect {
+pub async fn invalid_route_kind(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+    let invalid = |kinds: &[&str]| ListenerExpect {
         name: "http".to_owned(),
         kinds: kinds.iter().map(|k| (*k).to_owned()).collect(),
         attached: 0,
@@ -1224,7 +904,7 @@ async fn invalid_route_kind(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
 
 /// An HTTPRoute whose only parent allows TLSRoutes alone: its references
 /// resolve, but no listener takes it.
-async fn disallowed_kind(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn disallowed_kind(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let gateway = infra("tlsroutes-only");
     let route = infra("disallowed-kind");
     cx.resolved(&route, &gateway).await?;
@@ -1235,7 +915,7 @@ async fn disallowed_kind(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
         let parents = r.status["parents"].as_array().cloned().unwrap_or_default();
         if let Some(p) = parents
             .iter()
-            .find(|p| crate::check::has_condition(&p["conditions"], "Accepted", "True", ""))
+            .find(|p| crate::status::has_condition(&p["conditions"], "Accepted", "True", ""))
         {
             bail!("parent {} is accepted", p["parentRef"]);
         }
@@ -1245,7 +925,7 @@ async fn disallowed_kind(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     cx.attached_routes(&gateway, "tls", 0).await
 }
 
-async fn modify_listeners(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn modify_listeners(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let add = infra("gateway-add-listener");
     cx.latest_conditions("Gateway", &add, None).await?;
     let before = cx.generation("Gateway", &add)?;
@@ -1268,7 +948,7 @@ async fn modify_listeners(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     cx.latest_conditions("Gateway", &remove, Some(before)).await
 }
 
-async fn listener_port_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn listener_port_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let gw = infra("httproute-listener-port-matching");
     for route in ["backend-v1", "backend-v2", "backend-v3"] {
         ready(cx, &gw, &[&infra(route)]).await?;
@@ -1290,7 +970,11 @@ async fn listener_port_matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
 
 /// A parentRef whose port no listener has: ResolvedRefs True, Accepted
 /// False NoMatchingParent, no accepted parent, nothing attached.
-async fn parent_port_not_matching(cx: &mut Ctx<'_>, gw: &str, route: &str) -> anyhow::Result<()> {
+pub async fn parent_port_not_matching(
+    cx: &mut Ctx<'_>,
+    gw: &str,
+    route: &str,
+) -> anyhow::Result<()> {
     let route = infra(route);
     cx.resolved(&route, gw).await?;
     cx.route_condition(&route, gw, "Accepted", false, "NoMatchingParent")
@@ -1303,7 +987,7 @@ async fn parent_port_not_matching(cx: &mut Ctx<'_>, gw: &str, route: &str) -> an
             .as_array()
             .into_iter()
             .flatten()
-            .any(|p| crate::check::has_condition(&p["conditions"], "Accepted", "True", ""));
+            .any(|p| crate::status::has_condition(&p["conditions"], "Accepted", "True", ""));
         if accepted {
             bail!("a parent accepted the route: {}", r.status);
         }
@@ -1331,7 +1015,7 @@ async fn parent_port_not_matching(cx: &mut Ctx<'_>, gw: &str, route: &str) -> an
 /// Requests reach `infra-backend-v1`, and a copy of each reaches a pod of
 /// every mirror backend (the suite reads the mirror pods' logs; we read
 /// what the echo pods received).
-async fn request_mirror(
+pub async fn request_mirror(
     cx: &mut Ctx<'_>,
     route: &str,
     paths: &[&str],
@@ -1364,7 +1048,7 @@ async fn request_mirror(
 
 /// A rule with a 500ms timeout answers 504 for a backend that takes 1s; a
 /// rule with the timeout disabled (`0s`) waits for it.
-async fn timeouts(
+pub async fn timeouts(
     cx: &mut Ctx<'_>,
     route: &str,
     limited: &str,
@@ -1382,7 +1066,7 @@ async fn timeouts(
     .await
 }
 
-async fn named_rule(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn named_rule(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("http-named-rules")]).await?;
     all(
         cx,
@@ -1394,7 +1078,7 @@ async fn named_rule(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn multiple_gateways(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn multiple_gateways(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let all_ns = infra("all-namespaces");
     let shared = infra("multiple-gateways-shared-route");
     ready(
@@ -1423,7 +1107,7 @@ async fn multiple_gateways(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
 
 const HTTPS_GW: &str = "gateway-conformance-infra/same-namespace-with-https-listener";
 
-async fn https_listener(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn https_listener(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let routes = [
         infra("httproute-https-test"),
         infra("httproute-https-test-no-hostname"),
@@ -1442,7 +1126,7 @@ async fn https_listener(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn misdirected_requests(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn misdirected_requests(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let routes: Vec<String> = (1..=4)
         .map(|i| {
             infra(&format!(
@@ -1526,7 +1210,7 @@ fn listener_with(name: &str, kinds: &[&str], conditions: &[(&str, bool, &str)]) 
     }
 }
 
-async fn invalid_tls_configuration(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn invalid_tls_configuration(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let want = [listener_with(
         "https",
         &["HTTPRoute"],
@@ -1546,7 +1230,7 @@ async fn invalid_tls_configuration(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
 /// The GatewaySecret* tests: each named listener refers to a Secret in
 /// another namespace; with a ReferenceGrant (`permitted`) it is Programmed
 /// and resolved, without one ResolvedRefs is False with RefNotPermitted.
-async fn secret_listeners(
+pub async fn secret_listeners(
     cx: &mut Ctx<'_>,
     gateway: &str,
     listeners: &[&str],
@@ -1567,7 +1251,7 @@ async fn secret_listeners(
     cx.listeners(&infra(gateway), &want).await
 }
 
-async fn listener_isolation(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn listener_isolation(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let v1 = "infra-backend-v1";
     // (Host, path, backend or "" for a 404)
     let table: &[(&str, &str, &str)] = &[
@@ -1619,19 +1303,19 @@ async fn listener_isolation(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn backend_protocol_h2c(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn backend_protocol_h2c(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     cx.accepted(SAME_NS, &[&infra("backend-protocol-h2c")])
         .await?;
     all(cx, vec![same_ns("/").h2c().infra("infra-backend-v1")]).await
 }
 
-async fn backend_protocol_websocket(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn backend_protocol_websocket(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     cx.accepted(SAME_NS, &[&infra("backend-protocol-ws")])
         .await?;
     cx.websocket_echo(SAME_NS).await
 }
 
-async fn service_types(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn service_types(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let route = infra("service-types");
     ready(cx, SAME_NS, &[&route]).await?;
     // The test fills the manual EndpointSlices with infra-backend-v1's pods.
@@ -1662,7 +1346,7 @@ async fn service_types(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     }
 }
 
-async fn no_backend_refs(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn no_backend_refs(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let route = infra("omitted-backendrefs");
     cx.resolved(&route, SAME_NS).await?;
     cx.route_parents(&route, &[parent(SAME_NS).cond("Accepted", true, "")])
@@ -1678,7 +1362,7 @@ async fn no_backend_refs(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn unsupported_protocol(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn unsupported_protocol(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let only = infra("gateway-only-unsupported-protocols");
     cx.latest_conditions("Gateway", &only, None).await?;
     cx.gateway_condition(&only, "Accepted", false, "ListenersNotValid")
@@ -1704,14 +1388,14 @@ async fn unsupported_protocol(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn invalid_parameters_ref(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn invalid_parameters_ref(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let gw = infra("gateway-invalid-parameters-ref");
     cx.latest_conditions("Gateway", &gw, None).await?;
     cx.gateway_condition(&gw, "Accepted", false, "InvalidParameters")
         .await
 }
 
-async fn static_addresses(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn static_addresses(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let gw = infra("gateway-static-addresses");
     cx.latest_conditions("Gateway", &gw, None).await?;
     cx.gateway_condition(&gw, "Accepted", false, "UnsupportedAddress")
@@ -1759,7 +1443,7 @@ async fn static_addresses(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-async fn optional_address_value(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn optional_address_value(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let gw = infra("gateway-without-address-value");
     cx.latest_conditions("Gateway", &gw, None).await?;
     cx.eventually("an address in status", |cx| {
@@ -1781,7 +1465,7 @@ async fn optional_address_value(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     cx.send(&c).await.map(|_| ())
 }
 
-async fn percentage_mirror(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn percentage_mirror(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("request-percentage-mirror")]).await?;
     let v1 = "infra-backend-v1";
     let cases = [
@@ -1857,7 +1541,7 @@ async fn settled(cx: &Ctx<'_>, count: &impl Fn(&Ctx<'_>) -> usize) -> usize {
     }
 }
 
-async fn backend_weights(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn backend_weights(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(
         cx,
         SAME_NS,
@@ -1886,7 +1570,7 @@ async fn backend_weights(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn retry(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn retry(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     ready(cx, SAME_NS, &[&infra("retries")]).await?;
     let attempts3 = "/retry/code-500-attempts-3";
     let all2 = "/retry/code-all-attempts-2";
@@ -1919,7 +1603,7 @@ async fn retry(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     all(cx, cases).await
 }
 
-async fn cors(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
+pub async fn cors(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let routes = [
         infra("cors-multiple-origins-methods-headers"),
         infra("cors-wildcard-methods"),
