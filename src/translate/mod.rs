@@ -107,8 +107,10 @@ pub fn translate_served_at(
         .iter()
         .map(|route| routes::route_status(route, &views, now));
     let mut objects = assemble_status(class_statuses, &views, route_statuses, &resolver, now);
-    let route_gateways = rollouts::route_gateways(&attached, &views);
-    objects.extend(rollouts::policy_statuses(snapshot, &route_gateways, now));
+    if !snapshot.rollout_policies.is_empty() {
+        let route_gateways = rollouts::route_gateways(&attached, &views);
+        objects.extend(rollouts::policy_statuses(snapshot, &route_gateways, now));
+    }
     Translation {
         table: listeners.builder.build(),
         status: StatusReport {

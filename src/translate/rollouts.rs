@@ -237,14 +237,23 @@ pub fn rollout_inputs(snapshot: &Snapshot, previous: &[RuleSummary]) -> RolloutI
 /// are added (without their filters: the spec no longer has them).
 /// `summaries` (one per backend, in order) get the served weights.
 pub(crate) fn served_split(
-    rule: &RuleKey,
+    (ns, route, index): (&str, &str, usize),
     mut backends: Vec<Backend>,
     summaries: &mut Vec<BackendSummary>,
     served: &ServedShares,
     resolver: &BackendResolver<'_>,
     id_prefix: &str,
 ) -> (BackendSplit, Option<RuleRollout>) {
-    let Some(s) = served.rules.get(rule) else {
+    // Most rules are governed by no rollout: no key built for them.
+    if served.rules.is_empty() {
+        return (BackendSplit::new(backends), None);
+    }
+    let rule = RuleKey {
+        namespace: ns.to_string(),
+        route: route.to_string(),
+        rule: index,
+    };
+    let Some(s) = served.rules.get(&rule) else {
         return (BackendSplit::new(backends), None);
     };
     let mut weights = Vec::with_capacity(backends.len());
@@ -262,7 +271,7 @@ pub(crate) fn served_split(
         if weight == 0 || seen.contains(key) {
             continue;
         }
-        let resolution = resolver.resolve(&rule.namespace, &fields_of(key));
+        let resolution = resolver.resolve(ns, &fields_of(key));
         let outcome = outcome_of(&resolution);
         backends.push(Backend {
             id: format!("{id_prefix}/removed/{}", backends.len()),

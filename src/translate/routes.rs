@@ -27,7 +27,7 @@ use super::output::{
 };
 use super::rollouts::{backend_key, served_split};
 use crate::resources::{CONTROLLER_NAME, GATEWAY_GROUP, parse_gateway_duration};
-use crate::rollout::{RuleKey, ServedShares};
+use crate::rollout::ServedShares;
 use crate::route::{
     Backend, DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, Filter, HostPattern, RequestMatch,
     RetryPolicy, Rule, RuleId,
@@ -130,7 +130,9 @@ fn compile_rule(
     for (j, b) in refs.iter().enumerate() {
         let bfield = format!("{field}.backendRefs[{j}]");
         let fields = BackendRefFields::of(b);
-        let label = BackendResolver::label(ns, &fields);
+        // The label is the identity's display (see BackendResolver::label).
+        let key = backend_key(ns, &fields);
+        let label = key.to_string();
         let weight = match b.weight.map(u32::try_from) {
             None => 1,
             Some(Ok(w)) if w <= 1_000_000 => w,
@@ -210,7 +212,7 @@ fn compile_rule(
             weight_omitted: b.weight.is_none(),
             share_percent: 0.0,
             outcome,
-            key: backend_key(ns, &fields),
+            key,
             served_weight: None,
             served_percent: None,
             removed_from_spec: false,
@@ -243,13 +245,8 @@ fn compile_rule(
             "{route_id}: {field}: every backendRef has weight 0: the rule answers 500"
         ));
     }
-    let rule_key = RuleKey {
-        namespace: ns.to_string(),
-        route: name.to_string(),
-        rule: i,
-    };
     let (split, rollout) = served_split(
-        &rule_key,
+        (ns, name, i),
         backends,
         &mut summaries,
         served,

@@ -178,6 +178,23 @@ impl Stage<'_> {
         }
     }
 
+    /// Wait for the rollout of `policy` to end in `phase`; then send `n`
+    /// requests for `host`. Returns its status then, when it got there,
+    /// and the requests' counts.
+    async fn end(
+        &self,
+        policy: &str,
+        phase: crate::rollout::Phase,
+        host: &str,
+        n: usize,
+    ) -> anyhow::Result<(RolloutStatus, Instant, RolloutStepReport)> {
+        let what = format!("reached {}", phase.as_str());
+        let status = self.wait(policy, &what, |r| r.phase == phase).await?;
+        let reached = Instant::now();
+        let after = self.batch(host, "after", served(&status), n).await;
+        Ok((status, reached, after))
+    }
+
     /// Send `n` requests for `host` (one connection, one at a time) and
     /// count what the pods received.
     async fn batch(&self, host: &str, step: &str, served: String, n: usize) -> RolloutStepReport {
@@ -281,15 +298,15 @@ pub(super) async fn promotion(stage: &mut Stage<'_>) -> anyhow::Result<RolloutAc
         nudges += sent;
         nudges_failed += failed;
     }
-    let done = stage
-        .wait("recommend", "completed", |r| {
-            r.phase == crate::rollout::Phase::Complete
-        })
+    let (done, reached, after) = stage
+        .end(
+            "recommend",
+            crate::rollout::Phase::Complete,
+            RECOMMEND_HOST,
+            100,
+        )
         .await?;
-    let took = started.elapsed();
-    let after = stage
-        .batch(RECOMMEND_HOST, "after", served(&done), 100)
-        .await;
+    let took = reached - started;
     let act = RolloutAct {
         policy: "default/recommend".into(),
         steps,
@@ -351,15 +368,15 @@ pub(super) async fn rollback(stage: &mut Stage<'_>) -> anyhow::Result<RolloutAct
         failed,
         failures_expected: true,
     });
-    let back = stage
-        .wait("payments", "rolled back", |r| {
-            r.phase == crate::rollout::Phase::RolledBack
-        })
+    let (back, reached, after) = stage
+        .end(
+            "payments",
+            crate::rollout::Phase::RolledBack,
+            PAYMENTS_HOST,
+            200,
+        )
         .await?;
-    let took = failing.elapsed();
-    let after = stage
-        .batch(PAYMENTS_HOST, "after", served(&back), 200)
-        .await;
+    let took = reached - failing;
     for pod in stage.pods.get(canary).into_iter().flatten() {
         pod.fail_with(None);
     }
