@@ -15,6 +15,14 @@ Runs, in order:
                scheduled send time
   reload       weights flipped ten times under load with each proxy's own
                reload; every failed request counted
+  protocols    CPU per request over HTTPS keep-alive, HTTPS with a TLS
+               handshake per request (wrk), and h2c (h2load -c50 -m10)
+  held         RSS with no client connection and with N idle keep-alive
+               connections held (5,000; --held N), per proxy and protocol;
+               a second request on each must succeed
+  flip         weight flip visible after: configuration written (plus the
+               peer's reload) to the first request served by it; sluice
+               also with 100 and 10,000 routes in the table
   scale        parse/translate time, RSS and match time for 1k/10k/50k routes
   rebuild      p99 and errors while the table of 10,000 routes is rebuilt
                every 100 ms; RSS after 1,000 rebuilds vs after the first
@@ -52,10 +60,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def http_get(port, path="/", host="127.0.0.1", timeout=1.0):
-    """Status and body of one GET, or (None, error)."""
+def http_get(port, path="/", host="127.0.0.1", timeout=1.0, tls=False):
+    """Status and body of one GET (over TLS, certificate not verified, when
+    `tls`), or (None, error)."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw:
+            s = insecure_tls().wrap_socket(raw) if tls else raw
             s.sendall(f"GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n".encode())
             data = b""
             while True:
@@ -68,6 +78,55 @@ def http_get(port, path="/", host="127.0.0.1", timeout=1.0):
         return status, body.decode(errors="replace")
     except (OSError, ValueError, IndexError) as e:
         return None, str(e)
+
+
+def insecure_tls():
+    """A client TLS context that accepts the bench's self-signed certificate."""
+    import ssl
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+_TLS = {}
+
+
+def tls_files():
+    """A self-signed ECDSA P-256 certificate for 127.0.0.1, made once per run."""
+    if not _TLS:
+        d = tempfile.mkdtemp(prefix="sluice-bench-tls-")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                        "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", f"{d}/key.pem",
+                        "-out", f"{d}/cert.pem", "-days", "2", "-subj", "/CN=bench.example",
+                        "-addext", "subjectAltName=DNS:bench.example,IP:127.0.0.1"],
+                       check=True, capture_output=True)
+        # PKCS#8 "BEGIN PRIVATE KEY" is what every proxy here reads.
+        _TLS["cert"], _TLS["key"] = f"{d}/cert.pem", f"{d}/key.pem"
+    return _TLS["cert"], _TLS["key"]
+
+
+def b64file(path):
+    import base64
+    with open(path, "rb") as f:
+        return base64.b64encode(f.read()).decode()
+
+
+def generated_routes(n):
+    """`n` HTTPRoutes on hostnames the bench never asks for (the table size)."""
+    out = []
+    for i in range(n):
+        out.append(f"""apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: extra-{i}, namespace: default}}
+spec:
+  parentRefs: [{{name: bench}}]
+  hostnames: [host-{i // 10}.example.com]
+  rules:
+  - matches: [{{path: {{type: PathPrefix, value: /r{i}}}}}]
+    backendRefs: [{{name: stable, port: 80}}]
+""")
+    return "---\n".join(out)
 
 
 def wait_until(check, what, deadline_s=20.0):
@@ -189,15 +248,28 @@ def gcd(a, b):
 
 
 class Proxy:
-    """One proxy under test, configured for one weighted split."""
+    """One proxy under test, configured for one weighted split.
 
-    def __init__(self, kind, exes, backends, split):
+    `mode` is how clients speak to it: `http` (HTTP/1.1), `https`
+    (HTTP/1.1 over TLS, certificate from `tls_files()`), or `h2c` (HTTP/2
+    with prior knowledge). `extra_routes` adds that many generated routes
+    on other hostnames (sluice only: the table size for the flip row);
+    `held` raises connection limits for that many held client connections.
+    """
+
+    def __init__(self, kind, exes, backends, split, mode="http", extra_routes=0, held=0):
         self.kind = kind
         self.exes = exes
         self.backends = backends
+        self.mode = mode
+        self.held = held
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix=f"sluice-bench-{kind}-")
         self.proc = None
+        # A command the proxy runs under (valgrind, for bench/profile.py).
+        self.wrapper = []
+        if extra_routes and kind == "sluice":
+            self.replace("routes-extra.yaml", generated_routes(extra_routes))
         self.write_config(split)
 
     # -- configuration
@@ -218,8 +290,24 @@ spec:
   gatewayClassName: sluice
   addresses: [{{type: IPAddress, value: "127.0.0.1"}}]
   listeners:
-  - {{name: http, protocol: HTTP, port: {self.port}}}
 """
+            if self.mode == "https":
+                cert, key = tls_files()
+                gateway += f"""  - name: https
+    protocol: HTTPS
+    port: {self.port}
+    tls: {{certificateRefs: [{{name: bench-cert}}]}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: bench-cert, namespace: default}}
+type: kubernetes.io/tls
+data:
+  tls.crt: {b64file(cert)}
+  tls.key: {b64file(key)}
+"""
+            else:
+                gateway += f"  - {{name: http, protocol: HTTP, port: {self.port}}}\n"
             for name, port in (("stable", b.stable), ("canary", b.canary)):
                 gateway += f"""---
 apiVersion: v1
@@ -253,11 +341,22 @@ spec:
             self.replace("route.yaml", route)
         elif self.kind == "nginx":
             os.makedirs(f"{self.dir}/tmp", exist_ok=True)
+            nginx_listen, nginx_tls = "", ""
+            nginx_servers = "".join(
+                f"    server 127.0.0.1:{port} weight={w};\n"
+                for port, w in ((b.stable, stable), (b.canary, canary)) if w)
+            if self.mode == "https":
+                cert, key = tls_files()
+                nginx_listen = " ssl"
+                nginx_tls = f"ssl_certificate {cert}; ssl_certificate_key {key};"
+            elif self.mode == "h2c":
+                nginx_listen = " http2"
             self.replace("nginx.conf", f"""user root;
 worker_processes 1;
 pid {self.dir}/nginx.pid;
 error_log {self.dir}/error.log warn;
-events {{ worker_connections 4096; }}
+worker_rlimit_nofile {max(8192, 2 * self.held + 1024)};
+events {{ worker_connections {max(4096, self.held + 1024)}; }}
 http {{
   access_log off;
   keepalive_requests 1000000;
@@ -265,13 +364,13 @@ http {{
   client_body_temp_path {self.dir}/tmp;
   proxy_temp_path {self.dir}/tmp;
   upstream backends {{
-    server 127.0.0.1:{b.stable} weight={stable};
-    server 127.0.0.1:{b.canary} weight={canary};
+{nginx_servers}
     keepalive 64;
     keepalive_requests 1000000;
   }}
   server {{
-    listen 127.0.0.1:{self.port};
+    listen 127.0.0.1:{self.port}{nginx_listen};
+    {nginx_tls}
     location / {{
       proxy_pass http://backends;
       proxy_http_version 1.1;
@@ -284,9 +383,22 @@ http {{
 }}
 """)
         elif self.kind == "haproxy":
+            haproxy_bind = ""
+            haproxy_servers = "".join(
+                f"  server {name} 127.0.0.1:{port} weight {w}\n"
+                for name, port, w in (("stable", b.stable, stable), ("canary", b.canary, canary))
+                if w)
+            if self.mode == "https":
+                cert, key = tls_files()
+                pem = f"{self.dir}/combined.pem"
+                with open(pem, "w") as f:
+                    f.write(open(cert).read() + open(key).read())
+                haproxy_bind = f" ssl crt {pem} alpn http/1.1"
+            elif self.mode == "h2c":
+                haproxy_bind = " proto h2"
             self.replace("haproxy.cfg", f"""global
   nbthread 1
-  maxconn 4096
+  maxconn {max(4096, self.held + 1024)}
 defaults
   mode http
   timeout connect 5s
@@ -297,14 +409,13 @@ defaults
   option forwardfor
   http-reuse always
 frontend fe
-  bind 127.0.0.1:{self.port}
-  http-request set-header X-Forwarded-Proto http
+  maxconn {max(4096, self.held + 1024)}
+  bind 127.0.0.1:{self.port}{haproxy_bind}
+  http-request set-header X-Forwarded-Proto {"https" if self.mode == "https" else "http"}
   default_backend be
 backend be
   balance roundrobin
-  server stable 127.0.0.1:{b.stable} weight {stable}
-  server canary 127.0.0.1:{b.canary} weight {canary}
-""")
+{haproxy_servers}""")
 
     def replace(self, name, text):
         """Write a file whole and atomically (a watcher never sees half)."""
@@ -320,6 +431,9 @@ backend be
             self.admin = free_port()
             cmd = [self.exes["sluice"], "serve", "-f", self.dir,
                    "--admin", f"127.0.0.1:{self.admin}"]
+            if self.held:
+                cmd += ["--max-connections", str(self.held + 1024),
+                        "--max-connections-per-listener", str(self.held + 1024)]
             env = dict(os.environ, RUST_LOG="warn")
         elif self.kind == "nginx":
             cmd = ["nginx", "-p", self.dir, "-c", f"{self.dir}/nginx.conf",
@@ -328,10 +442,23 @@ backend be
         else:
             cmd = ["haproxy", "-W", "-f", f"{self.dir}/haproxy.cfg"]
             env = None
-        self.proc = subprocess.Popen(["taskset", "-c", PROXY_CPU] + cmd, env=env,
+        self.proc = subprocess.Popen(["taskset", "-c", PROXY_CPU] + self.wrapper + cmd, env=env,
                                      stdout=subprocess.DEVNULL,
                                      stderr=open(f"{self.dir}/stderr.log", "w"))
-        wait_until(lambda: http_get(self.port)[0] == 200, f"{self.kind} to answer")
+        wait_until(self.answers, f"{self.kind} to answer",
+                   deadline_s=120.0 if self.wrapper else 20.0)
+
+    def answers(self):
+        if self.mode == "https":
+            return http_get(self.port, tls=True)[0] == 200
+        if self.mode == "h2c":
+            return subprocess.run(["h2load", "-n1", "-c1", f"http://127.0.0.1:{self.port}/"],
+                                  capture_output=True, text=True).stdout.count("1 succeeded") == 1
+        return http_get(self.port)[0] == 200
+
+    def url(self):
+        scheme = "https" if self.mode == "https" else "http"
+        return f"{scheme}://127.0.0.1:{self.port}/"
 
     def reload(self):
         if self.kind == "sluice":
@@ -381,11 +508,12 @@ class Direct:
 # -------------------------------------------------------------------- load
 
 
-def wrk(port, seconds):
-    out = subprocess.run(
-        ["taskset", "-c", LOAD_CPU, "wrk", "-t1", "-c50", f"-d{seconds}s", "--latency",
-         f"http://127.0.0.1:{port}/"],
-        check=True, capture_output=True, text=True).stdout
+def wrk(port, seconds, url=None, headers=()):
+    cmd = ["taskset", "-c", LOAD_CPU, "wrk", "-t1", "-c50", f"-d{seconds}s", "--latency"]
+    for h in headers:
+        cmd += ["-H", h]
+    out = subprocess.run(cmd + [url or f"http://127.0.0.1:{port}/"],
+                         check=True, capture_output=True, text=True).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     lat = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)", out, re.M))
     errors = 0
@@ -520,6 +648,222 @@ def reloads(args, exes, backends):
     return rows
 
 
+def h2load(url, seconds):
+    out = subprocess.run(
+        ["taskset", "-c", LOAD_CPU, "h2load", "-c50", "-m10", "-D", str(seconds), url],
+        check=True, capture_output=True, text=True).stdout
+    m = re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", out)
+    done = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, "
+                     r"(\d+) errored", out)
+    return {"rps": float(m.group(1)) if m else None,
+            "requests": int(done.group(1)) if done else None,
+            "errors": int(done.group(3)) + int(done.group(4)) if done else None}
+
+
+PROTOCOL_ROWS = (
+    ("https", "HTTPS keep-alive", ()),
+    ("https", "HTTPS, a TLS handshake per request", ("Connection: close",)),
+    ("h2c", "h2c, 50 connections x 10 streams", ()),
+)
+
+
+def protocols(args, exes, backends):
+    """CPU per request over TLS (keep-alive, and a handshake per request)
+    and over HTTP/2 with prior knowledge (h2load -c50 -m10), 995/5."""
+    rows = []
+    seconds = 1 if args.quick else 10
+    runs = 1 if args.quick else 3
+    for mode, label, headers in PROTOCOL_ROWS:
+        for kind in ("sluice", "nginx", "haproxy"):
+            target = Proxy(kind, exes, backends, (995, 5), mode=mode)
+            try:
+                target.start()
+                if mode == "h2c":
+                    run = lambda: h2load(target.url(), seconds)  # noqa: E731
+                else:
+                    run = lambda: wrk(target.port, seconds, target.url(), headers)  # noqa: E731
+                if not args.quick:
+                    run()  # warm-up
+                row = median_of([measured(target, run) for _ in range(runs)])
+                row.update(name=f"{kind}: {label}", proxy=kind, mode=label)
+                rows.append(row)
+                log(f"{label} {kind}: {fmt(row['rps'])} req/s, "
+                    f"{fmt(row['cpu_us_per_req'], 1)} us CPU/req")
+            finally:
+                target.stop()
+    return rows
+
+
+def raise_fd_limit(n):
+    import resource
+    want = n + 4096
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < want:
+        # Root may raise the hard limit too (with CAP_SYS_RESOURCE); the
+        # proxies inherit both.
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(hard, want)))
+        except (ValueError, OSError) as e:
+            raise SystemExit(f"bench: {n} held connections need {want} file descriptors; "
+                             f"the hard limit is {hard} and cannot be raised here ({e}): "
+                             "run as root with CAP_SYS_RESOURCE, or raise `ulimit -Hn` first")
+
+
+H2C_GET = (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+           # HEADERS, END_STREAM | END_HEADERS, stream 1: GET, http, /, :authority h
+           + b"\x00\x00\x06\x01\x05\x00\x00\x00\x01" + b"\x82\x86\x84\x41\x01h")
+
+
+def hold_connections(target, n):
+    """Open `n` client connections, one request answered on each, and keep
+    them open. Returns the sockets."""
+    ctx = insecure_tls() if target.mode == "https" else None
+    socks = []
+    for i in range(n):
+        raw = socket.socket()
+        # Past ~28,000 connections one source address runs out of ports.
+        raw.bind((f"127.0.0.{2 + i // 20000}", 0))
+        raw.settimeout(10)
+        raw.connect(("127.0.0.1", target.port))
+        s = ctx.wrap_socket(raw) if ctx else raw
+        s.sendall(H2C_GET if target.mode == "h2c" else b"GET / HTTP/1.1\r\nhost: h\r\n\r\n")
+        got = b""
+        while b"ok\n" not in got:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise RuntimeError(f"connection {i} closed before its answer")
+            got += chunk
+        socks.append(s)
+    return socks
+
+
+def answer_again(socks, mode):
+    """One more request on every held connection; returns the failures."""
+    failed = 0
+    for s in socks:
+        try:
+            if mode == "h2c":
+                # Stream 3, same header block.
+                s.sendall(b"\x00\x00\x06\x01\x05\x00\x00\x00\x03\x82\x86\x84\x41\x01h")
+            else:
+                s.sendall(b"GET / HTTP/1.1\r\nhost: h\r\n\r\n")
+            got = b""
+            while b"ok\n" not in got:
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise OSError("closed")
+                got += chunk
+        except OSError:
+            failed += 1
+    return failed
+
+
+def held(args, exes, backends):
+    """Resident memory with no client connection and with N idle
+    keep-alive connections (one request answered on each), per proxy."""
+    n = args.held or (300 if args.quick else 5000)
+    raise_fd_limit(n)
+    modes = ("http",) if args.quick else ("http", "https", "h2c")
+    rows = []
+    for mode in modes:
+        for kind in ("sluice", "nginx", "haproxy"):
+            target = Proxy(kind, exes, backends, (995, 5), mode=mode, held=n)
+            socks = []
+            try:
+                try:
+                    target.start()
+                except RuntimeError as e:
+                    if kind == "sluice":
+                        raise
+                    # A peer that cannot hold N under this fd limit (HAProxy
+                    # wants two per connection): its row says so.
+                    log(f"held {kind} {mode}: did not start for {n} connections: {e}")
+                    rows.append({"name": f"{kind} {mode}", "proxy": kind, "mode": mode,
+                                 "connections": n, "rss_idle_kib": None, "rss_held_kib": None,
+                                 "kib_per_connection": None, "failed": None})
+                    continue
+                time.sleep(0.5)
+                before = status_kib(target.pids(), "VmRSS")
+                socks = hold_connections(target, n)
+                # Longer than sluice's 1 s before an idle connection frees
+                # its buffers (nginx frees them at once).
+                time.sleep(2.5)
+                after = status_kib(target.pids(), "VmRSS")
+                failed = answer_again(socks, mode)
+                row = {"name": f"{kind} {mode}", "proxy": kind, "mode": mode, "connections": n,
+                       "rss_idle_kib": before, "rss_held_kib": after,
+                       "kib_per_connection": (after - before) / n, "failed": failed}
+                rows.append(row)
+                log(f"held {kind} {mode}: {n} connections, {row['kib_per_connection']:.2f} KiB each, "
+                    f"{failed} failed")
+            finally:
+                for s in socks:
+                    s.close()
+                target.stop()
+    return rows
+
+
+def flips(args, exes, backends):
+    """Weight flip visible after: from the configuration write (and the
+    peer's reload command) to the first request the new configuration
+    serves, measured with a new connection per probe. The route sends
+    everything to one backend and the flip to the other, so each probe's
+    answer (`GET /__port`) says which configuration served it."""
+    count = 5 if args.quick else 20
+    plan = [("sluice", 0), ("nginx", 0), ("haproxy", 0), ("sluice", 100)]
+    if not args.quick:
+        plan.append(("sluice", 10000))
+    rows = []
+    b = backends
+    for kind, extra in plan:
+        target = Proxy(kind, exes, backends, (1, 0), extra_routes=extra)
+        try:
+            target.start()
+            times, missed = [], 0
+            for i in range(count):
+                split, port = ((0, 1), b.canary) if i % 2 == 0 else ((1, 0), b.stable)
+                started = time.perf_counter()
+                target.write_config(split)
+                target.reload()
+                deadline, again = started + 30, started + 5
+                while time.perf_counter() < deadline:
+                    status, body = http_get(target.port, "/__port")
+                    if status == 200 and body.strip() == str(port):
+                        times.append((time.perf_counter() - started) * 1e3)
+                        break
+                    if time.perf_counter() > again:
+                        # A peer may drop a reload signal that arrives
+                        # while it is still busy with the previous one.
+                        target.reload()
+                        again += 5
+                else:
+                    missed += 1
+                    log(f"{kind}: flip {i} not served within 30 s")
+                time.sleep(0.3)
+            times.sort()
+            row = {"name": f"{kind}" + (f", {extra:,} more routes" if extra else ""),
+                   "proxy": kind, "routes": extra + 1, "flips": count, "missed": missed,
+                   "median_ms": statistics.median(times) if times else None,
+                   "max_ms": times[-1] if times else None}
+            rows.append(row)
+            log(f"flip {row['name']}: median {fmt(row['median_ms'], 1)} ms, "
+                f"max {fmt(row['max_ms'], 1)} ms, {missed} missed")
+        finally:
+            target.stop()
+    # Kubernetes mode: from the watch event to the first request served.
+    for extra in (100,) if args.quick else (0, 100, 10000):
+        out = subprocess.run(
+            [exes["k8s_flip"], "run", "--sluice", exes["sluice"],
+             "--routes", str(extra), "--flips", str(count)],
+            check=True, capture_output=True, text=True).stdout
+        row = json.loads(out.strip().splitlines()[-1])
+        row.update(name="sluice --kubernetes" + (f", {extra:,} more routes" if extra else ""),
+                   proxy="sluice")
+        rows.append(row)
+        log(f"flip {row['name']}: median {row['median_ms']:.1f} ms, max {row['max_ms']:.1f} ms")
+    return rows
+
+
 def scale(args, exes):
     rows = []
     sizes = [(1000, False)] if args.quick else [(1000, False), (10000, False), (50000, False),
@@ -608,6 +952,26 @@ def print_tables(results):
         print(f"| {r['name']} | {fmt(r['scheduled'])} | {fmt(r['failed'])} | {fmt(r['closed'])} "
               f"| {fmt(r['connect_failed'])} | {fmt(r['non_2xx'])} | {fmt(r['timed_out'])} "
               f"| {fmt(r['p99_us'])} |")
+    print("\n### Other protocols: CPU per request, 995/5"
+          f" ({results['meta']['closed_runs']} run(s) of {results['meta']['closed_seconds']} s, median)\n")
+    print("| row | req/s | proxy CPU µs/req | peak RSS MiB | errors |")
+    print("|---|---:|---:|---:|---:|")
+    for r in results["protocols"]:
+        print(f"| {r['name']} | {fmt(r['rps'])} | {fmt(r['cpu_us_per_req'], 1)} "
+              f"| {mib(r['peak_rss_kib'])} | {fmt(r['errors'])} |")
+    print("\n### Memory per idle keep-alive client connection (one request answered on each)\n")
+    print("| proxy, protocol | connections | RSS with none MiB | RSS with all held MiB "
+          "| KiB per connection | failed on a second request |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in results["held"]:
+        print(f"| {r['name']} | {fmt(r['connections'])} | {mib(r['rss_idle_kib'])} "
+              f"| {mib(r['rss_held_kib'])} | {fmt(r['kib_per_connection'], 2)} | {fmt(r['failed'])} |")
+    print("\n### Weight flip visible after: configuration written to the first request served by it\n")
+    print("| proxy | flips | median ms | max ms | not served within 30 s |")
+    print("|---|---:|---:|---:|---:|")
+    for r in results["flip"]:
+        print(f"| {r['name']} | {r['flips']} | {fmt(r['median_ms'], 1)} | {fmt(r['max_ms'], 1)} "
+              f"| {fmt(r.get('missed', 0))} |")
     print("\n### Scale: generated HTTPRoutes (parse and translate on one core)\n")
     print("| routes | hosts | parse ms | translate ms | match ns (median) "
           "| RSS after parse MiB | RSS with table MiB |")
@@ -643,6 +1007,18 @@ def check_numbers(results):
     for r in results["fixed_rate"] + results["reload"]:
         if not r.get("ok") or not r.get("p99_us"):
             missing.append(f"{r['name']}: no successful requests")
+    for r in results["protocols"]:
+        if not r.get("cpu_us_per_req") or not r.get("rps"):
+            missing.append(f"{r['name']}: no numbers")
+    for r in results["held"]:
+        if r.get("kib_per_connection") is None or r.get("failed"):
+            missing.append(f"held {r['name']}: no numbers or failed requests")
+            # (at --quick's 300 connections every proxy must hold them all)
+    for r in results["flip"]:
+        # A peer's reload that never took is the peer's figure, not a
+        # missing row; sluice must serve every flip.
+        if not r.get("median_ms") or (r["proxy"] == "sluice" and r.get("missed")):
+            missing.append(f"flip {r['name']}: no numbers")
     for r in results["scale"]:
         if not r.get("translate_ms") or not r.get("lookup_ns"):
             missing.append(f"scale {r['routes']}: no numbers")
@@ -650,6 +1026,9 @@ def check_numbers(results):
         if not results["rebuild"][phase].get("ok"):
             missing.append(f"rebuild {phase}: no successful requests")
     return missing
+
+
+SUITES = ("closed", "fixed", "reload", "protocols", "held", "flip", "scale", "rebuild")
 
 
 def main():
@@ -660,7 +1039,10 @@ def main():
     p.add_argument("--rate", type=int, default=5000)
     p.add_argument("--reload-rate", type=int, default=10000)
     p.add_argument("--out", default=os.path.join(ROOT, "target", "bench-results.json"))
-    p.add_argument("--only", default="closed,fixed,reload,scale,rebuild")
+    p.add_argument("--only", default=",".join(SUITES))
+    p.add_argument("--held", type=int, default=0,
+                   help="idle connections held for the memory row (default 5,000; --quick 300); "
+                        "50,000 needs root (the fd limit is raised) and takes a few minutes")
     args = p.parse_args()
     exes = json.loads(args.tools)
     exes["sluice"] = args.sluice
@@ -670,8 +1052,8 @@ def main():
     results = {"meta": {
         "quick": args.quick, "rate": args.rate, "reload_rate": args.reload_rate,
         "closed_runs": 1 if args.quick else 3, "closed_seconds": 1 if args.quick else 10,
-    }, "closed_loop": [], "fixed_rate": [], "reload": [], "scale": [],
-        "rebuild": {"steady": {}, "reloading": {}, "summary": {}}}
+    }, "closed_loop": [], "fixed_rate": [], "reload": [], "protocols": [], "held": [], "flip": [],
+        "scale": [], "rebuild": {"steady": {}, "reloading": {}, "summary": {}}}
     try:
         if "closed" in only:
             results["closed_loop"] = closed_loop(args, exes, backends)
@@ -679,6 +1061,12 @@ def main():
             results["fixed_rate"] = fixed_rate(args, exes, backends)
         if "reload" in only:
             results["reload"] = reloads(args, exes, backends)
+        if "protocols" in only:
+            results["protocols"] = protocols(args, exes, backends)
+        if "held" in only:
+            results["held"] = held(args, exes, backends)
+        if "flip" in only:
+            results["flip"] = flips(args, exes, backends)
         if "scale" in only:
             results["scale"] = scale(args, exes)
         if "rebuild" in only:
@@ -689,14 +1077,15 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
-    if only == {"closed", "fixed", "reload", "scale", "rebuild"}:
+    if only == set(SUITES):
         print_tables(results)
     else:
         print(json.dumps(results, indent=1))
     log(f"done in {results['meta']['seconds']} s; raw results in {args.out}")
     if args.quick:
-        missing = check_numbers(results) if only == {"closed", "fixed", "reload", "scale", "rebuild"} else []
+        missing = check_numbers(results) if only == set(SUITES) else []
         rows = (len(results["closed_loop"]) + len(results["fixed_rate"]) + len(results["reload"])
+                + len(results["protocols"]) + len(results["held"]) + len(results["flip"])
                 + len(results["scale"]) + 2)
         if missing:
             print("rows without numbers:\n  " + "\n  ".join(missing), file=sys.stderr)

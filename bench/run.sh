@@ -5,6 +5,8 @@
 #   bash bench/run.sh --quick    # under a minute once built; CI's smoke test
 #   bash bench/run.sh --ab before=/tmp/sluice-old after=target/release/sluice
 #                                # paired A/B of sluice binaries (bench/ab.py)
+#   bash bench/run.sh --profile instructions before=/tmp/sluice-old after=target/release/sluice
+#                                # callgrind instructions or wake-ups per request (bench/profile.py)
 #
 # Installs nginx, HAProxy and wrk from Debian's packages when missing (needs
 # root), builds sluice and the bench tools in release mode in the shared
@@ -23,6 +25,7 @@ command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || missing+=(nginx-light
 command -v haproxy >/dev/null || [[ -x /usr/sbin/haproxy ]] || missing+=(haproxy)
 command -v wrk >/dev/null || missing+=(wrk)
 command -v taskset >/dev/null || missing+=(util-linux)
+command -v h2load >/dev/null || missing+=(nghttp2-client)
 [[ -x /usr/bin/python3 ]] || command -v python3 >/dev/null || missing+=(python3)
 if ((${#missing[@]})); then
     echo "== installing ${missing[*]}" >&2
@@ -37,7 +40,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 echo "== building (release)" >&2
 cargo build --release --quiet --bin sluice
 tools=$(cargo bench --no-run --quiet --message-format=json \
-    --bench backend --bench loadgen --bench scale |
+    --bench backend --bench loadgen --bench scale --bench k8s_flip |
     python3 -c '
 import json, sys
 exes = {}
@@ -56,5 +59,11 @@ PYTHON=python3
 if [[ "${1:-}" == --ab ]]; then
     shift
     exec "$PYTHON" bench/ab.py --tools "$tools" "$@"
+fi
+if [[ "${1:-}" == --profile ]]; then
+    shift
+    command -v valgrind >/dev/null || { apt-get install -y -qq --no-install-recommends valgrind >/dev/null; }
+    command -v perf >/dev/null || { apt-get install -y -qq --no-install-recommends linux-perf >/dev/null; }
+    exec "$PYTHON" bench/profile.py --tools "$tools" "$@"
 fi
 exec "$PYTHON" bench/driver.py --sluice "$target_dir/release/sluice" --tools "$tools" "$@"

@@ -5,7 +5,9 @@
 //! It is deliberately as cheap as a server can be (one thread, no parsing
 //! beyond finding the end of each request), so that the proxies' cost is
 //! what the benchmark measures. `GET /__count` answers this listener's count
-//! (not counting itself); `GET /__reset` zeroes it.
+//! (not counting itself); `GET /__reset` zeroes it; `GET /__port` answers
+//! the listener's port and counts (the flip row tells by it which
+//! configuration served a probe).
 //!
 //! ```text
 //! backend serve 127.0.0.1:18081 127.0.0.1:18082
@@ -51,13 +53,14 @@ fn main() {
                 }
             };
             let count = Rc::new(AtomicU64::new(0));
+            let port = addr.port();
             tokio::task::spawn_local(async move {
                 loop {
                     let Ok((stream, _)) = listener.accept().await else {
                         continue;
                     };
                     let _ = stream.set_nodelay(true);
-                    tokio::task::spawn_local(serve(stream, count.clone()));
+                    tokio::task::spawn_local(serve(stream, count.clone(), port));
                 }
             });
         }
@@ -68,7 +71,7 @@ fn main() {
 
 /// Serve one connection: answer every complete request in the buffer with
 /// one write (pipelining works), skip request bodies by `content-length`.
-async fn serve(mut stream: TcpStream, count: Rc<AtomicU64>) {
+async fn serve(mut stream: TcpStream, count: Rc<AtomicU64>, port: u16) {
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut out: Vec<u8> = Vec::with_capacity(4096);
     let mut chunk = [0u8; 8192];
@@ -86,8 +89,15 @@ async fn serve(mut stream: TcpStream, count: Rc<AtomicU64>) {
                 break;
             }
             close |= wants_close(head);
-            if head.starts_with(b"GET /__count ") {
-                let text = format!("{}\n", count.load(Ordering::Relaxed));
+            let text = if head.starts_with(b"GET /__count ") {
+                Some(format!("{}\n", count.load(Ordering::Relaxed)))
+            } else if head.starts_with(b"GET /__port ") {
+                count.fetch_add(1, Ordering::Relaxed);
+                Some(format!("{port}\n"))
+            } else {
+                None
+            };
+            if let Some(text) = text {
                 out.extend_from_slice(
                     format!(
                         "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{text}",

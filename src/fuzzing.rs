@@ -8,6 +8,8 @@ use std::sync::OnceLock;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use k8s_openapi::jiff::Timestamp;
 
+use crate::proxy::ProxyLimits;
+use crate::proxy::h1::{self, ChunkedWalker, Framing, HeadLimits};
 use crate::resources::{Generations, Object, Snapshot, parse_manifests};
 use crate::route::{Lookup, RouteTable, normalize_host};
 use crate::translate::{TranslateOptions, translate_at};
@@ -72,7 +74,7 @@ fn serve_lookup(
         None => (target, None),
     };
     if let Lookup::Matched(m) = table.lookup(bind, &host, method, path, query, headers)
-        && let crate::route::BackendChoice::Backend(b) = m.rule.backends.choose(headers)
+        && let crate::route::BackendChoice::Backend(b) = m.rule.backends.choose_for(headers)
         && let crate::route::BackendTarget::Endpoints(set) = &b.target
     {
         let _ = set.pick();
@@ -186,5 +188,209 @@ mod tests {
         assert!(
             matches!(found, Lookup::Matched(m) if m.rule.id.route == "mixed" && m.rule.id.index == 0)
         );
+    }
+}
+
+/// One request of a byte stream as a parser saw it, for
+/// [`h1_framing`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    /// A whole request: its method, target and decoded body length.
+    Request {
+        method: String,
+        target: String,
+        body: u64,
+    },
+    /// A request whose head was accepted and whose body failed (malformed
+    /// or cut short by the end of the bytes).
+    BodyFailed { method: String, target: String },
+    /// The head was refused.
+    Refused,
+    /// No further request: the bytes ended, or ended within a head.
+    End,
+    /// The parser stops here (an upgrade or CONNECT hands the connection
+    /// over): nothing after it is compared.
+    HandedOver,
+}
+
+/// The limits both parsers get in [`h1_framing`]: the head limit is hyper's
+/// buffer (whose boundary is not byte-exact), far above fuzz input sizes.
+const FUZZ_HEAD_BYTES: usize = 64 * 1024;
+
+fn fuzz_limits() -> ProxyLimits {
+    ProxyLimits {
+        max_request_header_bytes: FUZZ_HEAD_BYTES,
+        max_uri_bytes: 8 * 1024,
+        ..ProxyLimits::default()
+    }
+}
+
+/// What sluice's own HTTP/1.1 parser ([`h1`]) makes of `data`.
+pub fn h1_requests(data: &[u8]) -> Vec<Seen> {
+    let limits = HeadLimits::from_limits(&fuzz_limits());
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < data.len() {
+        let head = match h1::parse_request(&data[at..], &limits) {
+            Err(_) => {
+                out.push(Seen::Refused);
+                return out;
+            }
+            Ok(None) => break,
+            Ok(Some(head)) => head,
+        };
+        at += head.len;
+        let rest = &data[at..];
+        let body = match head.framing {
+            Framing::None => Some((0, 0)),
+            Framing::Length(n) => usize::try_from(n)
+                .ok()
+                .filter(|n| *n <= rest.len())
+                .map(|n| (n, n as u64)),
+            Framing::Chunked => {
+                let mut walker = ChunkedWalker::default();
+                match walker.walk(rest) {
+                    Ok(n) if walker.is_done() => Some((n, walker.decoded)),
+                    _ => None,
+                }
+            }
+        };
+        let (method, target) = (head.method.to_string(), head.uri.to_string());
+        let Some((raw, decoded)) = body else {
+            out.push(Seen::BodyFailed { method, target });
+            return out;
+        };
+        at += raw;
+        out.push(Seen::Request {
+            method,
+            target,
+            body: decoded,
+        });
+        if head.upgrade || head.method == http::Method::CONNECT {
+            out.push(Seen::HandedOver);
+            return out;
+        }
+        if !head.keep_alive {
+            break;
+        }
+    }
+    out.push(Seen::End);
+    out
+}
+
+/// What hyper's HTTP/1.1 server, configured as the proxy configured it
+/// before the lean path, plus the checks the proxy made after hyper's
+/// parse (`refuse` for target length and `_`, `check_request_head`),
+/// makes of `data`: the reference of [`h1_framing`].
+pub fn hyper_requests(data: &[u8]) -> Vec<Seen> {
+    use std::sync::{Arc, Mutex};
+
+    use http_body_util::BodyExt;
+    use hyper::body::Incoming;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    thread_local! {
+        static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a current-thread runtime");
+    }
+    let limits = fuzz_limits();
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let record = seen.clone();
+    let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+        let record = record.clone();
+        let limits = limits.clone();
+        async move {
+            let push = |s: Seen| record.lock().expect("not poisoned").push(s);
+            let refused = crate::proxy::refuses_parsed_head(&limits, &req);
+            let mut resp = http::Response::new(http_body_util::Empty::<bytes::Bytes>::new());
+            if refused {
+                push(Seen::Refused);
+                resp.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+                return Ok::<_, std::convert::Infallible>(resp);
+            }
+            let method = req.method().to_string();
+            let target = req.uri().to_string();
+            match req.into_body().collect().await {
+                Ok(body) => push(Seen::Request {
+                    method,
+                    target,
+                    body: body.to_bytes().len() as u64,
+                }),
+                Err(_) => push(Seen::BodyFailed { method, target }),
+            }
+            Ok(resp)
+        }
+    });
+    let output = RUNTIME.with(|rt| {
+        rt.block_on(async {
+            let (client, server) = tokio::io::duplex(1 << 20);
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            // The input is written whole and then the write side shut: with
+            // half-closes, hyper still answers every request before that
+            // end (without, it drops the one in progress).
+            builder
+                .half_close(true)
+                .max_buf_size(FUZZ_HEAD_BYTES)
+                .max_headers(ProxyLimits::default().max_request_headers);
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(server), service);
+            let (mut read, mut write) = tokio::io::split(client);
+            let send = async {
+                let _ = write.write_all(data).await;
+                let _ = write.shutdown().await;
+            };
+            let receive = async {
+                let mut out = Vec::new();
+                let _ = read.read_to_end(&mut out).await;
+                out
+            };
+            let (_, _, out) = tokio::join!(send, conn, receive);
+            out
+        })
+    });
+    let mut seen = std::mem::take(&mut *seen.lock().expect("not poisoned"));
+    if matches!(seen.last(), Some(Seen::Refused | Seen::BodyFailed { .. })) {
+        return seen;
+    }
+    // Final responses beyond the requests served: hyper refused a head
+    // itself (400, 431, ...).
+    let text = String::from_utf8_lossy(&output);
+    let finals = text.matches("HTTP/1.1 ").count() - text.matches("HTTP/1.1 100 ").count();
+    seen.push(if finals > seen.len() {
+        Seen::Refused
+    } else {
+        Seen::End
+    });
+    seen
+}
+
+/// The differential fuzz target: the same bytes to sluice's HTTP/1.1
+/// parser and to hyper's. Panics when they disagree about framing: which
+/// requests a byte stream holds and where each body ends, or when sluice
+/// accepts a request hyper refuses. sluice may refuse where hyper accepts
+/// (it refuses what it would otherwise forward ambiguously; see [`h1`]).
+pub fn h1_framing(data: &[u8]) {
+    let ours = h1_requests(data);
+    let theirs = hyper_requests(data);
+    for (i, mine) in ours.iter().enumerate() {
+        let reference = theirs.get(i).unwrap_or(&Seen::End);
+        match (mine, reference) {
+            (Seen::HandedOver, _) => return,
+            // Stricter than hyper, or both stop here.
+            (Seen::Refused | Seen::BodyFailed { .. }, _) => return,
+            (a, b) if a == b => {
+                if *a == Seen::End {
+                    return;
+                }
+            }
+            _ => panic!(
+                "framing disagrees at request {i}:\n  sluice: {ours:?}\n  hyper:  {theirs:?}\n  input:  {:?}",
+                String::from_utf8_lossy(data)
+            ),
+        }
     }
 }

@@ -16,6 +16,7 @@ pub mod cli;
 pub mod echo;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod grpc_echo;
 pub mod metrics;
 pub mod ports;
 pub mod proxy;

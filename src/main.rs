@@ -119,6 +119,12 @@ struct LimitArgs {
     /// A proxy in front of the gateway (address or CIDR) whose X-Forwarded-For entries are believed. Repeatable.
     #[arg(long, help_heading = "Limits")]
     trusted_proxy: Vec<sluice::proxy::Cidr>,
+    /// TLS listeners: time a client may take to send its ClientHello [default: 15s].
+    #[arg(long, value_parser = parse_duration, help_heading = "Limits")]
+    client_hello_timeout: Option<Duration>,
+    /// TLS listeners: largest ClientHello in bytes; larger is closed [default: 65536].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Limits")]
+    max_client_hello_bytes: Option<u64>,
 }
 
 impl LimitArgs {
@@ -157,6 +163,12 @@ impl LimitArgs {
             l.forwarded.trusted_hops = v;
         }
         l.forwarded.trusted_cidrs = self.trusted_proxy;
+        if let Some(v) = self.client_hello_timeout {
+            l.client_hello_timeout = v;
+        }
+        if let Some(v) = self.max_client_hello_bytes {
+            l.max_client_hello_bytes = size(v);
+        }
         l
     }
 }

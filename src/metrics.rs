@@ -29,7 +29,8 @@ use prometheus_client::registry::Registry;
 /// Labels of one proxied request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    /// `<namespace>/<name>` of the HTTPRoute, empty when no route matched.
+    /// `<namespace>/<name>` of the HTTPRoute (`GRPCRoute <namespace>/<name>`
+    /// for a GRPCRoute), empty when no route matched.
     pub route: String,
     /// Rule index within the route, empty when no route matched.
     pub rule: String,
@@ -42,7 +43,10 @@ pub struct RequestLabels {
 /// passes for every request (see [`Metrics::record`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RequestKey<'a> {
-    /// The HTTPRoute's namespace and name, empty when no route matched.
+    /// Written before the route: empty for an HTTPRoute (whose labels are
+    /// as they always were), `GRPCRoute ` for a GRPCRoute.
+    pub kind: &'static str,
+    /// The route's namespace and name, empty when no route matched.
     pub namespace: &'a str,
     pub route: &'a str,
     /// Rule index within the route, `None` when no route matched.
@@ -58,7 +62,7 @@ impl RequestKey<'_> {
             route: if self.namespace.is_empty() && self.route.is_empty() {
                 String::new()
             } else {
-                format!("{}/{}", self.namespace, self.route)
+                format!("{}{}/{}", self.kind, self.namespace, self.route)
             },
             rule: self.rule.map(|i| i.to_string()).unwrap_or_default(),
             backend: self.backend.to_string(),
@@ -69,6 +73,7 @@ impl RequestKey<'_> {
     /// FNV-1a over the fields, each followed by a separator.
     fn hash(&self) -> u64 {
         let mut h = Fnv::default();
+        h.write(self.kind.as_bytes());
         h.write(self.namespace.as_bytes());
         h.write_u8(0xff);
         h.write(self.route.as_bytes());
@@ -104,6 +109,7 @@ impl Hasher for Fnv {
 
 /// The metrics of one label set, shared with the registry's families.
 struct CachedSeries {
+    kind: &'static str,
     namespace: String,
     route: String,
     rule: Option<usize>,
@@ -122,6 +128,7 @@ impl CachedSeries {
             && self.rule == key.rule
             && self.route == key.route
             && self.namespace == key.namespace
+            && self.kind == key.kind
             && self.backend == key.backend
     }
 }
@@ -151,7 +158,10 @@ pub const LATENCY_BUCKETS: usize = LATENCY_BOUNDS_MICROS.len() + 1;
 /// Which backend of which rule outcome counters are about.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub struct BackendStatsKey {
-    /// The HTTPRoute's namespace and name.
+    /// As [`RequestKey::kind`]: empty for an HTTPRoute, `GRPCRoute ` for a
+    /// GRPCRoute (a route of each kind may share a name).
+    pub kind: &'static str,
+    /// The route's namespace and name.
     pub namespace: String,
     pub route: String,
     /// Rule index within the route.
@@ -276,6 +286,50 @@ impl BackendTotals {
     }
 }
 
+/// What became of a connection on a TLS listener.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum TlsOutcome {
+    /// Relayed to an endpoint until both sides were done (or idle).
+    Forwarded,
+    /// No SNI, or no TLSRoute for it: closed.
+    NoRoute,
+    /// Its share goes to a backendRef that does not resolve, has no ready
+    /// endpoint, or weighs 0 with the rest: closed.
+    Rejected,
+    /// The endpoint could not be reached (or its TLS failed): closed.
+    Unreachable,
+    /// The first bytes were no ClientHello, too large, or (Terminate) the
+    /// handshake failed.
+    BadClientHello,
+    /// No whole ClientHello within the limit.
+    ClientHelloTimeout,
+    /// The client closed before it sent a whole ClientHello (a port check,
+    /// an impatient client).
+    Closed,
+}
+
+impl TlsOutcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            TlsOutcome::Forwarded => "forwarded",
+            TlsOutcome::NoRoute => "no_route",
+            TlsOutcome::Rejected => "rejected",
+            TlsOutcome::Unreachable => "unreachable",
+            TlsOutcome::BadClientHello => "bad_client_hello",
+            TlsOutcome::ClientHelloTimeout => "client_hello_timeout",
+            TlsOutcome::Closed => "closed",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TlsLabels {
+    /// `TLSRoute <namespace>/<name>`, empty when none was found.
+    route: String,
+    backend: String,
+    outcome: &'static str,
+}
+
 /// All of sluice's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -286,6 +340,7 @@ pub struct Metrics {
     mirrors: Counter,
     mirror_failures: Counter,
     config_generation: Gauge,
+    tls_connections: Family<TlsLabels, Counter>,
     /// Label-set hash -> the series with that hash (collisions share a bucket).
     series: RwLock<HashMap<u64, Vec<CachedSeries>>>,
     /// Outcome counters per backend of each rule.
@@ -305,7 +360,7 @@ impl Metrics {
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
             "requests",
-            "Requests served, by HTTPRoute, rule, backend and status code",
+            "Requests served, by HTTPRoute or GRPCRoute, rule, backend and status code",
             requests.clone(),
         );
         let latency = Family::<RouteLabel, Histogram>::new_with_constructor(|| {
@@ -345,6 +400,12 @@ impl Metrics {
             "Number of the route table in service",
             config_generation.clone(),
         );
+        let tls_connections = Family::<TlsLabels, Counter>::default();
+        registry.register(
+            "tls_connections",
+            "Connections on TLS listeners, by TLSRoute, backend and outcome",
+            tls_connections.clone(),
+        );
         let rollouts = RolloutMetrics::register(&mut registry);
         Metrics {
             registry,
@@ -355,10 +416,23 @@ impl Metrics {
             mirrors,
             mirror_failures,
             config_generation,
+            tls_connections,
             series: RwLock::new(HashMap::new()),
             backend_stats: RwLock::new(HashMap::new()),
             rollouts,
         }
+    }
+
+    /// Count one connection on a TLS listener (one per connection, when
+    /// it ends or is refused).
+    pub fn record_tls(&self, route: &str, backend: &str, outcome: TlsOutcome) {
+        self.tls_connections
+            .get_or_create(&TlsLabels {
+                route: route.to_owned(),
+                backend: backend.to_owned(),
+                outcome: outcome.as_str(),
+            })
+            .inc();
     }
 
     pub fn shared() -> Arc<Self> {
@@ -393,6 +467,7 @@ impl Metrics {
         let stats = match key.rule {
             Some(rule) if !key.backend.is_empty() => {
                 let stats = self.stats_for(BackendStatsKey {
+                    kind: key.kind,
                     namespace: key.namespace.to_string(),
                     route: key.route.to_string(),
                     rule,
@@ -407,6 +482,7 @@ impl Metrics {
         let bucket = series.entry(hash).or_default();
         if !bucket.iter().any(|s| s.is(key)) {
             bucket.push(CachedSeries {
+                kind: key.kind,
                 namespace: key.namespace.to_string(),
                 route: key.route.to_string(),
                 rule: key.rule,
@@ -667,6 +743,7 @@ mod tests {
     fn borrowed_keys_count_into_the_same_series_as_owned_labels() {
         let m = Metrics::new();
         let key = RequestKey {
+            kind: "",
             namespace: "shop",
             route: "checkout",
             rule: Some(0),
@@ -677,6 +754,14 @@ mod tests {
         m.record(&key, Duration::from_millis(1));
         m.record_request(&key.labels(), Duration::from_millis(1));
         m.record(&RequestKey { code: 503, ..key }, Duration::from_millis(1));
+        // A GRPCRoute of the same name counts apart.
+        m.record(
+            &RequestKey {
+                kind: "GRPCRoute ",
+                ..key
+            },
+            Duration::from_millis(1),
+        );
         m.record(
             &RequestKey {
                 code: 404,
@@ -689,6 +774,7 @@ mod tests {
             r#"sluice_requests_total{route="shop/checkout",rule="0",backend="shop/checkout-v2:80",code="200"} 3"#,
             r#"sluice_requests_total{route="shop/checkout",rule="0",backend="shop/checkout-v2:80",code="503"} 1"#,
             r#"sluice_requests_total{route="",rule="",backend="",code="404"} 1"#,
+            r#"sluice_requests_total{route="GRPCRoute shop/checkout",rule="0",backend="shop/checkout-v2:80",code="200"} 1"#,
             r#"sluice_request_duration_seconds_count{route="shop/checkout"} 4"#,
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
@@ -720,6 +806,7 @@ mod tests {
     fn backend_outcomes_count_requests_5xx_and_latency() {
         let m = Metrics::new();
         let key = RequestKey {
+            kind: "",
             namespace: "shop",
             route: "checkout",
             rule: Some(1),
@@ -733,6 +820,7 @@ mod tests {
         // No backend chosen: nothing to count per backend.
         m.record(&RequestKey { backend: "", ..key }, Duration::ZERO);
         let stats_key = BackendStatsKey {
+            kind: "",
             namespace: "shop".into(),
             route: "checkout".into(),
             rule: 1,
@@ -750,9 +838,18 @@ mod tests {
         assert_eq!(m.backend_totals(), vec![(stats_key.clone(), t)]);
         let other = BackendStatsKey {
             rule: 0,
-            ..stats_key
+            ..stats_key.clone()
         };
         assert_eq!(m.backend_total(&other), BackendTotals::default());
+        // A GRPCRoute of the same name counts apart.
+        m.record(
+            &RequestKey {
+                kind: "GRPCRoute ",
+                ..key
+            },
+            Duration::from_millis(1),
+        );
+        assert_eq!(m.backend_total(&stats_key), t);
     }
 
     #[test]

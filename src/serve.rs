@@ -340,7 +340,9 @@ impl Server {
     async fn evaluate_rollouts(&mut self) {
         let metrics = self.metrics.clone();
         let totals = move |rule: &RuleKey, backend: &BackendKey| {
+            // RolloutPolicies govern HTTPRoutes (kind "").
             metrics.backend_total(&BackendStatsKey {
+                kind: "",
                 namespace: rule.namespace.clone(),
                 route: rule.route.clone(),
                 rule: rule.rule,

@@ -45,3 +45,50 @@ fn request_seeds_never_panic() {
         sluice::fuzzing::match_request(&std::fs::read(&input).unwrap());
     }
 }
+
+#[test]
+fn http1_seeds_frame_alike_in_sluice_and_hyper() {
+    use sluice::fuzzing::{Seen, h1_framing, h1_requests, hyper_requests};
+    let inputs = files("fuzz/seeds/h1_framing");
+    assert!(inputs.len() >= 10, "seed corpus went missing");
+    for input in &inputs {
+        let data = std::fs::read(input).unwrap();
+        // Every prefix: heads and bodies cut anywhere.
+        for cut in 0..=data.len() {
+            h1_framing(&data[..cut]);
+        }
+    }
+    // The well-formed seeds are served whole, and alike, by both parsers
+    // (the differential alone would pass a parser that refused everything).
+    for (name, requests) in [
+        ("keep-alive.txt", 2),
+        ("content-length.txt", 2),
+        ("chunked.txt", 2),
+        ("forms.txt", 3),
+        ("upgrade.txt", 1),
+    ] {
+        let data = std::fs::read(format!(
+            "{}/fuzz/seeds/h1_framing/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        let ours = h1_requests(&data);
+        let served = ours
+            .iter()
+            .filter(|s| matches!(s, Seen::Request { .. }))
+            .count();
+        assert_eq!(served, requests, "{name}: {ours:?}");
+        let theirs = hyper_requests(&data);
+        assert_eq!(ours[..requests], theirs[..requests], "{name}");
+    }
+    // And the smuggling seeds are refused by sluice's parser before the
+    // request behind them.
+    for name in ["cl-and-te.txt", "te-list.txt", "hosts-bare-lf.txt"] {
+        let data = std::fs::read(format!(
+            "{}/fuzz/seeds/h1_framing/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        assert_eq!(h1_requests(&data), [Seen::Refused], "{name}");
+    }
+}

@@ -110,6 +110,8 @@ fn rbac_grants_reads_status_patches_and_the_lease_only() {
         "gateways/status",
         "listenersets/status",
         "httproutes/status",
+        "grpcroutes/status",
+        "tlsroutes/status",
         "backendtlspolicies/status",
     ] {
         assert!(grants.contains(&format!("{status}:patch")), "{status}");

@@ -24,8 +24,8 @@ use sluice::metrics::Metrics;
 use sluice::proxy::Proxy;
 use sluice::route::{
     AppProtocol, Backend, BackendSplit, BackendTarget, EndpointSet, Filter, HeaderModifier,
-    HostPattern, Mirror, PathMatch, PathModifier, Redirect, RequestMatch, RouteOrder, RouteTable,
-    RouteTableBuilder, Rule, RuleId, Timeouts, UrlRewrite,
+    HostPattern, Mirror, PathMatch, PathModifier, Redirect, RequestMatch, RouteKind, RouteOrder,
+    RouteTable, RouteTableBuilder, Rule, RuleId, Timeouts, UrlRewrite,
 };
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -321,6 +321,7 @@ fn tables(binds: &[SocketAddr], rules: Vec<RuleSpec>) -> RouteTable {
         };
         let rule = Arc::new(Rule {
             id: RuleId {
+                kind: RouteKind::Http,
                 namespace: "test".into(),
                 route: spec.route.into(),
                 index: 0,
@@ -330,6 +331,7 @@ fn tables(binds: &[SocketAddr], rules: Vec<RuleSpec>) -> RouteTable {
             backends: BackendSplit::new(spec.backends),
             timeouts: spec.timeouts,
             retry: None,
+            session: None,
         });
         for l in &listeners {
             b.add_rule(

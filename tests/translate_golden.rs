@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use sluice::resources::{Generations, Object, Snapshot, parse_manifests};
 use sluice::route::{
     Backend, BackendTarget, CorsList, Filter, HeaderModifier, Lookup, PathMatch, PathModifier,
-    RouteTable,
+    RouteTable, SessionCarrier, SessionPersistence, StreamLookup, ValueMatch,
 };
 use sluice::translate::{ObjectStatus, RuleSummary, TranslateOptions, translate_at};
 
@@ -41,13 +41,19 @@ struct ProbesDoc {
 #[derive(Deserialize)]
 struct ProbeRequest {
     bind: SocketAddr,
+    #[serde(default)]
     host: String,
     #[serde(default)]
     method: Option<String>,
     /// Path with an optional `?query`.
+    #[serde(default)]
     path: String,
     #[serde(default)]
     headers: BTreeMap<String, String>,
+    /// A TLS connection with this SNI (on a socket of TLS listeners),
+    /// instead of a request.
+    #[serde(default)]
+    sni: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -60,6 +66,8 @@ struct ProbeResult {
     backends: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     retry: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -143,6 +151,9 @@ fn probes(text: &str) -> Vec<ProbeRequest> {
 }
 
 fn probe(table: &RouteTable, p: &ProbeRequest) -> ProbeResult {
+    if let Some(sni) = &p.sni {
+        return probe_sni(table, p.bind, sni);
+    }
     let method: Method = p
         .method
         .as_deref()
@@ -172,6 +183,7 @@ fn probe(table: &RouteTable, p: &ProbeRequest) -> ProbeResult {
             filters: vec![],
             backends: vec![],
             retry: None,
+            session: None,
         },
         Lookup::NoRoute { listener } => ProbeResult {
             request,
@@ -179,6 +191,7 @@ fn probe(table: &RouteTable, p: &ProbeRequest) -> ProbeResult {
             filters: vec![],
             backends: vec![],
             retry: None,
+            session: None,
         },
         Lookup::Matched(m) => ProbeResult {
             request,
@@ -205,8 +218,63 @@ fn probe(table: &RouteTable, p: &ProbeRequest) -> ProbeResult {
                     r.backoff
                 )
             }),
+            session: m.rule.session.as_ref().map(describe_session),
         },
     }
+}
+
+/// Where a TLS connection with SNI `sni` goes.
+fn probe_sni(table: &RouteTable, bind: SocketAddr, sni: &str) -> ProbeResult {
+    let request = format!("TLS connection with SNI {sni} on {bind}");
+    let none = |result: String| ProbeResult {
+        request: request.clone(),
+        result,
+        filters: vec![],
+        backends: vec![],
+        retry: None,
+        session: None,
+    };
+    let Some(port) = table.port(bind) else {
+        return none("refused: no socket".into());
+    };
+    match port.stream_route(&sluice::route::normalize_host(sni)) {
+        StreamLookup::NoListener => none("refused: no TLS listener owns this name".into()),
+        StreamLookup::NoRoute { listener } => {
+            none(format!("refused: no TLSRoute on {}", listener.id))
+        }
+        StreamLookup::Matched { listener, rule } => ProbeResult {
+            result: format!(
+                "{} on {} ({})",
+                rule.id,
+                listener.id,
+                listener
+                    .stream
+                    .as_ref()
+                    .map_or("?".to_owned(), |s| format!("{:?}", s.mode))
+            ),
+            backends: rule
+                .backends
+                .backends()
+                .iter()
+                .map(describe_backend)
+                .collect(),
+            ..none(String::new())
+        },
+    }
+}
+
+fn describe_session(s: &SessionPersistence) -> String {
+    let carrier = match &s.carrier {
+        SessionCarrier::Cookie { name, permanent } => format!(
+            "cookie {name} ({})",
+            if *permanent { "permanent" } else { "session" }
+        ),
+        SessionCarrier::Header(name) => format!("header {name}"),
+    };
+    format!(
+        "{carrier}, absoluteTimeout {:?}, idleTimeout {:?}",
+        s.absolute_timeout, s.idle_timeout
+    )
 }
 
 fn describe_path(p: &PathMatch) -> String {
@@ -214,6 +282,14 @@ fn describe_path(p: &PathMatch) -> String {
         PathMatch::Exact(v) => format!("Exact {v}"),
         PathMatch::Prefix(v) => format!("PathPrefix {v}"),
         PathMatch::RegularExpression(re) => format!("RegularExpression {}", re.as_str()),
+        PathMatch::Grpc(g) => {
+            let part = |v: &Option<ValueMatch>| match v {
+                None => "*".to_owned(),
+                Some(ValueMatch::Exact(v)) => v.clone(),
+                Some(ValueMatch::RegularExpression(re)) => format!("~{}", re.as_str()),
+            };
+            format!("gRPC {}/{}", part(&g.service), part(&g.method))
+        }
     }
 }
 

@@ -52,6 +52,28 @@ impl Ctx<'_> {
         env::render(&self.dir, &self.files, self.pods, &mut self.ports)
     }
 
+    /// Create `doc`, or replace the object of its kind and `ns/name` (what
+    /// the suite's applier does with an object a test builds); it joins
+    /// the test's own manifest file.
+    pub fn apply(&mut self, doc: serde_yaml::Value) -> anyhow::Result<()> {
+        let (kind, id) = (env::kind(&doc).to_owned(), env::object_id(&doc));
+        match self
+            .files
+            .iter_mut()
+            .flat_map(|f| f.docs.iter_mut())
+            .find(|d| env::kind(d) == kind && env::object_id(d) == id)
+        {
+            Some(existing) => *existing = doc,
+            None => self
+                .files
+                .last_mut()
+                .ok_or_else(|| anyhow!("the test has no manifest file"))?
+                .docs
+                .push(doc),
+        }
+        env::render(&self.dir, &self.files, self.pods, &mut self.ports)
+    }
+
     /// What the service-types test does to its manual EndpointSlices: fill
     /// each with the pods of `deployment`. Our pods share an address and
     /// differ by port, so each slice becomes one slice per pod, listing

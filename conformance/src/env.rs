@@ -243,9 +243,18 @@ impl Pods {
                     namespace: key.0.clone(),
                     service: key.1.clone(),
                 };
-                let server = match crate::backend_tls::server_config(doc)? {
-                    Some(tls) => EchoPod::start_tls(identity, tls).await,
-                    None => EchoPod::start(identity).await,
+                let server = match (mode(doc), crate::backend_tls::server_config(doc)?) {
+                    (Mode::Grpc, _) => EchoPod::start_grpc(identity).await,
+                    (Mode::Tcp, Some(tls)) => EchoPod::start_tcp(identity, tls).await,
+                    (Mode::Tcp, None) => {
+                        bail!(
+                            "Deployment {}/{}: TCP_ECHO_SERVER without TLS_SERVER_CERT",
+                            key.0,
+                            key.1
+                        )
+                    }
+                    (Mode::Http, Some(tls)) => EchoPod::start_tls(identity, tls).await,
+                    (Mode::Http, None) => EchoPod::start(identity).await,
                 }
                 .with_context(|| format!("cannot start echo pod for {}/{}", key.0, key.1))?;
                 self.pods.push(Arc::new(Pod {
@@ -280,6 +289,33 @@ impl Pods {
             })
             .cloned()
             .collect()
+    }
+}
+
+/// What an echo-basic container serves, by its environment.
+enum Mode {
+    Http,
+    /// `GRPC_ECHO_SERVER`: the gRPC echo service.
+    Grpc,
+    /// `TCP_ECHO_SERVER`: the TCP echo server.
+    Tcp,
+}
+
+fn mode(deployment: &Value) -> Mode {
+    let set = |name: &str| {
+        deployment["spec"]["template"]["spec"]["containers"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["env"].as_sequence().into_iter().flatten())
+            .any(|e| e["name"].as_str() == Some(name))
+    };
+    if set("GRPC_ECHO_SERVER") {
+        Mode::Grpc
+    } else if set("TCP_ECHO_SERVER") {
+        Mode::Tcp
+    } else {
+        Mode::Http
     }
 }
 
@@ -319,7 +355,7 @@ pub fn render(
                 "Deployment" => continue,
                 "Gateway" => out.push(render_gateway(doc, ports)?),
                 "ListenerSet" => out.push(render_listener_set(doc, ports)?),
-                "HTTPRoute" => out.push(render_route(doc, ports)),
+                "HTTPRoute" | "GRPCRoute" | "TLSRoute" => out.push(render_route(doc, ports)),
                 "Service" => {
                     generated.extend(endpoint_slices(doc, pods));
                     out.push(doc.clone());
@@ -367,16 +403,6 @@ const SUITE_SECRETS: &[(&str, &str, &[&str])] = &[
         "certificate",
         &["*.org", "example.org", "*.example.com", "example.com"],
     ),
-    (
-        "gateway-conformance-infra",
-        "tls-passthrough-checks-certificate",
-        &["abc.example.com"],
-    ),
-    (
-        "gateway-conformance-app-backend",
-        "tls-passthrough-checks-certificate",
-        &["abc.example.com"],
-    ),
 ];
 
 /// A self-signed CA the runner issues certificates with.
@@ -404,8 +430,9 @@ impl RunnerCa {
         })
     }
 
-    /// A certificate for the DNS `names` (with `common_name` as subject
-    /// when given) and its new key; `what` names it in the error.
+    /// A certificate for the DNS `names` (a name with `://` is a URI
+    /// subjectAltName), with `common_name` as subject when given, and its
+    /// new key; `what` names it in the error.
     pub fn issue(
         &self,
         names: Vec<String>,
@@ -413,8 +440,15 @@ impl RunnerCa {
         what: &str,
     ) -> anyhow::Result<(rcgen::Certificate, KeyPair)> {
         let key = KeyPair::generate()?;
-        let cert = CertificateParams::new(names)
+        let (uris, dns): (Vec<String>, Vec<String>) =
+            names.into_iter().partition(|n| n.contains("://"));
+        let cert = CertificateParams::new(dns)
             .and_then(|mut params| {
+                for uri in uris {
+                    params
+                        .subject_alt_names
+                        .push(rcgen::SanType::URI(uri.as_str().try_into()?));
+                }
                 if let Some(cn) = common_name {
                     params.distinguished_name.push(DnType::CommonName, cn);
                 }

@@ -176,10 +176,10 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
     let translation = &checked.translation;
     let mut problems: Vec<String> = Vec::new();
 
-    let mut rules_by_route: BTreeMap<&str, Vec<&RuleSummary>> = BTreeMap::new();
+    let mut rules_by_route: BTreeMap<(String, String), Vec<&RuleSummary>> = BTreeMap::new();
     for rule in &translation.rules {
         rules_by_route
-            .entry(rule.route.as_str())
+            .entry((rule.kind.clone(), rule.route.clone()))
             .or_default()
             .push(rule);
     }
@@ -199,16 +199,14 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
         }
         let object = &object;
         write_object(object, out, &mut problems)?;
-        if object.kind == "HTTPRoute" {
-            let key = format!(
-                "{}/{}",
-                object.metadata.namespace.as_deref().unwrap_or("default"),
-                object.metadata.name
-            );
-            if let Some(rules) = rules_by_route.remove(key.as_str()) {
-                for rule in rules {
-                    write_rule(rule, out, &mut problems)?;
-                }
+        let key = format!(
+            "{}/{}",
+            object.metadata.namespace.as_deref().unwrap_or("default"),
+            object.metadata.name
+        );
+        if let Some(rules) = rules_by_route.remove(&(object.kind.clone(), key)) {
+            for rule in rules {
+                write_rule(rule, out, &mut problems)?;
             }
         }
     }
@@ -216,7 +214,7 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
     // shares are still worth showing).
     for rules in rules_by_route.values() {
         for rule in rules {
-            writeln!(out, "HTTPRoute {}", rule.route)?;
+            writeln!(out, "{} {}", rule.kind, rule.route)?;
             write_rule(rule, out, &mut problems)?;
         }
     }
@@ -416,7 +414,11 @@ fn write_rule(
         }
     }
     if rule.backends.is_empty() {
-        writeln!(out, "    no backendRefs (answers 500)")?;
+        writeln!(
+            out,
+            "    no backendRefs ({})",
+            Failure::of(&rule.kind).no_backends
+        )?;
         return Ok(());
     }
     let width = rule
@@ -438,7 +440,7 @@ fn write_rule(
         .collect();
     let weight_width = weights.iter().map(String::len).max().unwrap_or(0);
     for (backend, weight) in rule.backends.iter().zip(&weights) {
-        let (outcome, problem) = describe_outcome(backend);
+        let (outcome, problem) = describe_outcome(&rule.kind, backend);
         let served = match (&rule.rollout, backend.served_percent) {
             (Some(_), Some(served)) => {
                 let removed = if backend.removed_from_spec {
@@ -459,27 +461,61 @@ fn write_rule(
         )?;
         if problem {
             problems.push(format!(
-                "HTTPRoute {} rule {}: backend {}: {outcome}",
-                rule.route, rule.rule, backend.name
+                "{} {} rule {}: backend {}: {outcome}",
+                rule.kind, rule.route, rule.rule, backend.name
             ));
         }
     }
     Ok(())
 }
 
-/// What a backend does with its share, and whether that is a problem for
-/// the exit code (an unresolved reference is; an empty Service is only a
-/// warning, as its route is still accepted and resolved).
-fn describe_outcome(backend: &BackendSummary) -> (String, bool) {
+/// What a share the gateway cannot serve gets, by route kind: HTTP
+/// statuses, gRPC's UNAVAILABLE (see `proxy::grpc`), or a closed TLS
+/// connection.
+struct Failure {
+    unresolved: &'static str,
+    no_endpoints: &'static str,
+    no_backends: &'static str,
+}
+
+impl Failure {
+    fn of(kind: &str) -> Failure {
+        match kind {
+            "GRPCRoute" => Failure {
+                unresolved: "share gets UNAVAILABLE",
+                no_endpoints: "share gets UNAVAILABLE",
+                no_backends: "answers UNAVAILABLE",
+            },
+            "TLSRoute" => Failure {
+                unresolved: "share of connections closed",
+                no_endpoints: "share of connections closed",
+                no_backends: "connections closed",
+            },
+            _ => Failure {
+                unresolved: "share gets 500",
+                no_endpoints: "share gets 503",
+                no_backends: "answers 500",
+            },
+        }
+    }
+}
+
+/// What a backend of a `kind` route does with its share, and whether that
+/// is a problem for the exit code (an unresolved reference is; an empty
+/// Service is only a warning, as its route is still accepted and
+/// resolved).
+fn describe_outcome(kind: &str, backend: &BackendSummary) -> (String, bool) {
+    let failure = Failure::of(kind);
     match &backend.outcome {
         BackendOutcome::Serves { ready_endpoints } => {
             (format!("{ready_endpoints} ready endpoint(s)"), false)
         }
-        BackendOutcome::NoReadyEndpoints => {
-            ("no ready endpoints: share gets 503".to_owned(), false)
-        }
+        BackendOutcome::NoReadyEndpoints => (
+            format!("no ready endpoints: {}", failure.no_endpoints),
+            false,
+        ),
         BackendOutcome::Unresolved { reason, message } => (
-            format!("unresolved ({reason}: {message}): share gets 500"),
+            format!("unresolved ({reason}: {message}): {}", failure.unresolved),
             true,
         ),
     }
@@ -529,6 +565,44 @@ mod tests {
         assert!(condition_is_problem("Conflicted", "True"));
         assert!(!condition_is_problem("Conflicted", "False"));
         assert!(!condition_is_problem("SomethingNew", "False"));
+    }
+
+    #[test]
+    fn what_a_failed_share_gets_depends_on_the_route_kind() {
+        let backend = |outcome| BackendSummary {
+            name: "default/web:80".into(),
+            weight: 1,
+            weight_omitted: false,
+            share_percent: 100.0,
+            outcome,
+            key: crate::rollout::BackendKey::service("default", "web", Some(80)),
+            served_weight: None,
+            served_percent: None,
+            removed_from_spec: false,
+        };
+        let unresolved = backend(BackendOutcome::Unresolved {
+            reason: "BackendNotFound".into(),
+            message: "not found".into(),
+        });
+        let empty = backend(BackendOutcome::NoReadyEndpoints);
+        for (kind, unresolved_gets, empty_gets) in [
+            ("HTTPRoute", "share gets 500", "share gets 503"),
+            (
+                "GRPCRoute",
+                "share gets UNAVAILABLE",
+                "share gets UNAVAILABLE",
+            ),
+            (
+                "TLSRoute",
+                "share of connections closed",
+                "share of connections closed",
+            ),
+        ] {
+            let (text, problem) = describe_outcome(kind, &unresolved);
+            assert!(problem && text.ends_with(unresolved_gets), "{kind}: {text}");
+            let (text, problem) = describe_outcome(kind, &empty);
+            assert!(!problem && text.ends_with(empty_gets), "{kind}: {text}");
+        }
     }
 
     #[test]

@@ -21,6 +21,111 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Frames a mirror may lag behind the backend before it is dropped.
 pub const MIRROR_BUFFER_FRAMES: usize = 64;
 
+/// A request body as the client connection delivers it: hyper's (HTTP/2,
+/// and HTTP/1.1 before the lean path), or the lean HTTP/1.1 path's.
+#[derive(Debug)]
+pub enum RequestBody {
+    Hyper(Incoming),
+    Lean(LeanBody),
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            RequestBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            RequestBody::Lean(b) => b.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RequestBody::Hyper(b) => b.is_end_stream(),
+            RequestBody::Lean(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RequestBody::Hyper(b) => b.size_hint(),
+            RequestBody::Lean(b) => b.size_hint(),
+        }
+    }
+}
+
+/// A request body read by the lean HTTP/1.1 connection loop
+/// ([`super::h1_conn`]): its frames arrive through a small channel that
+/// the loop fills as the client's bytes come (so a body is read only as
+/// fast as the backend takes it).
+#[derive(Debug)]
+pub struct LeanBody {
+    rx: Option<mpsc::Receiver<Result<Bytes, BoxError>>>,
+    /// Bytes still to come, for a Content-Length body.
+    remaining: Option<u64>,
+}
+
+impl LeanBody {
+    /// A request without a body.
+    pub fn empty() -> Self {
+        LeanBody {
+            rx: None,
+            remaining: Some(0),
+        }
+    }
+
+    /// A body whose frames come from `rx`; `length` when Content-Length
+    /// gave it.
+    pub fn new(rx: mpsc::Receiver<Result<Bytes, BoxError>>, length: Option<u64>) -> Self {
+        LeanBody {
+            rx: Some(rx),
+            remaining: length,
+        }
+    }
+
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let Some(rx) = &mut self.rx else {
+            return Poll::Ready(None);
+        };
+        match ready!(rx.poll_recv(cx)) {
+            Some(Ok(data)) => {
+                if let Some(left) = &mut self.remaining {
+                    *left = left.saturating_sub(data.len() as u64);
+                }
+                Poll::Ready(Some(Ok(Frame::data(data))))
+            }
+            Some(Err(e)) => {
+                self.rx = None;
+                Poll::Ready(Some(Err(e)))
+            }
+            None => {
+                self.rx = None;
+                match self.remaining {
+                    Some(left) if left > 0 => {
+                        Poll::Ready(Some(Err("the request body was cut short".into())))
+                    }
+                    _ => Poll::Ready(None),
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rx.is_none() || self.remaining == Some(0)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.remaining {
+            Some(left) => SizeHint::with_exact(left),
+            None => SizeHint::default(),
+        }
+    }
+}
+
 /// The client's request body, with its first frame possibly read ahead so
 /// that a malformed body is refused before anything reaches a backend.
 /// Its errors are [`ClientBodyError`]s, so a failed exchange can tell a
@@ -28,21 +133,21 @@ pub const MIRROR_BUFFER_FRAMES: usize = 64;
 #[derive(Debug)]
 pub struct ClientBody {
     first: Option<Frame<Bytes>>,
-    inner: Incoming,
+    inner: RequestBody,
 }
 
 /// The client's request body failed (malformed chunked encoding, a reset).
 #[derive(Debug, thiserror::Error)]
 #[error("client request body: {0}")]
-pub struct ClientBodyError(#[source] pub hyper::Error);
+pub struct ClientBodyError(#[source] pub BoxError);
 
 impl ClientBody {
-    pub fn new(inner: Incoming) -> Self {
+    pub fn new(inner: RequestBody) -> Self {
         ClientBody { first: None, inner }
     }
 
     /// Read the first frame now (it is sent first when the body is polled).
-    pub async fn read_ahead(&mut self) -> Result<(), hyper::Error> {
+    pub async fn read_ahead(&mut self) -> Result<(), BoxError> {
         use http_body_util::BodyExt;
         if let Some(frame) = self.inner.frame().await.transpose()? {
             self.first = Some(frame);

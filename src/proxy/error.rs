@@ -1,8 +1,12 @@
 //! The one error type of the data path.
 //!
-//! Every way a request can fail is a [`ProxyError`]. Each variant knows where
-//! the failure came from ([`ErrorSource`]) and maps to exactly one HTTP
-//! status, here and nowhere else. Error responses carry a short text body.
+//! Every way a request can fail is a [`ProxyError`], and every error
+//! response the proxy makes (400, 404, 414, 421, 431, 500, 502, 503, 504)
+//! is built here from one: each variant knows where the failure came from
+//! ([`ErrorSource`]), maps to exactly one HTTP status, and says whether the
+//! connection can carry another request. Error responses carry a short
+//! text body. (hyper's HTTP/1 server still answers the heads it cannot
+//! parse itself, until the lean HTTP/1 path serves clients.)
 
 use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderValue, Response, StatusCode};
@@ -30,10 +34,21 @@ pub enum ProxyError {
     #[error("no route")]
     NoRoute,
     /// The request is malformed or ambiguous (framing that could smuggle a
-    /// second request, a missing or repeated Host): answered 400 and the
-    /// connection closed, never forwarded.
+    /// second request, a missing or repeated Host, `_` in a header name):
+    /// answered 400 and the connection closed, never forwarded.
     #[error("bad request: {0}")]
     BadRequest(&'static str),
+    /// The request target is longer than `max_uri_bytes` (414, closed).
+    #[error("request target too long")]
+    UriTooLong,
+    /// The request head is over `max_request_header_bytes` or has more
+    /// than `max_request_headers` fields (431, closed).
+    #[error("request head too large")]
+    HeadTooLarge,
+    /// On a TLS connection, the Host belongs to another listener than the
+    /// one the handshake chose (421).
+    #[error("misdirected request")]
+    Misdirected,
     /// The rule has no backendRefs (and no redirect).
     #[error("rule has no backends")]
     NoBackends,
@@ -114,7 +129,11 @@ impl From<hyper_util::client::legacy::Error> for UpstreamError {
 impl ProxyError {
     pub fn source_of_failure(&self) -> ErrorSource {
         match self {
-            ProxyError::NoRoute | ProxyError::BadRequest(_) => ErrorSource::Downstream,
+            ProxyError::NoRoute
+            | ProxyError::BadRequest(_)
+            | ProxyError::UriTooLong
+            | ProxyError::HeadTooLarge
+            | ProxyError::Misdirected => ErrorSource::Downstream,
             ProxyError::NoBackends
             | ProxyError::AllWeightsZero
             | ProxyError::Unresolved { .. }
@@ -129,6 +148,9 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::UriTooLong => StatusCode::URI_TOO_LONG,
+            ProxyError::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ProxyError::Misdirected => StatusCode::MISDIRECTED_REQUEST,
             // Per the spec: "If all entries in BackendRefs are invalid, and
             // there are also no filters specified in this route rule, all
             // traffic which matches this rule MUST receive a 500 status code."
@@ -147,6 +169,11 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute => "no route\n",
             ProxyError::BadRequest(_) => "bad request\n",
+            ProxyError::UriTooLong => "request target too long\n",
+            ProxyError::HeadTooLarge => "request header fields too large\n",
+            ProxyError::Misdirected => {
+                "misdirected request: this connection does not serve that host\n"
+            }
             ProxyError::NoBackends => "no backends\n",
             ProxyError::AllWeightsZero => "all backend weights are zero\n",
             ProxyError::Unresolved { .. } => "backend not resolved\n",
@@ -157,9 +184,20 @@ impl ProxyError {
         }
     }
 
+    /// Whether the connection must close after the answer: nothing after a
+    /// malformed or oversized request on it can be trusted to be framed as
+    /// the client meant (and its body, if any, was not read).
+    pub fn closes_connection(&self) -> bool {
+        matches!(
+            self,
+            ProxyError::BadRequest(_) | ProxyError::UriTooLong | ProxyError::HeadTooLarge
+        )
+    }
+
+    /// The error response: the one place every error answer is made.
     pub fn into_response(self) -> Response<ResponseBody> {
         let text = self.body_text();
-        let close = matches!(self, ProxyError::BadRequest(_));
+        let close = self.closes_connection();
         let mut resp = Response::new(ResponseBody::full(text));
         *resp.status_mut() = self.status();
         let headers = resp.headers_mut();
@@ -169,8 +207,6 @@ impl ProxyError {
         );
         headers.insert(CONTENT_LENGTH, HeaderValue::from(text.len()));
         if close {
-            // Nothing after a malformed request on this connection can be
-            // trusted to be framed as the client meant: close it.
             headers.insert(CONNECTION, HeaderValue::from_static("close"));
         }
         resp
@@ -208,13 +244,19 @@ mod tests {
                 ErrorSource::Config,
             ),
             (ProxyError::Timeout, 504, ErrorSource::Upstream),
+            (ProxyError::UriTooLong, 414, ErrorSource::Downstream),
+            (ProxyError::HeadTooLarge, 431, ErrorSource::Downstream),
+            (ProxyError::Misdirected, 421, ErrorSource::Downstream),
         ];
         for (err, code, source) in cases {
             assert_eq!(err.status().as_u16(), code, "{err}");
             assert_eq!(err.source_of_failure(), source, "{err}");
+            let close = err.closes_connection();
             let resp = err.into_response();
             assert_eq!(resp.status().as_u16(), code);
             assert!(resp.headers().contains_key(CONTENT_LENGTH));
+            assert_eq!(resp.headers().contains_key(CONNECTION), close);
+            assert_eq!(close, matches!(code, 400 | 414 | 431));
         }
     }
 }

@@ -11,21 +11,21 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 use super::Shared;
-use super::body::{ClientBody, ResponseBody, Tee, UpstreamBody};
+use super::body::{ClientBody, RequestBody, ResponseBody, Tee, UpstreamBody};
 use super::error::ProxyError;
 use super::filters::{
     add_forwarded, modify_headers, modify_path, redirect_location, strip_hop_by_hop,
 };
+use super::session::Sticky;
 use super::upgrade::UpgradeRequest;
 use super::upstream::{ClientUpstream, Upstream, origin_uri};
-use super::{cors, retry, tls};
+use super::{cors, grpc, retry, tls};
 use crate::metrics::RequestKey;
 use crate::route::{
-    AppProtocol, Backend, BackendChoice, BackendTarget, EndpointSet, Filter, Lookup, Mirror,
-    PathMatch, RouteTable, Rule, normalize_host,
+    Backend, BackendChoice, BackendTarget, EndpointSet, Filter, Lookup, Mirror, PathMatch,
+    RouteKind, RouteTable, Rule, normalize_host,
 };
 
 /// How long a mirrored request may take before it is abandoned.
@@ -63,7 +63,7 @@ struct Outcome<'t> {
 /// `client`. Never fails: every error becomes its response.
 pub(super) async fn handle(
     shared: &Shared,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     client: &Peer,
     bind: SocketAddr,
 ) -> Response<ResponseBody> {
@@ -71,20 +71,36 @@ pub(super) async fn handle(
     // One atomic load: the request finishes on this table whatever reloads.
     let table = shared.table.load_full();
     let mut outcome = Outcome::default();
-    let resp = match route(shared, &table, req, client, bind, &mut outcome).await {
-        Ok(resp) => resp,
+    let grpc = grpc::is_grpc(req.headers());
+    let (resp, code) = match route(shared, &table, req, client, bind, &mut outcome).await {
+        Ok(resp) => {
+            let code = resp.status().as_u16();
+            (resp, code)
+        }
         Err(err) => {
             tracing::debug!(error = %err, source = ?err.source_of_failure(), "request failed");
-            err.into_response()
+            // A gRPC call gets a gRPC answer; metrics count the HTTP
+            // status the error stands for.
+            let code = err.status().as_u16();
+            let resp = if grpc {
+                grpc::error_response(&err)
+            } else {
+                err.into_response()
+            };
+            (resp, code)
         }
     };
     // Labels borrowed from the table: no allocation per request.
     let key = RequestKey {
+        kind: match outcome.rule.map(|r| r.id.kind) {
+            Some(RouteKind::Grpc) => "GRPCRoute ",
+            _ => "",
+        },
         namespace: outcome.rule.map_or("", |r| r.id.namespace.as_str()),
         route: outcome.rule.map_or("", |r| r.id.route.as_str()),
         rule: outcome.rule.map(|r| r.id.index),
         backend: outcome.backend.map_or("", |b| b.service.as_str()),
-        code: resp.status().as_u16(),
+        code,
     };
     shared.metrics.record(&key, start.elapsed());
     resp
@@ -93,15 +109,15 @@ pub(super) async fn handle(
 async fn route<'t>(
     shared: &Shared,
     table: &'t RouteTable,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     client: &Peer,
     bind: SocketAddr,
     outcome: &mut Outcome<'t>,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     check_request_head(&req)?;
     let host = request_host(&req);
-    if let Some(resp) = tls::misdirected(table, bind, &req, &host) {
-        return Ok(resp);
+    if tls::misdirected(table, bind, &req, &host) {
+        return Err(ProxyError::Misdirected);
     }
     let uri = req.uri();
     let found = table.lookup(
@@ -117,7 +133,8 @@ async fn route<'t>(
     };
     let rule: &'t Rule = found.rule;
     outcome.rule = Some(rule);
-    let matched_prefix = match &found.matched.path {
+    let matched_path = &found.matched.path;
+    let matched_prefix = match matched_path {
         PathMatch::Prefix(p) => Some(p.as_str()),
         _ => None,
     };
@@ -130,6 +147,7 @@ async fn route<'t>(
     let request = Forwarding {
         shared,
         rule,
+        matched_path,
         matched_prefix,
         host,
         client,
@@ -153,7 +171,7 @@ async fn route<'t>(
 /// (request smuggling) or that name no single host. hyper already refuses
 /// malformed Content-Length values, differing duplicates, obs-fold, bare CR
 /// and NUL; these are the cases it accepts.
-fn check_request_head<B>(req: &Request<B>) -> Result<(), ProxyError> {
+pub(super) fn check_request_head<B>(req: &Request<B>) -> Result<(), ProxyError> {
     use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
     let headers = req.headers();
     let http1 = matches!(req.version(), Version::HTTP_10 | Version::HTTP_11);
@@ -228,6 +246,8 @@ fn set_forwarded_headers(
 struct Forwarding<'a, 't> {
     shared: &'a Shared,
     rule: &'t Rule,
+    /// The path condition that matched (a session cookie's `Path`).
+    matched_path: &'t PathMatch,
     matched_prefix: Option<&'t str>,
     /// Normalized request host (for redirects; empty when the rule has
     /// none).
@@ -239,13 +259,14 @@ struct Forwarding<'a, 't> {
 impl<'t> Forwarding<'_, 't> {
     async fn run(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         outcome: &mut Outcome<'t>,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         let (mut parts, body) = req.into_parts();
         let scheme = tls::scheme(&parts.extensions);
         let upgrade = UpgradeRequest::take(&mut parts);
         let chunked = parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+        let te_trailers = grpc::te_trailers(&parts.headers);
         if !parts.headers.contains_key(HOST)
             && let Some(authority) = parts.uri.authority()
             && let Ok(v) = HeaderValue::from_str(authority.as_str())
@@ -331,10 +352,21 @@ impl<'t> Forwarding<'_, 't> {
             body = self.spawn_mirrors(&mirrors, &parts, path.as_deref(), body);
         }
 
-        let backend = match self.rule.backends.choose(&parts.headers) {
-            BackendChoice::Backend(b) => b,
-            BackendChoice::AllWeightsZero => return Err(ProxyError::AllWeightsZero),
-            BackendChoice::NoBackends => return Err(ProxyError::NoBackends),
+        // A valid session skips the weighted choice (sessionPersistence);
+        // a rollout's consistentBy placement belongs after it, in place of
+        // the weighted choice (docs/sessions.md): `choose` does it.
+        let sticky = self
+            .rule
+            .session
+            .as_ref()
+            .map(|policy| Sticky::read(policy, &parts.headers));
+        let (backend, pinned) = match sticky.as_ref().and_then(|s| s.pinned(&self.rule.backends)) {
+            Some((_, backend, endpoint)) => (backend, endpoint),
+            None => match self.rule.backends.choose_for(&parts.headers) {
+                BackendChoice::Backend(b) => (b, None),
+                BackendChoice::AllWeightsZero => return Err(ProxyError::AllWeightsZero),
+                BackendChoice::NoBackends => return Err(ProxyError::NoBackends),
+            },
         };
         outcome.backend = Some(backend);
         let endpoints = match &backend.target {
@@ -369,15 +401,18 @@ impl<'t> Forwarding<'_, 't> {
             }
         }
 
-        let endpoint = endpoints.pick();
+        let endpoint = pinned.unwrap_or_else(|| endpoints.pick());
         parts.uri = origin_uri(path.as_deref(), &parts.uri)?;
         // Upgrades (WebSocket) are HTTP/1.1 whatever the appProtocol.
-        let h2 = endpoints.protocol == AppProtocol::H2c && upgrade.is_none();
+        let h2 = endpoints.protocol.is_http2(endpoints.tls.is_some()) && upgrade.is_none();
         parts.version = if h2 {
             Version::HTTP_2
         } else {
             Version::HTTP_11
         };
+        if h2 && te_trailers {
+            grpc::restore_te(&mut parts.headers);
+        }
         let upstream = self.upstream(endpoints, h2, upgrade.is_some());
         // Only a request without a body can be sent again (bodies stream).
         let retry = (upgrade.is_none() && matches!(body, UpstreamBody::Empty))
@@ -413,22 +448,34 @@ impl<'t> Forwarding<'_, 't> {
         if let Some((policy, origin)) = cors_origin {
             cors::add_response_headers(policy, origin, resp.headers_mut());
         }
+        if let Some(sticky) = &sticky
+            && let Some(index) = self.rule.backends.index_of(backend)
+        {
+            sticky.answer(
+                &mut resp,
+                index,
+                endpoint,
+                self.matched_path,
+                scheme == "https",
+            );
+        }
         Ok(resp)
     }
 
-    /// The client for `endpoints`: TLS per their BackendTLSPolicy,
-    /// hyper-util's for h2c and for upgrades, sluice's HTTP/1.1 pool for
-    /// the rest.
+    /// The client for `endpoints`: HTTP/2 per endpoint (cleartext or TLS)
+    /// for h2c and GRPCRoute backends, TLS per their BackendTLSPolicy,
+    /// hyper-util's for upgrades, sluice's HTTP/1.1 pool for the rest.
     fn upstream(&self, endpoints: &EndpointSet, h2: bool, upgrade: bool) -> Upstream {
         let shared = self.shared;
         match &endpoints.tls {
+            _ if h2 => Upstream::Client(Box::new(ClientUpstream::H2(
+                shared.h2.clone(),
+                endpoints.tls.clone(),
+            ))),
             Some(tls) => Upstream::Client(Box::new(ClientUpstream::Tls(
                 shared.backend_tls.client(tls),
                 tls.clone(),
             ))),
-            None if h2 => {
-                Upstream::Client(Box::new(ClientUpstream::Plain(shared.h2_client.clone())))
-            }
             None if upgrade => {
                 Upstream::Client(Box::new(ClientUpstream::Plain(shared.client.clone())))
             }
@@ -464,7 +511,7 @@ impl<'t> Forwarding<'_, 't> {
                 metrics.record_mirror(false);
                 continue;
             };
-            let h2 = set.protocol == AppProtocol::H2c;
+            let h2 = set.protocol.is_http2(set.tls.is_some());
             let mut copy = Request::new(match &mut tee {
                 Some(t) => UpstreamBody::Mirror(t.add_mirror()),
                 None => UpstreamBody::Empty,

@@ -5,10 +5,9 @@
 
 use std::time::Duration;
 
-use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::Request;
 
-use super::body::ResponseBody;
+use super::error::ProxyError;
 use super::forwarded::ForwardedTrust;
 
 /// What a client may ask of the proxy, and how long anything may take.
@@ -75,6 +74,13 @@ pub struct ProxyLimits {
     /// Which proxies in front of the gateway are trusted to report the
     /// client's address in `X-Forwarded-For`. Envoy: `xff_num_trusted_hops: 0`.
     pub forwarded: ForwardedTrust,
+    /// TLS listeners: how long a client may take to send its whole
+    /// ClientHello (the gateway needs its SNI to route); a slower one is
+    /// closed. Envoy: `listener_filters_timeout: 15s`.
+    pub client_hello_timeout: Duration,
+    /// TLS listeners: the largest ClientHello accepted, in bytes; a larger
+    /// one is closed. Envoy's TLS inspector: `max_client_hello_size: 64KiB`.
+    pub max_client_hello_bytes: usize,
 }
 
 impl Default for ProxyLimits {
@@ -96,6 +102,8 @@ impl Default for ProxyLimits {
             drain_timeout: Duration::from_secs(10),
             reject_underscore_headers: true,
             forwarded: ForwardedTrust::default(),
+            client_hello_timeout: Duration::from_secs(15),
+            max_client_hello_bytes: 64 * 1024,
         }
     }
 }
@@ -104,16 +112,13 @@ impl Default for ProxyLimits {
 /// raised to it when configured lower.
 pub(super) const MIN_HTTP1_BUFFER: usize = 8192;
 
-/// The answer to a request the limits refuse before it is routed: 414 for a
-/// request target longer than `max_uri_bytes`, 400 for `_` in a header name
-/// when those are rejected. Both close the connection.
-pub(super) fn refuse<B>(limits: &ProxyLimits, req: &Request<B>) -> Option<Response<ResponseBody>> {
+/// Why the limits refuse a request (parsed by hyper) before it is routed:
+/// a request target longer than `max_uri_bytes` (414), `_` in a header
+/// name when those are rejected (400). Both close the connection.
+pub(super) fn refuse<B>(limits: &ProxyLimits, req: &Request<B>) -> Option<ProxyError> {
     let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     if target > limits.max_uri_bytes {
-        return Some(refusal(
-            StatusCode::URI_TOO_LONG,
-            "request target too long\n",
-        ));
+        return Some(ProxyError::UriTooLong);
     }
     if limits.reject_underscore_headers
         && req
@@ -121,27 +126,9 @@ pub(super) fn refuse<B>(limits: &ProxyLimits, req: &Request<B>) -> Option<Respon
             .keys()
             .any(|name| name.as_str().as_bytes().contains(&b'_'))
     {
-        return Some(refusal(
-            StatusCode::BAD_REQUEST,
-            "header names with underscores are not accepted\n",
-        ));
+        return Some(ProxyError::BadRequest("underscore in a header name"));
     }
     None
-}
-
-fn refusal(status: StatusCode, text: &'static str) -> Response<ResponseBody> {
-    let mut resp = Response::new(ResponseBody::full(text));
-    *resp.status_mut() = status;
-    let headers = resp.headers_mut();
-    headers.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    headers.insert(CONTENT_LENGTH, HeaderValue::from(text.len()));
-    // The rest of the request (a body) is not read: the connection cannot
-    // carry another request.
-    headers.insert(CONNECTION, HeaderValue::from_static("close"));
-    resp
 }
 
 #[cfg(test)]
@@ -165,7 +152,7 @@ mod tests {
         assert!(refuse(&limits, &req("/0123456789abcde", &[])).is_none());
         let r = refuse(&limits, &req("/0123456789?abcdef", &[])).expect("refused");
         assert_eq!(r.status(), 414);
-        assert_eq!(r.headers()[CONNECTION], "close");
+        assert!(r.closes_connection());
         let r = refuse(&limits, &req("/", &[("x_user", "1")])).expect("refused");
         assert_eq!(r.status(), 400);
         assert!(refuse(&limits, &req("/", &[("x-user", "1")])).is_none());

@@ -21,8 +21,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::Request;
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert, StoresServerSessions};
@@ -34,7 +33,6 @@ use rustls::{
 use rustls_pki_types::{CertificateDer, UnixTime};
 
 use super::Shared;
-use super::body::ResponseBody;
 use crate::route::{ClientValidation, RouteTable};
 
 /// How long a client may take to complete the TLS handshake.
@@ -70,6 +68,20 @@ pub(super) fn server_config(shared: Arc<Shared>, bind: SocketAddr) -> Arc<Server
         shared,
         bind,
     });
+    Arc::new(config)
+}
+
+/// The rustls configuration that terminates TLS on a socket of TLS
+/// listeners in `Terminate` mode: the certificate of the listener that owns
+/// the SNI, no client certificate, and no ALPN (the bytes relayed are the
+/// backend's protocol, which the gateway does not speak for it).
+pub(super) fn stream_server_config(shared: Arc<Shared>, bind: SocketAddr) -> Arc<ServerConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("the ring provider supports the default protocol versions")
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(ListenerCertificates { shared, bind }));
     Arc::new(config)
 }
 
@@ -244,33 +256,25 @@ impl ResolvesServerCert for ListenerCertificates {
     }
 }
 
-/// The 421 response for a request on a TLS connection whose Host belongs to
-/// another listener than the one its handshake chose; `None` when the
-/// request is not misdirected (or the connection is cleartext).
+/// Is the request, on a TLS connection, for a Host that belongs to another
+/// listener than the one its handshake chose (answered 421)? Never on a
+/// cleartext connection.
 pub(super) fn misdirected<B>(
     table: &RouteTable,
     bind: SocketAddr,
     req: &Request<B>,
     host: &str,
-) -> Option<Response<ResponseBody>> {
-    let sni = req
+) -> bool {
+    let Some(sni) = req
         .extensions()
-        .get::<TlsConnection>()?
-        .server_name
-        .as_deref()?;
-    if !table.port(bind)?.misdirected(sni, host) {
-        return None;
-    }
-    const TEXT: &str = "misdirected request: this connection does not serve that host\n";
-    let mut resp = Response::new(ResponseBody::full(TEXT));
-    *resp.status_mut() = StatusCode::MISDIRECTED_REQUEST;
-    resp.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    resp.headers_mut()
-        .insert(CONTENT_LENGTH, HeaderValue::from(TEXT.len()));
-    Some(resp)
+        .get::<TlsConnection>()
+        .and_then(|tls| tls.server_name.as_deref())
+    else {
+        return false;
+    };
+    table
+        .port(bind)
+        .is_some_and(|port| port.misdirected(sni, host))
 }
 
 /// The scheme a request arrived with, as the client sees it.

@@ -4,21 +4,53 @@
 //! `Upgrade` and `Connection` are hop-by-hop, so the forwarding path strips
 //! them; for a request that asks to upgrade they are put back on the way to
 //! the backend, and when the backend answers 101 Switching Protocols on the
-//! way back. Both connections are then handed over by hyper and the bytes
-//! are copied both ways by a task of their own, which holds no route table:
-//! a reload never cuts an upgraded connection.
+//! way back. Both connections are then handed over (the client's by hyper
+//! or by the lean HTTP/1.1 loop, the backend's by hyper's client) and the
+//! bytes are copied both ways by a task of their own, which holds no route
+//! table: a reload never cuts an upgraded connection.
 
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes};
 use http::header::{CONNECTION, UPGRADE};
 use http::{HeaderMap, HeaderValue, StatusCode, Version, request, response};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::oneshot;
 
 /// A client request that asks to switch protocols.
 pub(super) struct UpgradeRequest {
     /// The `Upgrade` header value (`websocket`).
     protocol: HeaderValue,
-    client: OnUpgrade,
+    client: ClientSide,
 }
+
+/// The client's connection once it is handed over.
+enum ClientSide {
+    Hyper(OnUpgrade),
+    Lean(oneshot::Receiver<Upgraded>),
+}
+
+/// What the lean HTTP/1.1 loop hands over after a 101: the connection and
+/// the bytes the client sent after its request head.
+pub(super) struct Upgraded {
+    pub io: Box<dyn UpgradedIo>,
+    pub read_ahead: Bytes,
+}
+
+/// A client connection that can be handed over.
+pub(super) trait UpgradedIo: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> UpgradedIo for T {}
+
+/// A request extension of the lean loop's upgrade requests: where the loop
+/// will hand the connection over (an extension must be `Clone`).
+#[derive(Clone)]
+pub(super) struct LeanUpgrade(pub Arc<Mutex<Option<oneshot::Receiver<Upgraded>>>>);
 
 impl UpgradeRequest {
     /// Take the upgrade out of an HTTP/1.1 request that carries
@@ -28,6 +60,8 @@ impl UpgradeRequest {
         if parts.version != Version::HTTP_11 {
             return None;
         }
+        // Most requests have no Upgrade field: one lookup decides.
+        let protocol = parts.headers.get(UPGRADE)?.clone();
         let asks = parts
             .headers
             .get_all(CONNECTION)
@@ -35,11 +69,21 @@ impl UpgradeRequest {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
-        let protocol = parts.headers.get(UPGRADE)?.clone();
         if !asks {
             return None;
         }
-        let client = parts.extensions.remove::<OnUpgrade>()?;
+        let client = match parts.extensions.remove::<OnUpgrade>() {
+            Some(hyper) => ClientSide::Hyper(hyper),
+            None => ClientSide::Lean(
+                parts
+                    .extensions
+                    .remove::<LeanUpgrade>()?
+                    .0
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()?,
+            ),
+        };
         Some(UpgradeRequest { protocol, client })
     }
 
@@ -75,18 +119,76 @@ fn set_upgrade_headers(headers: &mut HeaderMap, protocol: HeaderValue) {
 }
 
 /// Copy bytes both ways until either side closes.
-async fn splice(client: OnUpgrade, backend: OnUpgrade) {
-    let (client, backend) = match tokio::try_join!(client, backend) {
-        Ok(both) => both,
+async fn splice(client: ClientSide, backend: OnUpgrade) {
+    let backend = match backend.await {
+        Ok(backend) => backend,
         Err(e) => {
             tracing::debug!(error = %e, "upgrade failed");
             return;
         }
     };
-    let mut client = TokioIo::new(client);
     let mut backend = TokioIo::new(backend);
+    let mut client: Box<dyn UpgradedIo> = match client {
+        ClientSide::Hyper(client) => match client.await {
+            Ok(client) => Box::new(TokioIo::new(client)),
+            Err(e) => {
+                tracing::debug!(error = %e, "upgrade failed");
+                return;
+            }
+        },
+        ClientSide::Lean(client) => match client.await {
+            Ok(up) => Box::new(ReadAhead {
+                first: up.read_ahead,
+                io: up.io,
+            }),
+            // The loop did not hand the connection over (it closed).
+            Err(_) => return,
+        },
+    };
     match tokio::io::copy_bidirectional(&mut client, &mut backend).await {
         Ok((up, down)) => tracing::debug!(up, down, "upgraded connection closed"),
         Err(e) => tracing::debug!(error = %e, "upgraded connection ended with an error"),
+    }
+}
+
+/// A handed-over connection that first gives back the bytes read from it
+/// already.
+struct ReadAhead {
+    first: Bytes,
+    io: Box<dyn UpgradedIo>,
+}
+
+impl AsyncRead for ReadAhead {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.first.has_remaining() {
+            let n = this.first.len().min(buf.remaining());
+            buf.put_slice(&this.first[..n]);
+            this.first.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ReadAhead {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }

@@ -2,9 +2,11 @@
 //! one needs.
 //!
 //! HTTP/1.1 to cleartext endpoints goes through sluice's own pool
-//! ([`Pool`]); h2c endpoints and upgrades (WebSocket) through hyper-util's
-//! pooled client; TLS endpoints through the pooled client of their
-//! BackendTLSPolicy settings. Requests, retries and mirrors all go through
+//! ([`Pool`]); upgrades (WebSocket) through hyper-util's pooled client;
+//! TLS endpoints through the pooled client of their BackendTLSPolicy
+//! settings; HTTP/2 (h2c, and GRPCRoute backends in cleartext or TLS)
+//! through a client per endpoint that keeps the request's authority
+//! ([`super::h2`]). Requests, retries and mirrors all go through
 //! [`Upstream::send`], so each gets the same treatment whatever the client.
 
 use std::cell::RefCell;
@@ -25,6 +27,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use super::backend_tls::BackendTlsConnector;
 use super::body::{ResponseBody, UpstreamBody, caused_by_client_body};
 use super::error::{ProxyError, UpstreamError};
+use super::h2::H2Clients;
 use super::pool::Pool;
 use crate::route::BackendTls;
 
@@ -47,6 +50,8 @@ pub(super) enum ClientUpstream {
     Plain(Client<HttpConnector, UpstreamBody>),
     /// TLS as a BackendTLSPolicy says (HTTP/1.1; ALPN is not offered).
     Tls(Client<BackendTlsConnector, UpstreamBody>, Arc<BackendTls>),
+    /// HTTP/2, over TLS per the setting when given.
+    H2(Arc<H2Clients>, Option<Arc<BackendTls>>),
 }
 
 impl Upstream {
@@ -97,6 +102,23 @@ impl ClientUpstream {
         endpoint: SocketAddr,
         mut req: Request<UpstreamBody>,
     ) -> Result<Response<ResponseBody>, Result<UpstreamError, ProxyError>> {
+        if let ClientUpstream::H2(clients, tls) = self {
+            // The client's authority goes in the URI (`:authority`); the
+            // client of this endpoint dials it whatever the URI says.
+            let authority = req
+                .headers_mut()
+                .remove(http::header::HOST)
+                .and_then(|h| Authority::try_from(h.as_bytes()).ok());
+            *req.uri_mut() =
+                authority_uri(endpoint, authority, tls.is_some(), req.uri()).map_err(Err)?;
+            *req.version_mut() = Version::HTTP_2;
+            return clients
+                .client(endpoint, tls.as_ref())
+                .request(req)
+                .await
+                .map(|r| r.map(ResponseBody::Upstream))
+                .map_err(|e| Ok(UpstreamError::from(e)));
+        }
         *req.uri_mut() = absolute_uri(endpoint, req.uri()).map_err(Err)?;
         match self {
             ClientUpstream::Plain(client) => client
@@ -115,8 +137,32 @@ impl ClientUpstream {
                         Ok(UpstreamError::from(e))
                     })
             }
+            ClientUpstream::H2(..) => unreachable!("sent above"),
         }
     }
+}
+
+/// The URI of an HTTP/2 request: `authority` (the client's), or the
+/// endpoint's address when the request has none.
+fn authority_uri(
+    endpoint: SocketAddr,
+    authority: Option<Authority>,
+    tls: bool,
+    origin: &Uri,
+) -> Result<Uri, ProxyError> {
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(if tls { Scheme::HTTPS } else { Scheme::HTTP });
+    parts.authority = match authority {
+        Some(a) => Some(a),
+        None => endpoint_authority(endpoint),
+    };
+    parts.path_and_query = origin
+        .path_and_query()
+        .cloned()
+        .or_else(|| Some(http::uri::PathAndQuery::from_static("/")));
+    Uri::from_parts(parts).map_err(|_| ProxyError::InvalidFilterResult {
+        what: "request path",
+    })
 }
 
 pub(super) fn origin_uri(path: Option<&str>, original: &Uri) -> Result<Uri, ProxyError> {
@@ -202,6 +248,17 @@ mod tests {
         let origin: Uri = "/p".parse().expect("uri");
         assert_eq!(origin_uri(None, &origin).expect("valid"), "/p");
         assert!(origin_uri(Some("/a b"), &uri).is_err());
+    }
+
+    #[test]
+    fn http2_uris_keep_the_clients_authority() {
+        let uri: Uri = "/a.B/C?x".parse().expect("uri");
+        let endpoint = "10.0.0.1:8080".parse().expect("addr");
+        let host = Authority::from_static("grpc.example.com");
+        let kept = authority_uri(endpoint, Some(host), false, &uri).expect("valid");
+        assert_eq!(kept.to_string(), "http://grpc.example.com/a.B/C?x");
+        let tls = authority_uri(endpoint, None, true, &uri).expect("valid");
+        assert_eq!(tls.to_string(), "https://10.0.0.1:8080/a.B/C?x");
     }
 
     #[test]

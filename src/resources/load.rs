@@ -297,6 +297,19 @@ fn load_document(mut value: Value, file: &str, line: usize, prefix: &str, out: &
             ("GatewayClass", _) if gateway => typed(value).map(Object::GatewayClass),
             ("Gateway", _) if gateway => typed(value).map(Object::Gateway),
             ("HTTPRoute", _) if gateway => typed(value).map(Object::HttpRoute),
+            // GRPCRoute is v1 since Gateway API 1.1 (v1alpha2 before, same
+            // schema); TLSRoute is v1 since 1.5, whose schema v1alpha2 and
+            // v1alpha3 manifests fit when they give hostnames and one rule.
+            (
+                "GRPCRoute",
+                "gateway.networking.k8s.io/v1" | "gateway.networking.k8s.io/v1alpha2",
+            ) => typed(value).map(Object::GrpcRoute),
+            (
+                "TLSRoute",
+                "gateway.networking.k8s.io/v1"
+                | "gateway.networking.k8s.io/v1alpha3"
+                | "gateway.networking.k8s.io/v1alpha2",
+            ) => typed(value).map(Object::TlsRoute),
             ("ReferenceGrant", _) if gateway => typed(value).map(Object::ReferenceGrant),
             ("ListenerSet", "gateway.networking.k8s.io/v1") => {
                 typed(value).map(Object::ListenerSet)

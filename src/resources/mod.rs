@@ -14,6 +14,7 @@ mod duration;
 pub mod generations;
 pub mod load;
 pub mod rollout_policy;
+mod routes;
 mod validate;
 
 pub use duration::parse_gateway_duration;
@@ -23,14 +24,17 @@ pub use rollout_policy::{
     ConsistentKey, OnFailure, Percent, ROLLOUT_POLICY_API_VERSION, RolloutPolicy, RolloutSettings,
     SLUICE_GROUP,
 };
+pub use routes::{grpc_rule_as_http, tls_backend_refs_as_http};
 pub(crate) use validate::filter_type_name;
 
 pub use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 pub use gateway_api::experimental::gatewayclasses::GatewayClass;
 pub use gateway_api::experimental::gateways::Gateway;
+pub use gateway_api::experimental::grpcroutes::GrpcRoute;
 pub use gateway_api::experimental::httproutes::HttpRoute;
 pub use gateway_api::experimental::listenersets::ListenerSet;
 pub use gateway_api::experimental::referencegrants::ReferenceGrant;
+pub use gateway_api::experimental::tlsroutes::TlsRoute;
 pub use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 pub use k8s_openapi::api::discovery::v1::EndpointSlice;
 
@@ -51,6 +55,10 @@ pub struct Snapshot {
     pub gateway_classes: Vec<GatewayClass>,
     pub gateways: Vec<Gateway>,
     pub http_routes: Vec<HttpRoute>,
+    /// GRPCRoutes: gRPC services and methods on HTTP/2 listeners.
+    pub grpc_routes: Vec<GrpcRoute>,
+    /// TLSRoutes: TLS streams chosen by SNI on `TLS` listeners.
+    pub tls_routes: Vec<TlsRoute>,
     pub reference_grants: Vec<ReferenceGrant>,
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
@@ -83,6 +91,8 @@ impl Snapshot {
                 Object::GatewayClass(o) => s.gateway_classes.push(o),
                 Object::Gateway(o) => s.gateways.push(o),
                 Object::HttpRoute(o) => s.http_routes.push(o),
+                Object::GrpcRoute(o) => s.grpc_routes.push(o),
+                Object::TlsRoute(o) => s.tls_routes.push(o),
                 Object::ReferenceGrant(o) => s.reference_grants.push(o),
                 Object::Service(o) => s.services.push(o),
                 Object::EndpointSlice(o) => s.endpoint_slices.push(o),
@@ -104,6 +114,8 @@ pub enum Object {
     GatewayClass(GatewayClass),
     Gateway(Gateway),
     HttpRoute(HttpRoute),
+    GrpcRoute(GrpcRoute),
+    TlsRoute(TlsRoute),
     ReferenceGrant(ReferenceGrant),
     Service(Service),
     EndpointSlice(EndpointSlice),
@@ -122,6 +134,8 @@ impl Object {
             Object::GatewayClass(_) => "GatewayClass",
             Object::Gateway(_) => "Gateway",
             Object::HttpRoute(_) => "HTTPRoute",
+            Object::GrpcRoute(_) => "GRPCRoute",
+            Object::TlsRoute(_) => "TLSRoute",
             Object::ReferenceGrant(_) => "ReferenceGrant",
             Object::Service(_) => "Service",
             Object::EndpointSlice(_) => "EndpointSlice",
@@ -144,6 +158,8 @@ impl Object {
             Object::GatewayClass(o) => &o.metadata,
             Object::Gateway(o) => &o.metadata,
             Object::HttpRoute(o) => &o.metadata,
+            Object::GrpcRoute(o) => &o.metadata,
+            Object::TlsRoute(o) => &o.metadata,
             Object::ReferenceGrant(o) => &o.metadata,
             Object::Service(o) => &o.metadata,
             Object::EndpointSlice(o) => &o.metadata,
@@ -161,6 +177,8 @@ impl Object {
             Object::GatewayClass(o) => &mut o.metadata,
             Object::Gateway(o) => &mut o.metadata,
             Object::HttpRoute(o) => &mut o.metadata,
+            Object::GrpcRoute(o) => &mut o.metadata,
+            Object::TlsRoute(o) => &mut o.metadata,
             Object::ReferenceGrant(o) => &mut o.metadata,
             Object::Service(o) => &mut o.metadata,
             Object::EndpointSlice(o) => &mut o.metadata,
@@ -204,6 +222,8 @@ impl Object {
             Object::GatewayClass(o) => serde_json::to_value(&o.spec),
             Object::Gateway(o) => serde_json::to_value(&o.spec),
             Object::HttpRoute(o) => serde_json::to_value(&o.spec),
+            Object::GrpcRoute(o) => serde_json::to_value(&o.spec),
+            Object::TlsRoute(o) => serde_json::to_value(&o.spec),
             Object::ReferenceGrant(o) => serde_json::to_value(&o.spec),
             Object::Service(o) => serde_json::to_value(&o.spec),
             Object::Namespace(o) => serde_json::to_value(&o.spec),

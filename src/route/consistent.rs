@@ -3,8 +3,9 @@
 //! a user who reached an incoming backend at one step stays there at every
 //! later step, and a rollback (served = from) moves everyone back.
 //!
-//! How: the key's value is hashed ([`stable_hash`]: FNV-1a with a fixed
-//! finalizer, the same in every process and replica) to a point of
+//! How: the key's value is hashed ([`super::stable_hash`]: FNV-1a with a
+//! fixed finalizer, the same in every process and replica, as session
+//! tokens use it) to a point of
 //! `[0, 2^32)`. Each incoming backend (its share grows from `from` to
 //! `to`) owns a reserved interval as long as its `to` share, laid out from
 //! 0 in backend order, and serves the prefix of it that its served share
@@ -17,28 +18,11 @@
 //! rollout lays the range out again.
 
 use http::HeaderMap;
-use http::header::COOKIE;
+
+use super::session::cookie_values;
 
 /// Points of the placement range: `[0, 2^32)`.
 const RANGE: u128 = 1 << 32;
-
-/// FNV-1a (64-bit, fixed offset basis and prime) of `bytes`, finished with
-/// MurmurHash3's 64-bit finalizer so that values differing in their last
-/// byte land far apart. Stable across processes, machines and versions:
-/// changing it would move consistent users.
-pub fn stable_hash(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    h ^= h >> 33;
-    h
-}
 
 /// Where a request's consistency key is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,13 +38,7 @@ impl KeySource {
     pub fn value<'h>(&self, headers: &'h HeaderMap) -> Option<&'h [u8]> {
         let value = match self {
             KeySource::Header(name) => headers.get(name).map(|v| v.as_bytes()),
-            KeySource::Cookie(name) => headers.get_all(COOKIE).iter().find_map(|h| {
-                h.as_bytes().split(|b| *b == b';').find_map(|pair| {
-                    let pair = pair.trim_ascii();
-                    let eq = pair.iter().position(|b| *b == b'=')?;
-                    (&pair[..eq] == name.as_bytes()).then(|| &pair[eq + 1..])
-                })
-            }),
+            KeySource::Cookie(name) => cookie_values(headers, name).next(),
         };
         value.filter(|v| !v.is_empty())
     }
@@ -121,7 +99,7 @@ impl Consistent {
         }
     }
 
-    /// The backend for a key whose [`stable_hash`] is `hash`; `None` when
+    /// The backend for a key whose [`super::stable_hash`] is `hash`; `None` when
     /// no backend has a served share.
     pub fn place(&self, hash: u64) -> Option<usize> {
         let point = hash >> 32;
@@ -161,7 +139,9 @@ impl Consistent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::route::stable_hash;
     use http::HeaderValue;
+    use http::header::COOKIE;
 
     fn keys(n: u32) -> Vec<u64> {
         (0..n)
@@ -180,7 +160,8 @@ mod tests {
 
     #[test]
     fn the_hash_is_fixed_forever() {
-        // Consistent users depend on these values: never change them.
+        // Consistent users (and session tokens) depend on these values:
+        // never change them.
         assert_eq!(stable_hash(b""), 0xefd0_1f60_ba99_2926);
         assert_eq!(stable_hash(b"alice"), 0x3507_d047_a67c_08f4);
         assert_eq!(stable_hash(b"user-1"), 0x41a2_fca5_c684_01c5);

@@ -13,6 +13,8 @@ use regex_automata::nfa::thompson::WhichCaptures;
 use regex_syntax::hir::literal::{ExtractKind, Extractor};
 use regex_syntax::hir::{Hir, Look};
 
+use super::grpc::GrpcMethodMatch;
+
 /// A path condition.
 #[derive(Debug, Clone)]
 pub enum PathMatch {
@@ -22,6 +24,9 @@ pub enum PathMatch {
     Prefix(String),
     /// Anchored at both ends: the whole path must match.
     RegularExpression(AnchoredRegex),
+    /// A GRPCRoute match's service and method, compared with the two parts
+    /// of a gRPC request path `/<service>/<method>`.
+    Grpc(GrpcMethodMatch),
 }
 
 impl PathMatch {
@@ -49,6 +54,7 @@ impl PathMatch {
                         && matches!(path.as_bytes().get(p.len()), None | Some(b'/')))
             }
             PathMatch::RegularExpression(re) => re.is_match(path),
+            PathMatch::Grpc(m) => m.matches(path),
         }
     }
 
@@ -81,6 +87,7 @@ impl PathMatch {
                 }
                 Some(segments)
             }
+            PathMatch::Grpc(m) => m.first_segments(),
         }
     }
 }

@@ -10,22 +10,28 @@
 
 mod consistent;
 mod cors;
+mod grpc;
 mod hostname;
 mod matching;
 mod retry;
+mod session;
+mod stream;
 mod table;
 mod weighted;
 
-pub use consistent::{Consistent, KeySource, stable_hash};
+pub use consistent::{Consistent, KeySource};
 pub use cors::{CorsList, CorsPolicy, OriginHost, OriginPattern};
+pub use grpc::{GrpcMethodMatch, split_path as grpc_path};
 pub use hostname::{HostPattern, normalize_host};
 pub use matching::{
     AnchoredRegex, HeaderMatch, PathMatch, QueryMatch, RegexError, RequestMatch, ValueMatch,
 };
 pub use retry::{DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, RetryPolicy, TryOutcome};
+pub use session::{SessionCarrier, SessionPersistence, SessionToken, cookie_path, stable_hash};
+pub use stream::{StreamRoutes, TlsMode};
 pub use table::{
     ClientValidation, ListenerHandle, ListenerRoutes, Lookup, PortRoutes, RouteMatch, RouteOrder,
-    RouteTable, RouteTableBuilder,
+    RouteTable, RouteTableBuilder, StreamLookup,
 };
 pub use weighted::WeightedPicker;
 
@@ -36,9 +42,45 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, StatusCode};
 
-/// Identity of one HTTPRoute rule, used in logs, metrics and `/status` dumps.
+/// The kind of route a rule comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RouteKind {
+    #[default]
+    Http,
+    Grpc,
+    Tls,
+}
+
+impl RouteKind {
+    /// The Kubernetes `kind`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RouteKind::Http => "HTTPRoute",
+            RouteKind::Grpc => "GRPCRoute",
+            RouteKind::Tls => "TLSRoute",
+        }
+    }
+
+    /// The lower-case kind that starts readable ids (`grpcroute/...`).
+    pub const fn id_prefix(self) -> &'static str {
+        match self {
+            RouteKind::Http => "httproute",
+            RouteKind::Grpc => "grpcroute",
+            RouteKind::Tls => "tlsroute",
+        }
+    }
+}
+
+impl std::fmt::Display for RouteKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Identity of one route rule, used in logs, metrics and `/status` dumps.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RuleId {
+    pub kind: RouteKind,
     pub namespace: String,
     pub route: String,
     pub index: usize,
@@ -50,13 +92,17 @@ impl std::fmt::Display for RuleId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "httproute/{}/{}/rule/{}",
-            self.namespace, self.route, self.index
+            "{}/{}/{}/rule/{}",
+            self.kind.id_prefix(),
+            self.namespace,
+            self.route,
+            self.index
         )
     }
 }
 
-/// One HTTPRoute rule, compiled: filters to apply and the weighted backends.
+/// One route rule, compiled: filters to apply and the weighted backends
+/// (a TLSRoute rule has backends only).
 #[derive(Debug)]
 pub struct Rule {
     pub id: RuleId,
@@ -66,6 +112,9 @@ pub struct Rule {
     pub timeouts: Timeouts,
     /// `retry`: send the request again when a try fails retriably.
     pub retry: Option<RetryPolicy>,
+    /// `sessionPersistence` (GEP-1619): a request carrying a session goes
+    /// to the backend and endpoint the session started on.
+    pub session: Option<SessionPersistence>,
 }
 
 /// HTTPRoute rule `timeouts`; `None` means no limit.
@@ -131,26 +180,38 @@ impl BackendSplit {
         self.consistent.as_ref()
     }
 
-    /// Choose the backend for one request. Per request, never per
-    /// connection, so a keep-alive client is spread like everyone else;
-    /// a request carrying the consistent-users key goes where its hash
-    /// places it.
-    pub fn choose(&self, headers: &http::HeaderMap) -> BackendChoice<'_> {
+    /// The position of `backend` (one of this split's) in the rule.
+    pub fn index_of(&self, backend: &Backend) -> Option<usize> {
+        self.backends.iter().position(|b| std::ptr::eq(b, backend))
+    }
+
+    /// Choose the backend for one request (or connection, for TLSRoutes)
+    /// by weight. Per request, never per connection, so a keep-alive
+    /// client is spread like everyone else.
+    pub fn choose(&self) -> BackendChoice<'_> {
         if self.backends.is_empty() {
             return BackendChoice::NoBackends;
         }
+        match self.picker.pick() {
+            Some(i) => BackendChoice::Backend(&self.backends[i]),
+            None => BackendChoice::AllWeightsZero,
+        }
+    }
+
+    /// [`choose`](Self::choose) for a request with these headers: one
+    /// carrying the consistent-users key of a rollout goes where its hash
+    /// places it; others get the weighted choice.
+    pub fn choose_for(&self, headers: &http::HeaderMap) -> BackendChoice<'_> {
         if let Some(c) = &self.consistent
             && let Some(value) = c.key.value(headers)
+            && !self.backends.is_empty()
         {
             return match c.place(stable_hash(value)) {
                 Some(i) => BackendChoice::Backend(&self.backends[i]),
                 None => BackendChoice::AllWeightsZero,
             };
         }
-        match self.picker.pick() {
-            Some(i) => BackendChoice::Backend(&self.backends[i]),
-            None => BackendChoice::AllWeightsZero,
-        }
+        self.choose()
     }
 }
 
@@ -188,6 +249,22 @@ pub enum AppProtocol {
     H2c,
     /// `kubernetes.io/ws`: HTTP/1.1 with WebSocket upgrades passed through.
     WebSocket,
+    /// HTTP/2 whatever the port says (a GRPCRoute's backends): with prior
+    /// knowledge in cleartext, negotiated with ALPN `h2` over TLS.
+    Http2,
+}
+
+impl AppProtocol {
+    /// Are requests sent with HTTP/2? `kubernetes.io/h2c` names cleartext:
+    /// over TLS (a BackendTLSPolicy) such a backend gets HTTP/1.1, as it
+    /// always did; a GRPCRoute's backends get HTTP/2 either way.
+    pub fn is_http2(self, tls: bool) -> bool {
+        match self {
+            AppProtocol::H2c => !tls,
+            AppProtocol::Http2 => true,
+            AppProtocol::Http1 | AppProtocol::WebSocket => false,
+        }
+    }
 }
 
 /// The ready endpoints of one backend, chosen round robin per request.

@@ -23,8 +23,10 @@ use http::{HeaderMap, Method};
 use rustls::sign::CertifiedKey;
 
 use super::Rule;
+use super::grpc::GrpcRank;
 use super::hostname::HostPattern;
 use super::matching::{PathMatch, RequestMatch, first_segment};
+use super::stream::{StreamBuild, StreamCandidate, StreamRoutes, TlsMode};
 
 /// What identifies a route for the precedence tie-breaks.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -40,14 +42,34 @@ pub struct RouteOrder {
 /// [`HostRoutes`]).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct PrecedenceKey {
-    path_kind: u8,
-    path_len: Reverse<usize>,
-    method: Reverse<bool>,
-    headers: Reverse<usize>,
-    query: Reverse<usize>,
+    rank: MatchRank,
     route: Arc<RouteOrder>,
     rule_index: usize,
     match_index: usize,
+}
+
+/// The part of the precedence each route kind defines itself. HTTPRoute
+/// and GRPCRoute rules never compete for one request host (translate
+/// accepts only one of two routes of the two kinds whose hostnames
+/// intersect on a listener, as the spec says), so the order between the
+/// two variants never decides a request.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum MatchRank {
+    /// HTTPRoute: path kind (Exact, RegularExpression, PathPrefix), longest
+    /// path, method present, most headers, most query parameters.
+    Http {
+        path_kind: u8,
+        path_len: Reverse<usize>,
+        method: Reverse<bool>,
+        headers: Reverse<usize>,
+        query: Reverse<usize>,
+    },
+    /// GRPCRoute: most characters of service, then of method, then most
+    /// header matches.
+    Grpc {
+        method: GrpcRank,
+        headers: Reverse<usize>,
+    },
 }
 
 impl PrecedenceKey {
@@ -61,13 +83,26 @@ impl PrecedenceKey {
             PathMatch::Exact(p) => (0, p.len()),
             PathMatch::RegularExpression(re) => (1, re.as_str().len()),
             PathMatch::Prefix(p) => (2, p.len()),
+            PathMatch::Grpc(g) => {
+                return PrecedenceKey {
+                    rank: MatchRank::Grpc {
+                        method: g.rank(),
+                        headers: Reverse(m.headers.len()),
+                    },
+                    route: route.clone(),
+                    rule_index,
+                    match_index,
+                };
+            }
         };
         PrecedenceKey {
-            path_kind,
-            path_len: Reverse(path_len),
-            method: Reverse(m.method.is_some()),
-            headers: Reverse(m.headers.len()),
-            query: Reverse(m.query.len()),
+            rank: MatchRank::Http {
+                path_kind,
+                path_len: Reverse(path_len),
+                method: Reverse(m.method.is_some()),
+                headers: Reverse(m.headers.len()),
+                query: Reverse(m.query.len()),
+            },
             route: route.clone(),
             rule_index,
             match_index,
@@ -212,9 +247,13 @@ pub struct ListenerRoutes {
     /// `gateway/<ns>/<name>/listener/<listener name>`.
     pub id: String,
     pub hostname: HostPattern,
-    /// The certificate of an HTTPS listener (TLS terminated here); `None`
-    /// for a cleartext HTTP listener.
+    /// The certificate TLS is terminated with: an HTTPS listener, or a TLS
+    /// listener in `Terminate` mode; `None` for a cleartext HTTP listener
+    /// and a `Passthrough` one.
     pub tls: Option<Arc<CertifiedKey>>,
+    /// A TLS listener (protocol `TLS`): its TLSRoutes by SNI. `None` for
+    /// HTTP and HTTPS listeners, whose requests are matched below.
+    pub stream: Option<StreamRoutes>,
     /// Every (rule, match) attached to the listener, once per route
     /// hostname; the lists below index into it.
     candidates: Box<[Candidate]>,
@@ -274,10 +313,31 @@ pub struct ClientValidation {
 }
 
 impl PortRoutes {
-    /// Is TLS terminated on this socket? (Listeners of different protocols
-    /// never share a socket: translate marks them conflicted.)
+    /// Is TLS terminated on this socket for HTTP? (Listeners of different
+    /// protocols never share a socket: translate marks them conflicted.)
     pub fn is_tls(&self) -> bool {
-        self.listeners.iter().any(|l| l.tls.is_some())
+        !self.is_stream() && self.listeners.iter().any(|l| l.tls.is_some())
+    }
+
+    /// Is this a socket of TLS listeners, whose connections are routed by
+    /// SNI to TLSRoutes rather than served as HTTP?
+    pub fn is_stream(&self) -> bool {
+        self.listeners.iter().any(|l| l.stream.is_some())
+    }
+
+    /// The TLS listener that owns `server_name` (normalized) and the
+    /// TLSRoute rule its connections reach.
+    pub fn stream_route(&self, server_name: &str) -> StreamLookup<'_> {
+        let Some(listener) = self
+            .listener_for(server_name)
+            .filter(|l| l.stream.is_some())
+        else {
+            return StreamLookup::NoListener;
+        };
+        match listener.stream.as_ref().and_then(|s| s.route(server_name)) {
+            Some(rule) => StreamLookup::Matched { listener, rule },
+            None => StreamLookup::NoRoute { listener },
+        }
     }
 
     /// The listener that owns `host` (normalized): the most specific one
@@ -317,6 +377,19 @@ impl PortRoutes {
             _ => true,
         }
     }
+}
+
+/// Where a TLS connection goes, by its SNI.
+#[derive(Debug)]
+pub enum StreamLookup<'a> {
+    /// No TLS listener on this socket owns the name.
+    NoListener,
+    /// The listener owns the name but no TLSRoute hostname matches it.
+    NoRoute { listener: &'a ListenerRoutes },
+    Matched {
+        listener: &'a ListenerRoutes,
+        rule: &'a Arc<Rule>,
+    },
 }
 
 /// What the table says about one request.
@@ -480,6 +553,7 @@ struct ListenerBuild {
     id: String,
     hostname: HostPattern,
     tls: Option<Arc<CertifiedKey>>,
+    stream: Option<StreamBuild>,
     candidates: Vec<CandidateBuild>,
 }
 
@@ -510,6 +584,7 @@ impl RouteTableBuilder {
             id,
             hostname,
             tls: None,
+            stream: None,
             candidates: Vec::new(),
         });
         ListenerHandle {
@@ -525,6 +600,45 @@ impl RouteTableBuilder {
             .get_mut(&listener.bind)
             .expect("handle from this builder")[listener.index]
             .tls = Some(certificate);
+    }
+
+    /// Make a listener a TLS one (protocol `TLS`): its connections are
+    /// routed by SNI to the rules added with [`Self::add_stream_rule`]. In
+    /// `Terminate` mode, [`Self::set_listener_tls`] gives its certificate.
+    pub fn set_listener_stream(&mut self, listener: ListenerHandle, mode: TlsMode) {
+        self.binds
+            .get_mut(&listener.bind)
+            .expect("handle from this builder")[listener.index]
+            .stream = Some(StreamBuild {
+            mode,
+            candidates: Vec::new(),
+        });
+    }
+
+    /// Attach a TLSRoute rule to a TLS listener under the route's
+    /// hostnames (already intersected with the listener's). Ignored on a
+    /// listener that is not a TLS one.
+    pub fn add_stream_rule(
+        &mut self,
+        listener: ListenerHandle,
+        hostnames: &[HostPattern],
+        route: &RouteOrder,
+        rule: Arc<Rule>,
+    ) {
+        let listener = &mut self
+            .binds
+            .get_mut(&listener.bind)
+            .expect("handle from this builder")[listener.index];
+        let Some(stream) = &mut listener.stream else {
+            return;
+        };
+        for host in hostnames {
+            stream.candidates.push(StreamCandidate {
+                host: host.clone(),
+                order: route.clone(),
+                rule: rule.clone(),
+            });
+        }
     }
 
     /// Validate client certificates on the TLS socket `bind` (the first
@@ -679,6 +793,7 @@ fn build_listener(l: ListenerBuild) -> ListenerRoutes {
         id: l.id,
         hostname: l.hostname,
         tls: l.tls,
+        stream: l.stream.map(StreamBuild::build),
         candidates: l.candidates.into_iter().map(|c| c.candidate).collect(),
         exact,
         wildcard,
@@ -705,6 +820,7 @@ mod tests {
     fn rule(route: &str, index: usize) -> Arc<Rule> {
         Arc::new(Rule {
             id: RuleId {
+                kind: Default::default(),
                 namespace: "default".into(),
                 route: route.into(),
                 index,
@@ -714,6 +830,7 @@ mod tests {
             backends: BackendSplit::new(vec![]),
             timeouts: Timeouts::default(),
             retry: None,
+            session: None,
         })
     }
 
@@ -1320,6 +1437,7 @@ mod tests {
                             PathMatch::Exact(p) => (0, p.len()),
                             PathMatch::RegularExpression(r) => (1, r.as_str().len()),
                             PathMatch::Prefix(p) => (2, p.len()),
+                            PathMatch::Grpc(_) => unreachable!("only HTTPRoute matches here"),
                         };
                         let key = (
                             (Reverse(exact_chars), Reverse(chars)),

@@ -5,7 +5,11 @@
 //! skipped, so a Kubernetes ConfigMap mount's `..data` copies are not read
 //! twice). Every change notification triggers a full rescan: the listing
 //! and contents go to [`FileSet`], which parses only what changed. Bursts of
-//! events (an editor's write-rename-chmod) are debounced into one reload.
+//! events (an editor's write-rename-chmod) are debounced into one reload:
+//! a write that is known to be complete (a file closed after writing, a
+//! file renamed into place) is read after [`SETTLE`], anything else once
+//! the events have stopped for [`DEBOUNCE`] (a file still being written is
+//! never read half-way: its close comes last).
 //!
 //! Directories are watched recursively (new subdirectories included). A
 //! configured path that does not exist yet is reported on `/errors` and its
@@ -32,6 +36,11 @@ use super::{ConfigError, SourceUpdate};
 
 /// Quiet time after the last file event before a reload starts.
 const DEBOUNCE: Duration = Duration::from_millis(150);
+/// Quiet time after an event that completes a write (close after writing,
+/// rename into place): the rest of the burst (a chmod, the next file of a
+/// `kubectl cp`) still coalesces, and a flip is served within milliseconds
+/// (docs/performance.md, the flip row).
+const SETTLE: Duration = Duration::from_millis(3);
 /// Longest a continuous stream of events can delay a reload.
 const MAX_DEBOUNCE: Duration = Duration::from_secs(1);
 /// Deepest directory nesting read (guards against symlink loops).
@@ -103,16 +112,16 @@ impl FileSource {
         let (tx, rx) = mpsc::unbounded_channel();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             let relevant = match &event {
-                Ok(event) => is_change(&event.kind),
+                Ok(event) => is_change(&event.kind).then(|| completes_write(&event.kind)),
                 Err(error) => {
                     // Lost events (queue overflow...): a rescan repairs it.
                     tracing::warn!(%error, "file watch error; rescanning");
-                    true
+                    Some(false)
                 }
             };
-            if relevant {
+            if let Some(complete) = relevant {
                 // The receiver is gone only when the gateway shut down.
-                let _ = tx.send(());
+                let _ = tx.send(complete);
             }
         })?;
         let mut watch = FileWatch {
@@ -237,10 +246,22 @@ fn is_change(kind: &EventKind) -> bool {
     }
 }
 
+/// Whether a change event ends a write, so the file can be read now: a
+/// file closed after writing, or renamed into place (an atomic replace).
+fn completes_write(kind: &EventKind) -> bool {
+    use notify::event::{ModifyKind, RenameMode};
+    matches!(
+        kind,
+        EventKind::Access(AccessKind::Close(AccessMode::Write))
+            | EventKind::Modify(ModifyKind::Name(RenameMode::To | RenameMode::Both))
+    )
+}
+
 /// A live watch on the manifest paths.
 pub struct FileWatch {
     watcher: RecommendedWatcher,
-    events: mpsc::UnboundedReceiver<()>,
+    /// One per change event: whether it completes a write.
+    events: mpsc::UnboundedReceiver<bool>,
     /// The configured paths.
     paths: Vec<PathBuf>,
     /// For each configured path, the directory watched recursively there
@@ -260,15 +281,16 @@ impl FileWatch {
     /// watched recursively. Files written there before that watch existed
     /// are not missed: the rescan that follows this call reads them.
     pub async fn changed(&mut self) -> bool {
-        if self.events.recv().await.is_none() {
+        let Some(mut complete) = self.events.recv().await else {
             return false;
-        }
+        };
         let deadline = tokio::time::Instant::now() + MAX_DEBOUNCE;
         loop {
-            let quiet = (tokio::time::Instant::now() + DEBOUNCE).min(deadline);
+            let wait = if complete { SETTLE } else { DEBOUNCE };
+            let quiet = (tokio::time::Instant::now() + wait).min(deadline);
             match tokio::time::timeout_at(quiet, self.events.recv()).await {
-                Ok(Some(())) if tokio::time::Instant::now() < deadline => continue,
-                Ok(Some(())) | Err(_) => {
+                Ok(Some(c)) if tokio::time::Instant::now() < deadline => complete = c,
+                Ok(Some(_)) | Err(_) => {
                     self.follow_directories();
                     return true;
                 }
@@ -479,6 +501,25 @@ mod tests {
         assert!(is_change(&EventKind::Remove(
             notify::event::RemoveKind::File
         )));
+    }
+
+    #[test]
+    fn a_close_after_writing_or_a_rename_into_place_completes_a_write() {
+        use notify::event::{CreateKind, DataChange, ModifyKind, RenameMode};
+        assert!(completes_write(&EventKind::Access(AccessKind::Close(
+            AccessMode::Write
+        ))));
+        assert!(completes_write(&EventKind::Modify(ModifyKind::Name(
+            RenameMode::To
+        ))));
+        // A file being written, created or renamed away is not done yet.
+        assert!(!completes_write(&EventKind::Modify(ModifyKind::Data(
+            DataChange::Any
+        ))));
+        assert!(!completes_write(&EventKind::Create(CreateKind::File)));
+        assert!(!completes_write(&EventKind::Modify(ModifyKind::Name(
+            RenameMode::From
+        ))));
     }
 
     fn service(name: &str) -> String {

@@ -8,12 +8,13 @@
 //!
 //! What is written:
 //! - our GatewayClasses, Gateways, the ListenerSets attached to our Gateways,
-//!   HTTPRoutes and BackendTLSPolicies get exactly translate's status,
+//!   HTTPRoutes, GRPCRoutes, TLSRoutes and BackendTLSPolicies get exactly
+//!   translate's status,
 //!   computed after the proxy swapped in the table (so `Programmed=True`
 //!   means served);
 //! - Gateways get `status.addresses` from the gateway's own Service when one
 //!   is configured ([`gateway_addresses`]);
-//! - HTTPRoute `status.parents` and BackendTLSPolicy `status.ancestors` are
+//! - route `status.parents` and BackendTLSPolicy `status.ancestors` are
 //!   atomic lists in the CRDs, each entry owned by the controller named in
 //!   its `controllerName`, so an apply would replace other controllers'
 //!   entries: the patch carries theirs as they are, plus ours; a route or
@@ -41,8 +42,8 @@ pub const FIELD_MANAGER: &str = CONTROLLER_NAME;
 /// One server-side apply of an object's status.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StatusPatch {
-    /// `GatewayClass`, `Gateway`, `ListenerSet`, `HTTPRoute` or
-    /// `BackendTLSPolicy`.
+    /// `GatewayClass`, `Gateway`, `ListenerSet`, `HTTPRoute`, `GRPCRoute`,
+    /// `TLSRoute` or `BackendTLSPolicy`.
     pub kind: &'static str,
     pub namespace: Option<String>,
     pub name: String,
@@ -64,6 +65,8 @@ impl StatusPatch {
             "Gateway" => "gateways",
             "ListenerSet" => "listenersets",
             "BackendTLSPolicy" => "backendtlspolicies",
+            "GRPCRoute" => "grpcroutes",
+            "TLSRoute" => "tlsroutes",
             _ => "httproutes",
         };
         let resource = ApiResource {
@@ -114,6 +117,16 @@ fn current(snapshot: &Snapshot, object: &ObjectStatus) -> Option<(Value, Option<
             .iter()
             .find(|o| same(&o.metadata))
             .map(|o| found(&o.metadata, &o.status)),
+        "GRPCRoute" => snapshot
+            .grpc_routes
+            .iter()
+            .find(|o| same(&o.metadata))
+            .map(|o| found(&o.metadata, &o.status)),
+        "TLSRoute" => snapshot
+            .tls_routes
+            .iter()
+            .find(|o| same(&o.metadata))
+            .map(|o| found(&o.metadata, &o.status)),
         "BackendTLSPolicy" => snapshot
             .backend_tls_policies
             .iter()
@@ -129,17 +142,19 @@ fn static_kind(kind: &str) -> Option<&'static str> {
         "Gateway" => Some("Gateway"),
         "ListenerSet" => Some("ListenerSet"),
         "HTTPRoute" => Some("HTTPRoute"),
+        "GRPCRoute" => Some("GRPCRoute"),
+        "TLSRoute" => Some("TLSRoute"),
         "BackendTLSPolicy" => Some("BackendTLSPolicy"),
         _ => None,
     }
 }
 
 /// The status list of `kind` whose entries belong to the controller each
-/// names (`controllerName`): HTTPRoute `parents`, BackendTLSPolicy
+/// names (`controllerName`): route `parents`, BackendTLSPolicy
 /// `ancestors`.
 fn shared_list(kind: &str) -> Option<&'static str> {
     match kind {
-        "HTTPRoute" => Some("parents"),
+        "HTTPRoute" | "GRPCRoute" | "TLSRoute" => Some("parents"),
         "BackendTLSPolicy" => Some("ancestors"),
         _ => None,
     }
@@ -168,11 +183,19 @@ fn with_shared_lists(snapshot: &Snapshot) -> Vec<(&'static str, &ObjectMeta, Val
         .http_routes
         .iter()
         .map(|r| ("HTTPRoute", &r.metadata, status(&r.status)));
+    let grpc = snapshot
+        .grpc_routes
+        .iter()
+        .map(|r| ("GRPCRoute", &r.metadata, status(&r.status)));
+    let tls = snapshot
+        .tls_routes
+        .iter()
+        .map(|r| ("TLSRoute", &r.metadata, status(&r.status)));
     let policies = snapshot
         .backend_tls_policies
         .iter()
         .map(|p| ("BackendTLSPolicy", &p.metadata, status(&p.status)));
-    routes.chain(policies).collect()
+    routes.chain(grpc).chain(tls).chain(policies).collect()
 }
 
 /// The patches that bring the cluster's status to what translate computed,

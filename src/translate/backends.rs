@@ -21,7 +21,7 @@ use super::conditions::Reason;
 use super::meta::namespace_of;
 use super::references::{Referrer, reference_allowed};
 use crate::resources::{EndpointSlice, Service, Snapshot};
-use crate::route::{AppProtocol, BackendTarget, BackendTls, EndpointSet};
+use crate::route::{AppProtocol, BackendTarget, BackendTls, EndpointSet, RouteKind};
 
 /// The label EndpointSlices carry to name their Service.
 pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -146,7 +146,13 @@ impl<'a> BackendResolver<'a> {
         super::rollouts::backend_key(route_ns, r).to_string()
     }
 
-    pub fn resolve(&self, route_ns: &str, r: &BackendRefFields<'_>) -> Resolution {
+    /// Resolve a backendRef of a route of `kind` in `route_ns`. The
+    /// protocol to the endpoints is the Service port's `appProtocol` for an
+    /// HTTPRoute; a GRPCRoute's backends speak HTTP/2 (gRPC's transport:
+    /// "Implementations MAY infer the protocol from the Route type"), and
+    /// a port whose `appProtocol` says WebSocket cannot carry it
+    /// (`UnsupportedProtocol`).
+    pub fn resolve(&self, kind: RouteKind, route_ns: &str, r: &BackendRefFields<'_>) -> Resolution {
         if !is_service(r) {
             let group = r.group.unwrap_or("");
             let kind = r.kind.unwrap_or("Service");
@@ -160,14 +166,14 @@ impl<'a> BackendResolver<'a> {
         }
         let ns = r.namespace.unwrap_or(route_ns);
         let from = Referrer {
-            kind: "HTTPRoute",
+            kind: kind.as_str(),
             namespace: route_ns,
         };
         if !reference_allowed(self.snapshot, from, "Service", ns, r.name) {
             return Resolution::Unresolved {
                 reason: Reason::RefNotPermitted,
                 message: format!(
-                    "backendRef {}: no ReferenceGrant in namespace {ns} allows HTTPRoutes from namespace {route_ns} to refer to Service {}",
+                    "backendRef {}: no ReferenceGrant in namespace {ns} allows {kind}s from namespace {route_ns} to refer to Service {}",
                     Self::label(route_ns, r),
                     r.name
                 ),
@@ -207,6 +213,21 @@ impl<'a> BackendResolver<'a> {
                 ),
             };
         };
+        let app = port.app_protocol.as_deref();
+        let protocol = match kind {
+            RouteKind::Grpc if matches!(app, Some("kubernetes.io/ws" | "kubernetes.io/wss")) => {
+                return Resolution::Unresolved {
+                    reason: Reason::UnsupportedProtocol,
+                    message: format!(
+                        "backendRef {}: Service port {port_number} has appProtocol {}, which cannot carry gRPC (HTTP/2)",
+                        Self::label(route_ns, r),
+                        app.unwrap_or_default()
+                    ),
+                };
+            }
+            RouteKind::Grpc => AppProtocol::Http2,
+            RouteKind::Http | RouteKind::Tls => app_protocol(app),
+        };
         let tls = self
             .tls
             .for_backend(ns, r.name, port.name.as_deref())
@@ -217,7 +238,7 @@ impl<'a> BackendResolver<'a> {
         } else {
             Resolution::Endpoints {
                 addrs,
-                protocol: app_protocol(port.app_protocol.as_deref()),
+                protocol,
                 tls,
             }
         }
@@ -324,7 +345,7 @@ endpoints:
     fn ready_endpoints_on_the_named_slice_port() {
         let s = snapshot(SVC);
         let res = BackendResolver::new(&s);
-        let got = res.resolve("shop", &r("web", None, 80));
+        let got = res.resolve(RouteKind::Http, "shop", &r("web", None, 80));
         let want: Vec<SocketAddr> = ["10.0.0.1:8080", "10.0.0.2:8080", "[::1]:8080"]
             .iter()
             .map(|a| a.parse().expect("valid"))
@@ -337,7 +358,7 @@ endpoints:
                 tls: None,
             }
         );
-        let admin = res.resolve("shop", &r("web", None, 9000));
+        let admin = res.resolve(RouteKind::Http, "shop", &r("web", None, 9000));
         assert!(
             matches!(&admin, Resolution::Endpoints { addrs, protocol: AppProtocol::Http1, .. } if addrs.len() == 2),
             "{admin:?}"
@@ -353,21 +374,24 @@ endpoints:
             other => panic!("resolved: {other:?}"),
         };
         assert_eq!(
-            reason(res.resolve("shop", &r("nope", None, 80))),
+            reason(res.resolve(RouteKind::Http, "shop", &r("nope", None, 80))),
             Reason::BackendNotFound
         );
         assert_eq!(
-            reason(res.resolve("shop", &r("web", None, 81))),
+            reason(res.resolve(RouteKind::Http, "shop", &r("web", None, 81))),
             Reason::BackendNotFound
         );
         assert_eq!(
-            reason(res.resolve("default", &r("web", Some("shop"), 80))),
+            reason(res.resolve(RouteKind::Http, "default", &r("web", Some("shop"), 80))),
             Reason::RefNotPermitted
         );
         let mut other = r("bucket", None, 80);
         other.group = Some("storage.example.com");
         other.kind = Some("Bucket");
-        assert_eq!(reason(res.resolve("shop", &other)), Reason::InvalidKind);
+        assert_eq!(
+            reason(res.resolve(RouteKind::Http, "shop", &other)),
+            Reason::InvalidKind
+        );
     }
 
     #[test]
@@ -385,7 +409,11 @@ endpoints:
             ("{group: '', kind: Secret}", false),
         ] {
             let s = snapshot(&grant(to));
-            let got = BackendResolver::new(&s).resolve("default", &r("web", Some("shop"), 80));
+            let got = BackendResolver::new(&s).resolve(
+                RouteKind::Http,
+                "default",
+                &r("web", Some("shop"), 80),
+            );
             assert_eq!(
                 matches!(got, Resolution::Endpoints { .. }),
                 ok,
@@ -400,7 +428,7 @@ endpoints:
             "apiVersion: v1\nkind: Service\nmetadata: {name: empty}\nspec: {ports: [{port: 80}]}\n",
         );
         assert_eq!(
-            BackendResolver::new(&s).resolve("default", &r("empty", None, 80)),
+            BackendResolver::new(&s).resolve(RouteKind::Http, "default", &r("empty", None, 80)),
             Resolution::NoReadyEndpoints
         );
     }

@@ -18,8 +18,9 @@ use crate::route::RouteTable;
 pub struct Translation {
     pub table: RouteTable,
     pub status: StatusReport,
-    /// Every HTTPRoute rule that is attached somewhere, with its backends'
-    /// shares (what `sluice check` prints), in (namespace, name, rule) order.
+    /// Every route rule that is attached somewhere, with its backends'
+    /// shares (what `sluice check` prints), in (kind, namespace, name,
+    /// rule) order.
     pub rules: Vec<RuleSummary>,
     /// Traps worth a warning that are not errors (an omitted weight next to
     /// explicit ones, a backend whose share will get 500 or 503, ...).
@@ -70,7 +71,9 @@ pub struct ListenerBind {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RuleSummary {
-    /// `<namespace>/<name>` of the HTTPRoute.
+    /// The route's kind (`HTTPRoute`, `GRPCRoute`, `TLSRoute`).
+    pub kind: String,
+    /// `<namespace>/<name>` of the route.
     pub route: String,
     pub rule: usize,
     pub backends: Vec<BackendSummary>,
@@ -125,9 +128,11 @@ pub struct BackendSummary {
 pub enum BackendOutcome {
     /// Resolved, with this many ready endpoints.
     Serves { ready_endpoints: usize },
-    /// Resolved but no ready endpoint: its share gets 503.
+    /// Resolved but no ready endpoint: its share gets 503 (gRPC calls get
+    /// UNAVAILABLE, TLS connections are closed).
     NoReadyEndpoints,
-    /// Does not resolve: its share gets 500. `reason` is the spec's
+    /// Does not resolve: its share gets 500 (gRPC calls get UNAVAILABLE,
+    /// TLS connections are closed). `reason` is the spec's
     /// (`BackendNotFound`, `InvalidKind`, `RefNotPermitted`).
     Unresolved { reason: String, message: String },
 }

@@ -29,7 +29,7 @@ use crate::resources::{
 use crate::rollout::{
     BackendKey, GovernedRule, PolicyKey, Readiness, RolloutInputs, RuleKey, ServedShares, Weights,
 };
-use crate::route::{Backend, BackendSplit, Consistent, KeySource};
+use crate::route::{Backend, BackendSplit, Consistent, KeySource, RouteKind};
 
 /// What one policy's targetRefs came to.
 struct PolicyTargets<'a> {
@@ -192,7 +192,7 @@ pub fn rollout_inputs(snapshot: &Snapshot, previous: &[RuleSummary]) -> RolloutI
                 let fields = BackendRefFields::of(b);
                 let key = backend_key(&rule_key.namespace, &fields);
                 spec.add(key.clone(), u64::from(spec_weight(b.weight)));
-                let ready = match resolver.resolve(&rule_key.namespace, &fields) {
+                let ready = match resolver.resolve(RouteKind::Http, &rule_key.namespace, &fields) {
                     Resolution::Endpoints { .. } => Readiness::Ready,
                     Resolution::NoReadyEndpoints => Readiness::NoReadyEndpoints,
                     Resolution::Unresolved { reason, .. } => Readiness::Unresolved {
@@ -271,7 +271,7 @@ pub(crate) fn served_split(
         if weight == 0 || seen.contains(key) {
             continue;
         }
-        let resolution = resolver.resolve(ns, &fields_of(key));
+        let resolution = resolver.resolve(RouteKind::Http, ns, &fields_of(key));
         let outcome = outcome_of(&resolution);
         backends.push(Backend {
             id: format!("{id_prefix}/removed/{}", backends.len()),
@@ -358,7 +358,10 @@ pub(crate) fn route_gateways(
     views: &[GatewayView],
 ) -> BTreeMap<(String, String), BTreeSet<(String, String)>> {
     let mut out: BTreeMap<(String, String), BTreeSet<(String, String)>> = BTreeMap::new();
-    for route in attached.iter().filter(|r| r.unsupported.is_empty()) {
+    let http = attached
+        .iter()
+        .filter(|r| r.head.kind == RouteKind::Http && r.unsupported.is_empty());
+    for route in http {
         for attachments in route
             .parents
             .iter()
@@ -366,7 +369,11 @@ pub(crate) fn route_gateways(
         {
             for a in attachments {
                 let view = &views[a.gateway];
-                out.entry((route.namespace.to_string(), route.name.to_string()))
+                let key = (
+                    route.head.namespace.to_string(),
+                    route.head.name.to_string(),
+                );
+                out.entry(key)
                     .or_default()
                     .insert((view.namespace.clone(), view.name.clone()));
             }
@@ -687,7 +694,7 @@ spec:
         };
         let mut counts = std::collections::BTreeMap::new();
         for _ in 0..8 {
-            if let BackendChoice::Backend(b) = m.rule.backends.choose(&HeaderMap::new()) {
+            if let BackendChoice::Backend(b) = m.rule.backends.choose() {
                 *counts.entry(b.service.clone()).or_insert(0) += 1;
             }
         }
@@ -704,7 +711,7 @@ spec:
         // A keyed request lands where its hash does, always the same.
         let mut keyed = HeaderMap::new();
         keyed.insert("x-user", HeaderValue::from_static("alice"));
-        let pick = |h: &HeaderMap| match m.rule.backends.choose(h) {
+        let pick = |h: &HeaderMap| match m.rule.backends.choose_for(h) {
             BackendChoice::Backend(b) => b.service.clone(),
             _ => String::new(),
         };

@@ -141,3 +141,67 @@ async fn malformed_headers_are_rejected() {
     // A well-formed request on a fresh connection still works.
     assert_eq!(gw.connect().await.get("h", "/").await.pod(), "app-0");
 }
+
+/// Host is `host[:port]` (RFC 3986), nothing a backend could read as
+/// another host, a path or credentials; the same for the authority of an
+/// absolute-form target, which takes the Host's place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_that_are_not_host_and_port_are_refused() {
+    let (gw, app) = start().await;
+    let cases: &[(&str, &[u8])] = &[
+        ("a space", b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n"),
+        ("a path", b"GET / HTTP/1.1\r\nHost: a/b\r\n\r\n"),
+        ("userinfo", b"GET / HTTP/1.1\r\nHost: user@a\r\n\r\n"),
+        (
+            "a port that is no number",
+            b"GET / HTTP/1.1\r\nHost: a:xyz\r\n\r\n",
+        ),
+        (
+            "userinfo in an absolute-form target",
+            b"GET http://user@a/ HTTP/1.1\r\nHost: a\r\n\r\n",
+        ),
+    ];
+    let mut problems = Vec::new();
+    for (case, bytes) in cases {
+        let answer = raw(&gw, bytes).await;
+        problems.extend(rejection_problem(case, &answer));
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert_eq!(app.requests(), 0, "a rejected request reached the backend");
+}
+
+/// An absolute-form target names the host whatever the Host field says
+/// (RFC 9112 section 3.2.2): it picks the route, and the backend gets it as
+/// Host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absolute_form_target_wins_over_the_host_field() {
+    let a = Pods::start("default", "a", 1).await;
+    let b = Pods::start("default", "b", 1).await;
+    let routes = route(
+        "default",
+        "a",
+        "  hostnames: [a.example]\n  rules:\n  - backendRefs: [{name: a, port: 8080}]",
+    ) + &route(
+        "default",
+        "b",
+        "  hostnames: [b.example]\n  rules:\n  - backendRefs: [{name: b, port: 8080}]",
+    );
+    let gw = Sluice::start(&[(
+        "all.yaml",
+        gateway() + &a.manifests() + &b.manifests() + &routes,
+    )])
+    .await;
+    let mut s = TcpStream::connect(gw.addr()).await.unwrap();
+    s.write_all(b"GET http://b.example/x HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    let answer = String::from_utf8_lossy(&out);
+    let (head, body) = answer.split_once("\r\n\r\n").expect("a whole answer");
+    assert!(head.starts_with("HTTP/1.1 200"), "{answer}");
+    let echo: sluice::echo::EchoResponse = serde_json::from_str(body).expect("echo JSON");
+    assert_eq!(echo.service, "b");
+    assert_eq!(echo.host, "b.example");
+    assert_eq!(a.requests(), 0);
+}

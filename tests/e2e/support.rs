@@ -346,6 +346,24 @@ fn spawn(dir: &tempfile::TempDir, admin: SocketAddr, args: &[String]) -> Child {
         .expect("the sluice binary starts")
 }
 
+/// Poll `check` until it holds, or panic after 15 s naming `what` with
+/// `log()` (the gateway's log). For waiting on a reload or a counter.
+pub async fn poll_until(
+    what: &str,
+    log: impl Fn() -> String,
+    mut check: impl AsyncFnMut() -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !check().await {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: never held; log:\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 impl Drop for Sluice {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -486,11 +504,17 @@ pub fn by_service(tally: &BTreeMap<String, usize>) -> BTreeMap<String, usize> {
 /// An HTTPRoute on `default/gw` with the given body under `spec` (indented
 /// by the caller to sit under `spec:`).
 pub fn route(namespace: &str, name: &str, spec: &str) -> String {
+    route_of_kind("HTTPRoute", namespace, name, spec)
+}
+
+/// A route of `kind` (HTTPRoute, GRPCRoute, TLSRoute) on `default/gw`, as
+/// [`route`].
+pub fn route_of_kind(kind: &str, namespace: &str, name: &str, spec: &str) -> String {
     format!(
         r#"
 ---
 apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
+kind: {kind}
 metadata:
   name: {name}
   namespace: {namespace}
@@ -577,6 +601,27 @@ pub struct Leaf {
     pub der: CertificateDer<'static>,
 }
 
+impl Leaf {
+    /// A TLS server configuration presenting this certificate (no client
+    /// certificates asked for).
+    pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
+        let certs: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
+                .collect::<Result<_, _>>()
+                .expect("certificate PEM");
+        let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes()).expect("key PEM");
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .expect("certificate and key");
+        Arc::new(config)
+    }
+}
+
 impl TestCa {
     pub fn new() -> TestCa {
         TestCa::named("sluice test CA")
@@ -598,10 +643,16 @@ impl TestCa {
         }
     }
 
-    /// A certificate for `names` (DNS names, `*.` wildcards allowed).
+    /// A certificate for `names`: DNS names (`*.` wildcards allowed), and
+    /// URIs (names with `://`, a SPIFFE ID say) as URI SANs.
     pub fn issue(&self, names: &[&str]) -> Leaf {
-        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let params = CertificateParams::new(names).expect("leaf params");
+        let (uris, dns): (Vec<&str>, Vec<&str>) = names.iter().partition(|n| n.contains("://"));
+        let dns: Vec<String> = dns.iter().map(|n| n.to_string()).collect();
+        let mut params = CertificateParams::new(dns).expect("leaf params");
+        for uri in uris {
+            let uri = uri.try_into().expect("a URI SAN");
+            params.subject_alt_names.push(rcgen::SanType::URI(uri));
+        }
         let key = KeyPair::generate().expect("leaf key");
         let cert = params
             .signed_by(&key, &self.issuer)

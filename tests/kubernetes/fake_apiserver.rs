@@ -102,6 +102,8 @@ fn type_of(plural: &str) -> Option<(&'static str, &'static str)> {
         "gatewayclasses" => ("gateway.networking.k8s.io/v1", "GatewayClass"),
         "gateways" => ("gateway.networking.k8s.io/v1", "Gateway"),
         "httproutes" => ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+        "grpcroutes" => ("gateway.networking.k8s.io/v1", "GRPCRoute"),
+        "tlsroutes" => ("gateway.networking.k8s.io/v1", "TLSRoute"),
         "referencegrants" => ("gateway.networking.k8s.io/v1", "ReferenceGrant"),
         "services" => ("v1", "Service"),
         "namespaces" => ("v1", "Namespace"),
@@ -120,6 +122,8 @@ fn plural_of(kind: &str) -> &'static str {
         "GatewayClass" => "gatewayclasses",
         "Gateway" => "gateways",
         "HTTPRoute" => "httproutes",
+        "GRPCRoute" => "grpcroutes",
+        "TLSRoute" => "tlsroutes",
         "ReferenceGrant" => "referencegrants",
         "Service" => "services",
         "Namespace" => "namespaces",
@@ -439,6 +443,8 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
                     | "gateways"
                     | "listenersets"
                     | "httproutes"
+                    | "grpcroutes"
+                    | "tlsroutes"
                     | "backendtlspolicies"
             ) =>
         {

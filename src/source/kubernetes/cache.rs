@@ -65,7 +65,7 @@ impl WatchedKind {
 /// Every kind the gateway's configuration is made of. Secrets are only the
 /// TLS ones; of those, and of ConfigMaps, only the ones a Gateway,
 /// ListenerSet or BackendTLSPolicy references reach the snapshot.
-pub const WATCHED_KINDS: [WatchedKind; 11] = [
+pub const WATCHED_KINDS: [WatchedKind; 13] = [
     WatchedKind {
         kind: "GatewayClass",
         group: "gateway.networking.k8s.io",
@@ -151,6 +151,22 @@ pub const WATCHED_KINDS: [WatchedKind; 11] = [
         group: "gateway.networking.k8s.io",
         version: "v1",
         plural: "backendtlspolicies",
+        field_selector: None,
+        optional: true,
+    },
+    WatchedKind {
+        kind: "GRPCRoute",
+        group: "gateway.networking.k8s.io",
+        version: "v1",
+        plural: "grpcroutes",
+        field_selector: None,
+        optional: true,
+    },
+    WatchedKind {
+        kind: "TLSRoute",
+        group: "gateway.networking.k8s.io",
+        version: "v1",
+        plural: "tlsroutes",
         field_selector: None,
         optional: true,
     },
@@ -886,13 +902,16 @@ mod tests {
     }
 
     #[test]
-    fn only_listener_sets_and_backend_tls_policies_are_optional() {
+    fn only_listener_sets_backend_tls_policies_and_grpc_and_tls_routes_are_optional() {
         let optional: Vec<&str> = WATCHED_KINDS
             .iter()
             .filter(|k| k.optional)
             .map(|k| k.kind)
             .collect();
-        assert_eq!(optional, ["ListenerSet", "BackendTLSPolicy"]);
+        assert_eq!(
+            optional,
+            ["ListenerSet", "BackendTLSPolicy", "GRPCRoute", "TLSRoute"]
+        );
     }
 
     #[test]

@@ -12,8 +12,8 @@
 //! - A watch that fails is retried with backoff; one that expires (410 Gone)
 //!   is relisted by the watcher, and the cache swaps the relist in only when
 //!   it is complete: the current table keeps serving meanwhile.
-//! - ListenerSet and BackendTLSPolicy are optional: their CRDs may not be
-//!   installed. A 404 on their list or watch counts as an empty list (logged
+//! - ListenerSet, BackendTLSPolicy, GRPCRoute and TLSRoute are optional:
+//!   their CRDs may not be installed. A 404 on their list or watch counts as an empty list (logged
 //!   once, at info), so such a cluster still becomes ready. The watcher keeps
 //!   retrying with its backoff (at most every 30 s), so a CRD installed
 //!   later is picked up without a restart. The core kinds stay mandatory: a
@@ -49,7 +49,11 @@ pub struct SourceOptions {
 impl Default for SourceOptions {
     fn default() -> Self {
         SourceOptions {
-            debounce: Duration::from_millis(100),
+            // A watch event is a whole object: the quiet time only gathers
+            // the events of one `kubectl apply`, and events that arrive
+            // while translate runs are coalesced anyway (the send waits).
+            // A flip is served within milliseconds (docs/performance.md).
+            debounce: Duration::from_millis(5),
             max_delay: Duration::from_secs(1),
         }
     }

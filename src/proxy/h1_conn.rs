@@ -1,0 +1,653 @@
+//! The lean HTTP/1.1 path's client connections (issue 13): one loop per
+//! connection, cleartext or TLS, instead of hyper's HTTP/1 server.
+//!
+//! Each request head is parsed in place ([`h1::parse_request`]), served by
+//! the same codec-independent [`handler`] as HTTP/2 requests, and the
+//! response is written here: head and the body's first bytes in one write
+//! when both are ready, the body by its own framing. A request body is read
+//! by the loop as the handler's upstream exchange takes it (a small channel
+//! of frames), also while the response streams back.
+//!
+//! While a connection idles it gives its memory back, as nginx does: the
+//! read and write buffers are freed once no byte has come for
+//! [`RELEASE_AFTER`], and the next request is read into a fresh small
+//! buffer. hyper's server kept 24 KiB of buffers per idle connection.
+//!
+//! Everything the parser refuses is answered from its [`ProxyError`] and
+//! the connection closed; a head that does not arrive within the
+//! request-head timeout (or the idle timeout) closes the connection; on
+//! drain an idle connection closes at once and a busy one after its
+//! response. An upgrade (WebSocket) hands the connection to
+//! [`super::upgrade`] after the 101.
+
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
+use http::header::{CONNECTION, CONTENT_LENGTH, HOST, HeaderName, HeaderValue, TRANSFER_ENCODING};
+use http::{HeaderMap, Method, Request, StatusCode, Version};
+use http_body::Body;
+use http_body_util::BodyExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use super::body::{BoxError, LeanBody, RequestBody, ResponseBody};
+use super::error::ProxyError;
+use super::h1::{self, ChunkedWalker, Framing, HeadLimits, RequestHead};
+use super::upgrade::{LeanUpgrade, Upgraded};
+use super::{Shared, TlsConnection, handler};
+
+/// Free space kept in the read buffer while a request body is read.
+const READ_CHUNK: usize = 8 * 1024;
+/// Room a request head is read into first (nginx's
+/// `client_header_buffer_size`); a larger head doubles it as it comes.
+const HEAD_CHUNK: usize = 1024;
+/// An idle connection frees its buffers after this long without a byte.
+pub(super) const RELEASE_AFTER: Duration = Duration::from_secs(1);
+/// Request body frames the loop may read ahead of the upstream exchange.
+const BODY_FRAMES: usize = 2;
+/// Response bytes gathered before they are written.
+const WRITE_BATCH: usize = 64 * 1024;
+
+/// Serve the HTTP/1.1 requests of one client connection until it closes,
+/// idles past its timeout, or the proxy drains. `_permits` hold its places
+/// under the connection limits.
+pub(super) async fn serve<S>(
+    shared: Arc<Shared>,
+    mut io: S,
+    tls: Option<TlsConnection>,
+    client: SocketAddr,
+    bind: SocketAddr,
+    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let limits = HeadLimits::from_limits(&shared.limits);
+    let peer = handler::Peer::new(client);
+    let mut draining = shared.draining.subscribe();
+    let mut conn = Conn {
+        buf: BytesMut::new(),
+        out: Vec::new(),
+        released: false,
+    };
+    loop {
+        let head = match conn
+            .read_head(&shared, &mut io, &limits, &mut draining)
+            .await
+        {
+            Ok(Some(head)) => head,
+            Ok(None) => return,
+            Err(refused) => {
+                tracing::debug!(%client, error = %refused, "request head refused");
+                let _ = Box::pin(conn.write_error(&mut io, refused)).await;
+                return;
+            }
+        };
+        // One exchange, boxed: the connection's task is sized by its
+        // largest state, and an idle connection should not keep room for a
+        // request (3 KB). One allocation per request instead.
+        let exchange = Exchange {
+            shared: &shared,
+            peer: &peer,
+            tls: &tls,
+            bind,
+            draining: &draining,
+        };
+        match Box::pin(exchange.run(&mut conn, &mut io, head)).await {
+            Next::Request => {}
+            Next::Close => {
+                let _ = io.shutdown().await;
+                return;
+            }
+            Next::Gone => return,
+            Next::HandOver(tx) => {
+                let read_ahead = conn.buf.split().freeze();
+                let _ = tx.send(Upgraded {
+                    io: Box::new(io),
+                    read_ahead,
+                });
+                return;
+            }
+        }
+    }
+}
+
+/// What the connection does after an exchange.
+enum Next {
+    /// Read the next request.
+    Request,
+    /// Close it (after a response that says so, or a body not read).
+    Close,
+    /// It is gone (a write failed, or it was closed already).
+    Gone,
+    /// Hand it over to the upgrade's splice (after a 101).
+    HandOver(oneshot::Sender<Upgraded>),
+}
+
+/// What one request/response exchange of a connection needs.
+struct Exchange<'a> {
+    shared: &'a Arc<Shared>,
+    peer: &'a handler::Peer,
+    tls: &'a Option<TlsConnection>,
+    bind: SocketAddr,
+    draining: &'a watch::Receiver<bool>,
+}
+
+impl Exchange<'_> {
+    /// Serve the request whose head is at the start of `conn.buf`, and
+    /// write its response.
+    async fn run<S: AsyncRead + AsyncWrite + Unpin>(
+        self,
+        conn: &mut Conn,
+        io: &mut S,
+        head: RequestHead,
+    ) -> Next {
+        let head_bytes = conn.buf.split_to(head.len).freeze();
+        let keep_alive = head.keep_alive;
+        let minor = head.minor;
+        let is_head = head.method == Method::HEAD;
+        let (body, mut pump) = Pump::for_framing(head.framing);
+        let expect_continue = head.expect_continue && pump.is_some() && conn.buf.is_empty();
+        let upgrade = head.upgrade;
+        let mut req = match build_request(head, &head_bytes, body) {
+            Ok(req) => req,
+            Err(refused) => {
+                let _ = conn.write_error(io, refused).await;
+                return Next::Gone;
+            }
+        };
+        if let Some(tls) = self.tls {
+            req.extensions_mut().insert(tls.clone());
+        }
+        let handover = upgrade.then(|| {
+            let (tx, rx) = oneshot::channel();
+            req.extensions_mut()
+                .insert(LeanUpgrade(Arc::new(Mutex::new(Some(rx)))));
+            tx
+        });
+        if expect_continue
+            && write_now(io, b"HTTP/1.1 100 Continue\r\n\r\n")
+                .await
+                .is_err()
+        {
+            return Next::Gone;
+        }
+
+        // The handler runs while the loop reads the request body for it.
+        let handling = handler::handle(self.shared, req, self.peer, self.bind);
+        tokio::pin!(handling);
+        let resp = loop {
+            match &mut pump {
+                Some(p) if p.active() => {
+                    tokio::select! {
+                        resp = &mut handling => break resp,
+                        () = p.step(io, &mut conn.buf) => {}
+                    }
+                }
+                _ => break (&mut handling).await,
+            }
+        };
+
+        let status = resp.status();
+        let close = !keep_alive
+            || *self.draining.borrow()
+            || resp.headers().get(CONNECTION).is_some_and(|v| v == "close");
+        let (parts, body) = resp.into_parts();
+        let framing = encode_head(&mut conn.out, &parts, &body, is_head, minor, close);
+        drop(parts);
+        if conn.write_body(io, body, framing, &mut pump).await.is_err() {
+            return Next::Gone;
+        }
+        if status == StatusCode::SWITCHING_PROTOCOLS
+            && let Some(tx) = handover
+        {
+            return Next::HandOver(tx);
+        }
+        let body_read = pump.as_ref().is_none_or(Pump::complete);
+        if close || !body_read || framing == OutFraming::UntilClose {
+            return Next::Close;
+        }
+        Next::Request
+    }
+}
+
+/// A connection's buffers.
+struct Conn {
+    /// Bytes read and not yet used (the next head, body bytes).
+    buf: BytesMut,
+    /// What is about to be written.
+    out: Vec<u8>,
+    /// The buffers were freed while idle: read the next head into a small
+    /// buffer first.
+    released: bool,
+}
+
+impl Conn {
+    /// Wait for and parse the next request head. `Ok(None)`: the connection
+    /// is to close without an answer (closed by the client, timed out,
+    /// draining while idle).
+    async fn read_head<S: AsyncRead + Unpin>(
+        &mut self,
+        shared: &Shared,
+        io: &mut S,
+        limits: &HeadLimits,
+        draining: &mut watch::Receiver<bool>,
+    ) -> Result<Option<RequestHead>, ProxyError> {
+        let wait = shared
+            .limits
+            .request_header_timeout
+            .min(shared.limits.idle_timeout);
+        let deadline = Instant::now() + wait;
+        let mut release_at = Some(Instant::now() + RELEASE_AFTER).filter(|at| *at < deadline);
+        loop {
+            if !self.buf.is_empty() {
+                if let Some(head) = h1::parse_request(&self.buf, limits)? {
+                    return Ok(Some(head));
+                }
+            } else if *draining.borrow() {
+                return Ok(None);
+            }
+            if self.buf.capacity() == self.buf.len() && !self.released {
+                self.buf.reserve(self.buf.len().max(HEAD_CHUNK));
+            }
+            let idle = self.buf.is_empty();
+            let timer = release_at.unwrap_or(deadline);
+            tokio::select! {
+                read = io.read_buf(&mut self.buf) => match read {
+                    Ok(0) | Err(_) => return Ok(None),
+                    Ok(_) => self.released = false,
+                },
+                () = tokio::time::sleep_until(timer) => {
+                    if release_at.take().is_none() {
+                        // The head timeout (or the idle timeout).
+                        return Ok(None);
+                    }
+                    if self.buf.is_empty() {
+                        self.buf = BytesMut::new();
+                        self.out = Vec::new();
+                        self.released = true;
+                    }
+                }
+                _ = draining.wait_for(|d| *d), if idle => return Ok(None),
+            }
+        }
+    }
+
+    /// Answer a refused head and close.
+    async fn write_error<S: AsyncRead + AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut S,
+        refused: ProxyError,
+    ) -> Result<(), ()> {
+        let resp = refused.into_response();
+        let (parts, body) = resp.into_parts();
+        let framing = encode_head(&mut self.out, &parts, &body, false, 1, true);
+        let mut none = None;
+        self.write_body(io, body, framing, &mut none).await?;
+        io.shutdown().await.map_err(drop)
+    }
+
+    /// Write the head in `out` and the body, by `framing`; the request
+    /// body's pump keeps reading meanwhile. Response bytes that are ready
+    /// together go out in one write.
+    async fn write_body<S: AsyncRead + AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut S,
+        mut body: ResponseBody,
+        framing: OutFraming,
+        pump: &mut Option<Pump>,
+    ) -> Result<(), ()> {
+        if framing == OutFraming::None {
+            // HEAD, 1xx, 204, 304: whatever the body holds is not sent.
+            drop(body);
+            return self.flush_out(io).await;
+        }
+        loop {
+            let frame = match body.frame().now_or_never() {
+                Some(frame) => frame,
+                None => {
+                    self.flush_out(io).await?;
+                    loop {
+                        match pump {
+                            Some(p) if p.active() => {
+                                tokio::select! {
+                                    frame = body.frame() => break frame,
+                                    () = p.step(io, &mut self.buf) => {}
+                                }
+                            }
+                            _ => break body.frame().await,
+                        }
+                    }
+                }
+            };
+            match frame {
+                None => break,
+                Some(Err(e)) => {
+                    // The backend's body broke: the client sees it cut
+                    // short (no last chunk) and the connection closed.
+                    tracing::debug!(error = %e, "response body failed");
+                    let _ = self.flush_out(io).await;
+                    return Err(());
+                }
+                Some(Ok(frame)) => {
+                    let Ok(data) = frame.into_data() else {
+                        continue; // trailers are not forwarded
+                    };
+                    if data.is_empty() {
+                        continue;
+                    }
+                    if framing == OutFraming::Chunked {
+                        self.out
+                            .extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                    }
+                    if data.len() > WRITE_BATCH {
+                        self.flush_out(io).await?;
+                        io.write_all(&data).await.map_err(drop)?;
+                    } else {
+                        self.out.extend_from_slice(&data);
+                    }
+                    if framing == OutFraming::Chunked {
+                        self.out.extend_from_slice(b"\r\n");
+                    }
+                    if self.out.len() > WRITE_BATCH {
+                        self.flush_out(io).await?;
+                    }
+                }
+            }
+        }
+        if framing == OutFraming::Chunked {
+            self.out.extend_from_slice(b"0\r\n\r\n");
+        }
+        self.flush_out(io).await
+    }
+
+    async fn flush_out<S: AsyncWrite + Unpin>(&mut self, io: &mut S) -> Result<(), ()> {
+        if !self.out.is_empty() {
+            io.write_all(&self.out).await.map_err(drop)?;
+            self.out.clear();
+        }
+        io.flush().await.map_err(drop)
+    }
+}
+
+async fn write_now<S: AsyncWrite + Unpin>(io: &mut S, bytes: &[u8]) -> std::io::Result<()> {
+    io.write_all(bytes).await?;
+    io.flush().await
+}
+
+/// The request as the handler takes it: the header map is built from the
+/// head's bytes, values shared with them (no copy).
+fn build_request(
+    head: RequestHead,
+    bytes: &Bytes,
+    body: LeanBody,
+) -> Result<Request<RequestBody>, ProxyError> {
+    // Room for the fields the handler adds (X-Forwarded-*, X-Real-IP, a
+    // filter's): growing the map is a reallocation per request.
+    let mut headers = HeaderMap::with_capacity(head.headers.len() + 8);
+    for (name, value) in &head.headers {
+        let name = HeaderName::from_bytes(&bytes[name.clone()])
+            .map_err(|_| ProxyError::BadRequest("malformed header name"))?;
+        let value = HeaderValue::from_maybe_shared(bytes.slice(value.clone()))
+            .map_err(|_| ProxyError::BadRequest("malformed header value"))?;
+        headers.append(name, value);
+    }
+    // An absolute-form target names the host, whatever the Host field
+    // says (RFC 9112 §3.2.2): the field is replaced by its authority.
+    if let Some(authority) = head.uri.authority() {
+        let value = HeaderValue::from_str(authority.as_str())
+            .map_err(|_| ProxyError::BadRequest("malformed Host"))?;
+        headers.insert(HOST, value);
+    }
+    let mut req = Request::new(RequestBody::Lean(body));
+    *req.method_mut() = head.method;
+    *req.uri_mut() = head.uri;
+    *req.version_mut() = if head.minor == 0 {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    *req.headers_mut() = headers;
+    Ok(req)
+}
+
+/// How a response body goes out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OutFraming {
+    /// No body (HEAD, 1xx, 204, 304, or empty with `content-length: 0`).
+    None,
+    /// As many bytes as the Content-Length says.
+    Length,
+    /// Chunked (the length is not known in advance).
+    Chunked,
+    /// Until the connection closes (an HTTP/1.0 client, length unknown).
+    UntilClose,
+}
+
+/// Write the response head into `out` and say how its body goes out.
+fn encode_head(
+    out: &mut Vec<u8>,
+    parts: &http::response::Parts,
+    body: &ResponseBody,
+    head_request: bool,
+    minor: u8,
+    close: bool,
+) -> OutFraming {
+    out.clear();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(parts.status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(parts.status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let mut has_length = false;
+    let mut has_connection = false;
+    for (name, value) in &parts.headers {
+        if name == TRANSFER_ENCODING {
+            continue;
+        }
+        has_length |= name == CONTENT_LENGTH;
+        has_connection |= name == CONNECTION;
+        header_line(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    let status = parts.status;
+    let bodiless = head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let framing = if bodiless {
+        OutFraming::None
+    } else if has_length {
+        OutFraming::Length
+    } else if body.is_end_stream() {
+        header_line(out, b"content-length", b"0");
+        OutFraming::None
+    } else if let Some(n) = body.size_hint().exact() {
+        header_line(out, b"content-length", n.to_string().as_bytes());
+        OutFraming::Length
+    } else if minor == 1 {
+        header_line(out, b"transfer-encoding", b"chunked");
+        OutFraming::Chunked
+    } else {
+        OutFraming::UntilClose
+    };
+    if !has_connection {
+        if close || framing == OutFraming::UntilClose {
+            header_line(out, b"connection", b"close");
+        } else if minor == 0 {
+            header_line(out, b"connection", b"keep-alive");
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+    framing
+}
+
+fn header_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Reads a request body from the connection into the handler's
+/// [`LeanBody`], frame by frame, as the channel has room.
+struct Pump {
+    tx: Option<mpsc::Sender<Result<Bytes, BoxError>>>,
+    framing: PumpFraming,
+    failed: bool,
+}
+
+enum PumpFraming {
+    /// Bytes left of a Content-Length body.
+    Length(u64),
+    Chunked(ChunkedWalker),
+}
+
+impl Pump {
+    /// The handler's body and, for a request that has one, its pump.
+    fn for_framing(framing: Framing) -> (LeanBody, Option<Pump>) {
+        let (framing, length) = match framing {
+            Framing::None => return (LeanBody::empty(), None),
+            Framing::Length(n) => (PumpFraming::Length(n), Some(n)),
+            Framing::Chunked => (PumpFraming::Chunked(ChunkedWalker::default()), None),
+        };
+        let (tx, rx) = mpsc::channel(BODY_FRAMES);
+        let pump = Pump {
+            tx: Some(tx),
+            framing,
+            failed: false,
+        };
+        (LeanBody::new(rx, length), Some(pump))
+    }
+
+    /// Still reading the body.
+    fn active(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    /// The body was read to its end.
+    fn complete(&self) -> bool {
+        !self.failed
+            && match &self.framing {
+                PumpFraming::Length(left) => *left == 0,
+                PumpFraming::Chunked(walker) => walker.is_done(),
+            }
+    }
+
+    fn fail(&mut self, why: BoxError) {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.try_send(Err(why));
+        }
+        self.failed = true;
+    }
+
+    /// One step: read more bytes, or pass the bytes read on as a frame.
+    /// Cancel-safe: bytes leave `buf` only once the channel has room.
+    async fn step<S: AsyncRead + Unpin>(&mut self, io: &mut S, buf: &mut BytesMut) {
+        let Some(tx) = &self.tx else {
+            return std::future::pending().await;
+        };
+        if buf.is_empty() {
+            if buf.capacity() < 1024 {
+                buf.reserve(READ_CHUNK);
+            }
+            match io.read_buf(buf).await {
+                Ok(0) | Err(_) => self.fail("the client closed its connection in the body".into()),
+                Ok(_) => {}
+            }
+            return;
+        }
+        let Ok(permit) = tx.reserve().await else {
+            // The handler dropped the body: nobody reads the rest.
+            self.tx = None;
+            self.failed = true;
+            return;
+        };
+        match &mut self.framing {
+            PumpFraming::Length(left) => {
+                let n = usize::try_from(*left).unwrap_or(usize::MAX).min(buf.len());
+                *left -= n as u64;
+                permit.send(Ok(buf.split_to(n).freeze()));
+                if *left == 0 {
+                    self.tx = None;
+                }
+            }
+            PumpFraming::Chunked(walker) => {
+                let mut ranges: Vec<Range<usize>> = Vec::new();
+                match walker.walk_with(buf, |r| ranges.push(r)) {
+                    Err(e) => {
+                        permit.send(Err(Box::new(e)));
+                        self.tx = None;
+                        self.failed = true;
+                    }
+                    Ok(n) => {
+                        let walked = buf.split_to(n).freeze();
+                        match ranges.as_slice() {
+                            [] => drop(permit),
+                            [one] => permit.send(Ok(walked.slice(one.clone()))),
+                            many => {
+                                let mut data =
+                                    BytesMut::with_capacity(many.iter().map(|r| r.len()).sum());
+                                for r in many {
+                                    data.extend_from_slice(&walked[r.clone()]);
+                                }
+                                permit.send(Ok(data.freeze()));
+                            }
+                        }
+                        if walker.is_done() {
+                            self.tx = None;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head_of(status: u16, headers: &[(&str, &str)], body: ResponseBody, minor: u8) -> String {
+        let mut resp = http::Response::new(());
+        *resp.status_mut() = StatusCode::from_u16(status).unwrap();
+        for (k, v) in headers {
+            resp.headers_mut().append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        let (parts, ()) = resp.into_parts();
+        let mut out = Vec::new();
+        let framing = encode_head(&mut out, &parts, &body, false, minor, false);
+        format!("{framing:?} {}", String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn response_heads_say_how_the_body_ends() {
+        assert_eq!(
+            head_of(200, &[("content-length", "2")], ResponseBody::full("ok"), 1),
+            "Length HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n"
+        );
+        assert_eq!(
+            head_of(200, &[], ResponseBody::empty(), 1),
+            "None HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
+        );
+        assert_eq!(
+            head_of(200, &[], ResponseBody::full("ok"), 0),
+            "Length HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: keep-alive\r\n\r\n"
+        );
+        assert_eq!(
+            head_of(
+                204,
+                &[("transfer-encoding", "chunked")],
+                ResponseBody::empty(),
+                1
+            ),
+            "None HTTP/1.1 204 No Content\r\n\r\n"
+        );
+    }
+}
