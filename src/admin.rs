@@ -9,10 +9,15 @@
 //!   (`{file, line, object, field, message}`);
 //! - `GET /metrics`: Prometheus text;
 //! - `GET /healthz`: `ok` while the process serves;
-//! - `GET /readyz`: 200 once the first configuration is applied, 503 before.
+//! - `GET /readyz`: 200 once the first configuration is applied, 503 before;
+//!   a line more for each thing an operator should know (the rollout state
+//!   cannot be saved).
 //!
-//! The serve loop publishes a new [`Published`] after every reload; requests
-//! read it with one atomic load.
+//! The serve loop publishes a new [`Published`] after every reload, and a
+//! [`RolloutReport`] whenever a rollout moves (often: it carries the step's
+//! counts); requests read each with one atomic load. A RolloutPolicy's
+//! `status.rollouts` is filled in from the report when `/status` is read,
+//! so that a rollout's counts do not copy the whole status.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -32,8 +37,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::metrics::Metrics;
+use crate::rollout::{PolicyKey, RolloutReport};
 use crate::source::ConfigError;
-use crate::translate::StatusReport;
+use crate::translate::{ObjectStatus, StatusReport};
 
 /// Content type of the Prometheus text exposition format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4";
@@ -50,6 +56,7 @@ pub struct Published {
 /// (reader).
 pub struct AdminState {
     published: ArcSwap<Published>,
+    rollouts: ArcSwap<RolloutReport>,
     ready: AtomicBool,
     metrics: Arc<Metrics>,
 }
@@ -58,9 +65,20 @@ impl AdminState {
     pub fn new(metrics: Arc<Metrics>) -> Self {
         AdminState {
             published: ArcSwap::from_pointee(Published::default()),
+            rollouts: ArcSwap::from_pointee(RolloutReport::default()),
             ready: AtomicBool::new(false),
             metrics,
         }
+    }
+
+    /// Show `report` as the rollouts' status from now on.
+    pub fn publish_rollouts(&self, report: RolloutReport) {
+        self.rollouts.store(Arc::new(report));
+    }
+
+    /// The rollouts' status currently shown.
+    pub fn rollouts(&self) -> Arc<RolloutReport> {
+        self.rollouts.load_full()
     }
 
     /// Replace the status and errors shown.
@@ -89,11 +107,21 @@ impl AdminState {
             return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
         }
         match path {
-            "/status" => json(&self.published.load().status),
+            "/status" => json(&MergedStatus {
+                status: &self.published.load().status,
+                rollouts: &self.rollouts.load(),
+            }),
             "/errors" => json(&self.published.load().errors),
             "/metrics" => body(StatusCode::OK, PROMETHEUS_TEXT, self.metrics.encode()),
             "/healthz" => text(StatusCode::OK, "ok\n"),
-            "/readyz" if self.is_ready() => text(StatusCode::OK, "ready\n"),
+            "/readyz" if self.is_ready() => match &self.rollouts.load().not_saved {
+                None => text(StatusCode::OK, "ready\n"),
+                Some((why, _)) => body(
+                    StatusCode::OK,
+                    "text/plain; charset=utf-8",
+                    format!("ready\nrollout state not saved: {why}\n"),
+                ),
+            },
             "/readyz" => text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "no configuration applied yet\n",
@@ -101,6 +129,41 @@ impl AdminState {
             _ => text(StatusCode::NOT_FOUND, "not found\n"),
         }
     }
+}
+
+/// `/status`: the objects of `status`, RolloutPolicies completed by
+/// `rollouts`, serialized one by one (only policies are copied).
+struct MergedStatus<'a> {
+    status: &'a StatusReport,
+    rollouts: &'a RolloutReport,
+}
+
+impl serde::Serialize for MergedStatus<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = serializer.serialize_seq(Some(self.status.objects.len()))?;
+        for object in &self.status.objects {
+            if object.kind == "RolloutPolicy" {
+                seq.serialize_element(&complete_policy(object, self.rollouts))?;
+            } else {
+                seq.serialize_element(object)?;
+            }
+        }
+        seq.end()
+    }
+}
+
+/// `object` with its rollouts, when it is a RolloutPolicy.
+fn complete_policy(object: &ObjectStatus, rollouts: &RolloutReport) -> ObjectStatus {
+    let mut object = object.clone();
+    if object.kind == "RolloutPolicy" {
+        let key = PolicyKey {
+            namespace: object.metadata.namespace.clone().unwrap_or_default(),
+            name: object.metadata.name.clone(),
+        };
+        rollouts.complete(&key, &mut object.status);
+    }
+    object
 }
 
 fn body(

@@ -34,6 +34,9 @@ enum Command {
         /// CustomResourceDefinitions (files or directories, e.g. the upstream standard-install.yaml): objects of the kinds they define are validated by their schema and CEL rules. CRD documents among the -f manifests count too. Repeatable.
         #[arg(long = "crds", value_name = "PATH")]
         crds: Vec<PathBuf>,
+        /// Where rollouts are recorded so that a restart resumes them (rollouts.json) [default: $XDG_STATE_HOME/sluice, else ~/.local/state/sluice].
+        #[arg(long, conflicts_with = "kubernetes")]
+        state_dir: Option<PathBuf>,
         /// Watch the Kubernetes API server instead of files, and write status back (as leader).
         #[arg(long, conflicts_with = "paths")]
         kubernetes: bool,
@@ -63,6 +66,9 @@ enum Command {
     Check {
         #[command(flatten)]
         manifests: sluice::cli::Manifests,
+        /// Rollout state to show served shares from, as `serve --state-dir` records it [default: $XDG_STATE_HOME/sluice, else ~/.local/state/sluice].
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
         /// Report format: the text report (one `file:line: Kind ns/name: field: message` line per problem at its end), or one JSON document.
         #[arg(long, value_enum, default_value_t)]
         output: sluice::cli::check::Output,
@@ -210,6 +216,7 @@ fn main() -> ExitCode {
             bind,
             admin,
             crds,
+            state_dir,
             kubernetes,
             kubeconfig,
             gateway_service,
@@ -238,18 +245,32 @@ fn main() -> ExitCode {
                     config, limits,
                 )));
             }
+            let state_dir = state_dir.or_else(sluice::rollout::default_state_dir);
+            if state_dir.is_none() {
+                tracing::warn!(
+                    "no --state-dir and neither $XDG_STATE_HOME nor $HOME is set: rollouts are kept in memory only"
+                );
+            }
             let config = sluice::serve::ServeConfig {
                 paths,
                 bind,
                 admin,
                 crds,
             };
-            runtime.block_on(serve(sluice::serve::start_with_limits(config, limits)))
+            runtime.block_on(serve(sluice::serve::start_with_state(
+                config, limits, state_dir,
+            )))
         }
-        Command::Check { manifests, output } => {
+        Command::Check {
+            manifests,
+            state_dir,
+            output,
+        } => {
+            let state_dir = state_dir.or_else(sluice::rollout::default_state_dir);
             let code = sluice::cli::check::run(
                 &manifests.paths,
                 &manifests.crds,
+                state_dir.as_deref(),
                 output,
                 &mut std::io::stdout().lock(),
             );

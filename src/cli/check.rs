@@ -3,6 +3,12 @@
 //! object's conditions, every rule's backend shares as percentages, the
 //! traps worth a warning and the manifest errors — without binding anything.
 //!
+//! Rules a RolloutPolicy governs show their spec shares and the shares
+//! `sluice serve` would serve now side by side: from the rollout state it
+//! recorded (`--state-dir`, by default the one `serve` uses), run through
+//! the same state machine; without recorded state, a gateway starting on
+//! these manifests serves the spec shares.
+//!
 //! Exit codes: 0 when every object is accepted and every reference
 //! resolved; 1 when something is refused, not accepted or not resolved;
 //! 2 when the input cannot be read at all (missing path, unreadable file,
@@ -11,19 +17,21 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::metrics::BackendTotals;
 use crate::resources::crd::Crds;
 use crate::resources::read_documents;
 use crate::resources::{Generations, Snapshot};
+use crate::rollout::{FileStore, PolicyKey, RolloutReport, Rollouts};
 use crate::source::files::read_all;
 use crate::source::{ConfigError, FileSet};
 use crate::translate::{
     BackendOutcome, BackendSummary, ConditionType, ObjectStatus, RuleSummary, TranslateOptions,
-    Translation, translate,
+    Translation, rollout_inputs, translate_served,
 };
 use crate::yaml::{Document, Lines};
 
@@ -69,11 +77,17 @@ pub struct Checked {
     /// The CRDs objects were validated with (`--crds` and CRD documents
     /// among the manifests).
     pub crds: Arc<Crds>,
+    /// Every rollout, as `sluice serve` would run it now.
+    pub rollouts: RolloutReport,
+    /// Where the served shares come from (printed when a RolloutPolicy
+    /// governs a rule).
+    pub served_from: String,
 }
 
 /// Read, parse, validate (by the CRDs in `crd_paths` and among the
-/// manifests, else by hand) and translate the manifests under `paths`.
-pub fn load(paths: &[PathBuf], crd_paths: &[PathBuf]) -> Checked {
+/// manifests, else by hand) and translate the manifests under `paths`,
+/// with the rollouts recorded in `state_dir` (when given and present).
+pub fn load(paths: &[PathBuf], crd_paths: &[PathBuf], state_dir: Option<&Path>) -> Checked {
     let listing = read_all(paths);
     let crd_listing = read_all(crd_paths);
     let mut files = FileSet::new();
@@ -105,11 +119,51 @@ pub fn load(paths: &[PathBuf], crd_paths: &[PathBuf]) -> Checked {
     let snapshot = Snapshot::from_loaded(loaded, |objects| {
         Generations::default().assign(objects, k8s_openapi::jiff::Timestamp::now());
     });
-    let translation = translate(
+    let (recorded, served_from) = match state_dir.map(|d| (d, FileStore::read(d))) {
+        None => (
+            Vec::new(),
+            "no state directory: a gateway starting on these manifests serves the spec shares"
+                .to_string(),
+        ),
+        Some((dir, Ok(None))) => (
+            Vec::new(),
+            format!(
+                "no rollout state in {}: a gateway starting on these manifests serves the spec shares",
+                dir.display()
+            ),
+        ),
+        Some((dir, Ok(Some(records)))) => (
+            records,
+            format!(
+                "the rollout state in {}, as `sluice serve --state-dir {}` would serve it now",
+                FileStore::new(dir).path().display(),
+                dir.display()
+            ),
+        ),
+        Some((dir, Err(e))) => {
+            unreadable.push(ConfigError {
+                file: FileStore::new(dir).path().display().to_string(),
+                line: None,
+                object: None,
+                field: None,
+                message: e.clone(),
+            });
+            (Vec::new(), format!("{e}: the spec shares are shown"))
+        }
+    };
+    // The state machine as `serve` runs it at start-up: no traffic counted.
+    let mut rollouts = Rollouts::restore(recorded);
+    let evaluation = rollouts.evaluate(
+        &rollout_inputs(&snapshot, &[]),
+        &|_, _| BackendTotals::default(),
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let translation = translate_served(
         &snapshot,
         &TranslateOptions {
             default_bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         },
+        &evaluation.served,
     );
     Checked {
         translation,
@@ -121,6 +175,8 @@ pub fn load(paths: &[PathBuf], crd_paths: &[PathBuf]) -> Checked {
         locations,
         field_lines,
         crds: files.crds(),
+        rollouts: RolloutReport::new(&rollouts, None),
+        served_from,
     }
 }
 
@@ -148,10 +204,17 @@ fn field_lines(
     out
 }
 
-/// Run `sluice check`, writing the report to `out`. Returns the process
-/// exit code.
-pub fn run(paths: &[PathBuf], crd_paths: &[PathBuf], output: Output, out: &mut impl Write) -> i32 {
-    let checked = load(paths, crd_paths);
+/// Run `sluice check` on `paths` (validated by the CRDs in `crd_paths`;
+/// served shares from the rollout state in `state_dir`), writing the
+/// report to `out`. Returns the process exit code.
+pub fn run(
+    paths: &[PathBuf],
+    crd_paths: &[PathBuf],
+    state_dir: Option<&Path>,
+    output: Output,
+    out: &mut impl Write,
+) -> i32 {
+    let checked = load(paths, crd_paths, state_dir);
     let written = match output {
         Output::Text => report(&checked, out),
         Output::Json => report_json(&checked, out),
@@ -189,7 +252,20 @@ fn findings(checked: &Checked) -> std::io::Result<Findings> {
             .push(rule);
     }
 
+    if translation.rules.iter().any(|r| r.rollout.is_some()) {
+        writeln!(out, "served shares: {}", checked.served_from)?;
+        writeln!(out)?;
+    }
     for object in &translation.status.objects {
+        let mut object = object.clone();
+        if object.kind == "RolloutPolicy" {
+            let key = PolicyKey {
+                namespace: object.metadata.namespace.clone().unwrap_or_default(),
+                name: object.metadata.name.clone(),
+            };
+            checked.rollouts.complete(&key, &mut object.status);
+        }
+        let object = &object;
         write_object(object, &mut out, &mut problems)?;
         let key = format!(
             "{}/{}",
@@ -403,6 +479,36 @@ fn write_object(
             problems,
         )?;
     }
+    for (i, ancestor) in array(status.get("ancestors")).iter().enumerate() {
+        let ancestor_name = describe_parent_ref(ancestor.get("ancestorRef"), namespace);
+        writeln!(out, "  ancestor {ancestor_name}:")?;
+        write_conditions(
+            ancestor.get("conditions"),
+            "    ",
+            at(
+                format!("status.ancestors[{i}]"),
+                format!(" (ancestor {ancestor_name})"),
+            ),
+            out,
+            problems,
+        )?;
+    }
+    for rollout in array(status.get("rollouts")) {
+        let field = |key: &str| rollout.get(key).and_then(Value::as_str).unwrap_or("");
+        let step = match field("step") {
+            "" => String::new(),
+            step => format!(" at step {step}"),
+        };
+        writeln!(
+            out,
+            "  rollout HTTPRoute {}/{} rule {}: {}{step}: {}",
+            namespace.unwrap_or("default"),
+            field("route"),
+            rollout.get("rule").and_then(Value::as_u64).unwrap_or(0),
+            field("phase"),
+            field("message"),
+        )?;
+    }
     Ok(())
 }
 
@@ -475,7 +581,21 @@ fn write_rule(
     out: &mut impl Write,
     problems: &mut Problems<'_>,
 ) -> std::io::Result<()> {
-    writeln!(out, "  rule {}:", rule.rule)?;
+    match &rule.rollout {
+        None => writeln!(out, "  rule {}:", rule.rule)?,
+        Some(r) => {
+            let step = r
+                .step
+                .as_deref()
+                .map(|s| format!(" at step {s}"))
+                .unwrap_or_default();
+            writeln!(
+                out,
+                "  rule {}: RolloutPolicy {}: {}{step}; spec and served shares:",
+                rule.rule, r.policy, r.phase
+            )?
+        }
+    }
     if rule.backends.is_empty() {
         writeln!(
             out,
@@ -505,9 +625,20 @@ fn write_rule(
     let weight_width = weights.iter().map(String::len).max().unwrap_or(0);
     for (j, (backend, weight)) in rule.backends.iter().zip(&weights).enumerate() {
         let (outcome, problem) = describe_outcome(&rule.kind, backend);
+        let served = match (&rule.rollout, backend.served_percent) {
+            (Some(_), Some(served)) => {
+                let removed = if backend.removed_from_spec {
+                    " (removed from the spec)"
+                } else {
+                    ""
+                };
+                format!("  served {:>8}{removed}", format_share(served))
+            }
+            _ => String::new(),
+        };
         writeln!(
             out,
-            "    {:<width$}  weight {:<weight_width$}  {:>8}  {outcome}",
+            "    {:<width$}  weight {:<weight_width$}  {:>8}{served}  {outcome}",
             backend.name,
             weight,
             format_share(backend.share_percent),
@@ -628,6 +759,10 @@ mod tests {
             weight: 1,
             share_percent: 100.0,
             outcome,
+            key: crate::rollout::BackendKey::service("default", "web", Some(80)),
+            served_weight: None,
+            served_percent: None,
+            removed_from_spec: false,
         };
         let unresolved = backend(BackendOutcome::Unresolved {
             reason: "BackendNotFound".into(),

@@ -1,5 +1,6 @@
-//! The Gateway API CRDs' `default:` values, applied on load as the API
-//! server applies them before any controller sees an object.
+//! The Gateway API CRDs' `default:` values (and our RolloutPolicy CRD's),
+//! applied on load as the API server applies them before any controller
+//! sees an object.
 //!
 //! A cluster stores `parentRefs: [{name: gw}]` as `{group:
 //! gateway.networking.k8s.io, kind: Gateway, name: gw}`; so does sluice, in
@@ -41,7 +42,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::{
     BackendTlsPolicy, GATEWAY_GROUP, Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet,
-    Object, TlsRoute,
+    Object, OnFailure, RolloutPolicy, TlsRoute,
 };
 
 /// Apply every CRD default to a Gateway API object; other kinds are left
@@ -55,6 +56,7 @@ pub fn apply_defaults(object: &mut Object) {
         Object::BackendTlsPolicy(o) => backend_tls_policy(o),
         Object::GrpcRoute(o) => grpc_route(o),
         Object::TlsRoute(o) => tls_route(o),
+        Object::RolloutPolicy(o) => rollout_policy(o),
         Object::ReferenceGrant(_)
         | Object::Service(_)
         | Object::EndpointSlice(_)
@@ -365,6 +367,13 @@ fn tls_route(o: &mut TlsRoute) {
             backend_ref_defaults!(b);
         }
     }
+}
+
+/// Our RolloutPolicy's defaults (`deploy/rolloutpolicy-crd.yaml`): a
+/// failed gate rolls back, and a policy is not paused.
+fn rollout_policy(o: &mut RolloutPolicy) {
+    or_with(&mut o.spec.on_failure, || OnFailure::Rollback);
+    or_with(&mut o.spec.paused, || false);
 }
 
 fn backend_tls_policy(o: &mut BackendTlsPolicy) {

@@ -15,6 +15,7 @@ pub mod defaults;
 mod duration;
 pub mod generations;
 pub mod load;
+pub mod rollout_policy;
 mod routes;
 mod validate;
 
@@ -24,6 +25,10 @@ pub use generations::Generations;
 pub use load::{
     LoadError, LoadedObject, ParsedFile, load_documents, parse_manifests, parse_manifests_with,
     read_documents,
+};
+pub use rollout_policy::{
+    ConsistentKey, OnFailure, Percent, ROLLOUT_POLICY_API_VERSION, RolloutPolicy, RolloutSettings,
+    SLUICE_GROUP,
 };
 pub use routes::{grpc_rule_as_http, tls_backend_refs_as_http};
 pub(crate) use validate::filter_type_name;
@@ -80,6 +85,9 @@ pub struct Snapshot {
     /// ConfigMaps, for CA certificates (`ca.crt`): frontend client
     /// certificate validation and BackendTLSPolicy validation.
     pub config_maps: Vec<ConfigMap>,
+    /// RolloutPolicies (`sluice.dev/v1alpha1`): how weight changes of the
+    /// HTTPRoutes they target are served.
+    pub rollout_policies: Vec<RolloutPolicy>,
     /// `(Kind namespace/name, rule, backendRef)` of the routes' backendRefs whose
     /// weight the manifest omitted before the CRD default made it 1, so that
     /// an omitted weight next to explicit ones is still pointed out. Only
@@ -106,6 +114,7 @@ impl Snapshot {
                 Object::ListenerSet(o) => s.listener_sets.push(o),
                 Object::BackendTlsPolicy(o) => s.backend_tls_policies.push(o),
                 Object::ConfigMap(o) => s.config_maps.push(o),
+                Object::RolloutPolicy(o) => s.rollout_policies.push(o),
             }
         }
         s
@@ -153,6 +162,7 @@ pub enum Object {
     ListenerSet(ListenerSet),
     BackendTlsPolicy(BackendTlsPolicy),
     ConfigMap(ConfigMap),
+    RolloutPolicy(RolloutPolicy),
 }
 
 impl Object {
@@ -172,6 +182,7 @@ impl Object {
             Object::ListenerSet(_) => "ListenerSet",
             Object::BackendTlsPolicy(_) => "BackendTLSPolicy",
             Object::ConfigMap(_) => "ConfigMap",
+            Object::RolloutPolicy(_) => "RolloutPolicy",
         }
     }
 
@@ -195,6 +206,7 @@ impl Object {
             Object::ListenerSet(o) => &o.metadata,
             Object::BackendTlsPolicy(o) => &o.metadata,
             Object::ConfigMap(o) => &o.metadata,
+            Object::RolloutPolicy(o) => &o.metadata,
         }
     }
 
@@ -213,6 +225,7 @@ impl Object {
             Object::ListenerSet(o) => &mut o.metadata,
             Object::BackendTlsPolicy(o) => &mut o.metadata,
             Object::ConfigMap(o) => &mut o.metadata,
+            Object::RolloutPolicy(o) => &mut o.metadata,
         }
     }
 
@@ -268,6 +281,7 @@ impl Object {
                 "data": o.data,
                 "binaryData": o.binary_data,
             })),
+            Object::RolloutPolicy(o) => serde_json::to_value(&o.spec),
         };
         // Serializing these plain data types cannot fail (no maps with
         // non-string keys); a null spec only makes generations coarser.

@@ -260,6 +260,7 @@ fn object_json(object: &crate::resources::Object) -> Value {
         Object::BackendTlsPolicy(o) => serde_json::to_value(o),
         Object::GrpcRoute(o) => serde_json::to_value(o),
         Object::TlsRoute(o) => serde_json::to_value(o),
+        Object::RolloutPolicy(o) => serde_json::to_value(o),
         other => panic!("not a Gateway API kind: {}", other.kind()),
     }
     .expect("typed objects serialize")
