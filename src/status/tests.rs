@@ -626,6 +626,7 @@ fn rollouts_at_first_step() -> RolloutReport {
             name: "web".into(),
         },
         rule: RuleKey {
+            kind: crate::route::RouteKind::Http,
             namespace: "default".into(),
             route: "web".into(),
             rule: 0,

@@ -1088,3 +1088,75 @@ async fn a_slow_canary_fails_the_latency_gate() {
         "{r:#}"
     );
 }
+
+/// A GRPCRoute named like the governed HTTPRoute, sending its calls to the
+/// same canary Service: its requests and errors are counted apart (the
+/// route kind is part of the counters' key), so they neither fail nor fill
+/// the HTTPRoute's step.
+#[tokio::test]
+async fn a_grpcroute_of_the_same_name_never_counts_for_the_rollout() {
+    let spec = "  steps: ['50%', '100%']
+  interval: 300ms
+  analysis: {minRequests: 10, maxErrorRate: '1%'}
+";
+    let shop = Shop::start((1, 0), Some(policy("shop", spec)), &[]).await;
+    let s = &shop.sluice;
+    wait_rollout(s, "shop", "first seen", phase("Complete")).await;
+    s.write(
+        "grpc.yaml",
+        &crate::support::route_of_kind(
+            "GRPCRoute",
+            "default",
+            "shop",
+            "  hostnames: [api.example.com]\n  rules:\n  - backendRefs: [{name: canary, port: 8080}]\n",
+        ),
+    );
+    let grpc_calls = |n: usize| async move {
+        for _ in 0..n {
+            // The echo pods answer HTTP, not gRPC: only the count matters.
+            let _ = sluice::grpc_echo::call_h2c(s.addr(), "api.example.com", "Echo", &[]).await;
+        }
+    };
+    crate::support::poll_until(
+        "the GRPCRoute serves",
+        || s.log(),
+        async || {
+            grpc_calls(1).await;
+            shop.canary.requests() > 0
+        },
+    )
+    .await;
+    shop.set_weights(0, 1);
+    wait_rollout(s, "shop", "first step", at("Progressing", "50%")).await;
+
+    // 20 failing calls to the canary through the GRPCRoute: twice
+    // minRequests, all 5xx.
+    shop.canary.servers[0].fail_with(Some(StatusCode::INTERNAL_SERVER_ERROR));
+    grpc_calls(20).await;
+    shop.canary.servers[0].fail_with(None);
+    let grpc_errors =
+        r#"route="GRPCRoute default/shop",rule="0",backend="default/canary:8080",code="500"} 20"#;
+    let metrics = s.metrics().await;
+    assert!(
+        metrics.contains(grpc_errors),
+        "{grpc_errors} not in\n{metrics}"
+    );
+
+    // The HTTPRoute's step counts its own 5 canary answers, nothing else.
+    shop.until("canary", 5).await;
+    let r = wait_rollout(s, "shop", "counted", |r| {
+        r["requests"] == 5 || r["phase"] != "Progressing"
+    })
+    .await;
+    assert_eq!(
+        (
+            r["phase"].as_str(),
+            r["requests"].as_u64(),
+            r["errors"].as_u64()
+        ),
+        (Some("Progressing"), Some(5), Some(0)),
+        "{r:#}"
+    );
+    shop.until("canary", 5).await;
+    wait_rollout(s, "shop", "next step", at("Progressing", "100%")).await;
+}
