@@ -118,6 +118,17 @@ async fn shown(replica: &Replica) -> Option<(String, Option<String>)> {
     ))
 }
 
+/// The step a replica's `sluice_rollout_step_percent` shows for the
+/// policy's rule.
+async fn metric_step(replica: &Replica) -> Option<String> {
+    let (_, body) = get(replica.admin, "admin", "/metrics").await.ok()?;
+    let text = String::from_utf8(body.to_vec()).ok()?;
+    let prefix = r#"sluice_rollout_step_percent{policy="default/autocomplete",route="default/autocomplete",rule="0"} "#;
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .map(str::to_string)
+}
+
 /// Who wrote the policy's status, in order: (token, phase, step).
 fn policy_writes(api: &FakeApiServer) -> Vec<(String, String, Option<String>)> {
     api.patches()
@@ -195,6 +206,11 @@ async fn the_follower_serves_the_step_the_leader_recorded() {
         Some(("Progressing".into(), Some("25%".into()))),
         "the follower shows the recorded step on /status"
     );
+    assert_eq!(
+        metric_step(&b).await.as_deref(),
+        Some("25.0"),
+        "and in /metrics"
+    );
     // A replica started mid-rollout serves the recorded step from its
     // first table, not the spec.
     let c = Replica::start(&api, "replica-c", "127.0.0.3", b.listener.port());
@@ -224,6 +240,43 @@ async fn the_follower_serves_the_step_the_leader_recorded() {
         "the steps are recorded in order: {steps:?}\nleader log:\n{}",
         a.log()
     );
+
+    // A recorded rollout is not rewritten once it settled (a write is not
+    // a reason to write again).
+    let settled = api.patches().len();
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(
+        api.patches().len(),
+        settled,
+        "unchanged status is not rewritten"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_the_rollout_policy_crd_serves_and_picks_it_up_later() {
+    let api = FakeApiServer::start().await;
+    api.uninstall("rolloutpolicies");
+    let (stable, canary) = (
+        echo("stable", "stable-0").await,
+        echo("canary", "canary-0").await,
+    );
+    let port = free_port();
+    cluster(&api, port, &[("stable", &stable), ("canary", &canary)]);
+    api.apply(route(1000, 0));
+    let a = Replica::start(&api, "replica-a", "127.0.0.1", port);
+    a.wait_ready().await;
+    serves(a.listener, 100, 0).await;
+    // Without policies a weight change applies at once, as the spec says.
+    api.apply(route(0, 1000));
+    serves(a.listener, 100, 100).await;
+
+    // The CRD is installed later: picked up without a restart.
+    api.install("rolloutpolicies");
+    api.apply(policy("1h", &["25%", "100%"]));
+    recorded_at(&api, "Complete", None).await;
+    api.apply(route(1000, 0));
+    recorded_at(&api, "Progressing", Some("25%")).await;
+    serves(a.listener, 400, 300).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
