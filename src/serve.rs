@@ -9,6 +9,15 @@
 //! also wakes every [`ROLLOUT_TICK`] to judge it, and translates again when
 //! the served shares change: a step is a table swap like any reload.
 //!
+//! Who judges the rollouts: standalone, this process (its records go to
+//! `--state-dir`). In Kubernetes mode, the Lease leader only: it records
+//! every rollout in its policy's `status.rollouts` (the status writer sends
+//! them with the rest of the policy's status, so the loop hands them over
+//! with each served configuration rather than through a [`RolloutStore`]:
+//! one apply per object, under one field manager); the other replicas
+//! serve the step recorded there ([`Rollouts::served`]), and a replica that
+//! wins the lease continues from it.
+//!
 //! A reload is an atomic table swap in the proxy: requests in flight
 //! finish on the table they started with, a broken file keeps its last good
 //! objects, and nothing a manifest says can make the process exit.
@@ -412,7 +421,7 @@ impl Server {
             crate::rollout::recorded(&current.snapshot.rollout_policies);
         if problems != self.rollouts.unreadable {
             for problem in &problems {
-                tracing::warn!("{problem}; that rule serves its spec shares");
+                tracing::warn!("{problem}; that rule is served as if nothing were recorded");
             }
             self.rollouts.unreadable = problems;
         }

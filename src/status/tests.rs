@@ -476,35 +476,40 @@ async fn body_json(request: Request<Body>) -> Value {
     serde_json::from_slice(&bytes).expect("a JSON body")
 }
 
+/// Answer `n` requests, each a server-side apply (PATCH,
+/// `application/apply-patch+yaml`), with their own body: their URIs and
+/// bodies.
+async fn answer_applies(handle: &mut Handle, n: usize) -> Vec<(String, Value)> {
+    let mut seen = Vec::new();
+    for _ in 0..n {
+        let (request, respond) = handle.next_request().await.expect("a request");
+        assert_eq!(request.method(), Method::PATCH);
+        assert_eq!(
+            request
+                .headers()
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
+            Some("application/apply-patch+yaml")
+        );
+        let uri = request.uri().to_string();
+        let body = body_json(request).await;
+        respond.send_response(
+            Response::builder()
+                .body(Body::from(serde_json::to_vec(&body).expect("json")))
+                .expect("a response"),
+        );
+        seen.push((uri, body));
+    }
+    seen
+}
+
 #[tokio::test]
 async fn status_is_server_side_applied_to_the_status_subresource() {
     let (client, mut handle) = mock_client();
     let s = snapshot(CLUSTER);
     let report = report(&s, 1000);
     let expected = plan(&s, &report, None, &RolloutReport::default());
-    let verifier = tokio::spawn(async move {
-        let mut seen = Vec::new();
-        for _ in 0..3 {
-            let (request, respond) = handle.next_request().await.expect("a request");
-            assert_eq!(request.method(), Method::PATCH);
-            assert_eq!(
-                request
-                    .headers()
-                    .get(http::header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok()),
-                Some("application/apply-patch+yaml")
-            );
-            let uri = request.uri().to_string();
-            let body = body_json(request).await;
-            respond.send_response(
-                Response::builder()
-                    .body(Body::from(serde_json::to_vec(&body).expect("json")))
-                    .expect("a response"),
-            );
-            seen.push((uri, body));
-        }
-        seen
-    });
+    let verifier = tokio::spawn(async move { answer_applies(&mut handle, 3).await });
     let mut writer = StatusWriter::new(client);
     let outcome = writer
         .sync(&s, &report, None, &RolloutReport::default())
@@ -709,31 +714,16 @@ async fn a_rollout_policy_status_is_applied_to_its_sluice_dev_status_subresource
         .filter(|p| p.kind == "RolloutPolicy")
         .collect();
     assert_eq!(expected.len(), 1);
-    let verifier = tokio::spawn(async move {
-        let (request, respond) = handle.next_request().await.expect("a request");
-        assert_eq!(request.method(), Method::PATCH);
-        assert_eq!(
-            request
-                .headers()
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok()),
-            Some("application/apply-patch+yaml")
-        );
-        let uri = request.uri().to_string();
-        let body = body_json(request).await;
-        respond.send_response(
-            Response::builder()
-                .body(Body::from(serde_json::to_vec(&body).expect("json")))
-                .expect("a response"),
-        );
-        (uri, body)
-    });
+    let verifier = tokio::spawn(async move { answer_applies(&mut handle, 1).await });
     let writer = StatusWriter::new(client);
     writer
         .apply(&expected[0])
         .await
         .expect("the patch is applied");
-    let (uri, body) = verifier.await.expect("the verifier does not panic");
+    let (uri, body) = verifier
+        .await
+        .expect("the verifier does not panic")
+        .remove(0);
     assert_eq!(
         uri,
         "/apis/sluice.dev/v1alpha1/namespaces/default/rolloutpolicies/web/status?&force=true&fieldManager=sluice.dev%2Fgateway-controller"
