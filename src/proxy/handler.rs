@@ -349,9 +349,9 @@ impl<'t> Forwarding<'_, 't> {
             body = self.spawn_mirrors(&mirrors, &parts, path.as_deref(), body);
         }
 
-        // A valid session skips the weighted choice (sessionPersistence);
-        // a rollout's consistentBy placement belongs after it, in place of
-        // the weighted choice (docs/sessions.md): `choose` does it.
+        // A valid session wins (sessionPersistence), then a rollout's
+        // consistentBy key, then the exact weighted split of the served
+        // shares: `choose_for` does the last two (docs/sessions.md).
         let sticky = self
             .rule
             .session

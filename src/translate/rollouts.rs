@@ -592,6 +592,33 @@ spec:
         }
     }
 
+    /// HTTPRoute shop's rule 0 served `weights`, by policy `p` half way
+    /// from `from` to `to`.
+    fn at_half_way(
+        weights: Weights,
+        from: Weights,
+        to: Weights,
+        consistent_by: Option<ConsistentKey>,
+    ) -> ServedShares {
+        let mut served = ServedShares::default();
+        served.rules.insert(
+            rule(),
+            ServedRule {
+                policy: PolicyKey {
+                    namespace: "default".into(),
+                    name: "p".into(),
+                },
+                phase: Phase::Progressing,
+                step: crate::resources::Percent::parse("50%").ok(),
+                weights,
+                from,
+                to,
+                consistent_by,
+            },
+        );
+        served
+    }
+
     fn translate(served: &ServedShares) -> Translation {
         let options = TranslateOptions {
             default_bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
@@ -642,23 +669,13 @@ spec:
         weights.add(key("stable"), 5);
         weights.add(key("canary"), 1);
         weights.add(key("old"), 2);
-        let mut served = ServedShares::default();
-        served.rules.insert(
-            rule(),
-            ServedRule {
-                policy: PolicyKey {
-                    namespace: "default".into(),
-                    name: "p".into(),
-                },
-                phase: Phase::Progressing,
-                step: crate::resources::Percent::parse("50%").ok(),
-                weights,
-                from,
-                to,
-                consistent_by: Some(ConsistentKey::Header(http::HeaderName::from_static(
-                    "x-user",
-                ))),
-            },
+        let served = at_half_way(
+            weights,
+            from,
+            to,
+            Some(ConsistentKey::Header(http::HeaderName::from_static(
+                "x-user",
+            ))),
         );
         let t = translate(&served);
         let summary = &t.rules[0];
@@ -783,22 +800,7 @@ spec:
         let mut weights = Weights::new();
         weights.add(key("stable"), 1);
         weights.add(key("canary"), 1);
-        let mut served = ServedShares::default();
-        served.rules.insert(
-            rule(),
-            ServedRule {
-                policy: PolicyKey {
-                    namespace: "default".into(),
-                    name: "p".into(),
-                },
-                phase: Phase::Progressing,
-                step: crate::resources::Percent::parse("50%").ok(),
-                from: Weights::new(),
-                to: weights.clone(),
-                weights,
-                consistent_by: None,
-            },
-        );
+        let served = at_half_way(weights.clone(), Weights::new(), weights, None);
         let t = translate_served_at(&s, &options, &served, Timestamp::UNIX_EPOCH);
         let (grpc, http) = (&t.rules[0], &t.rules[1]);
         assert!(grpc.rollout.is_none());
