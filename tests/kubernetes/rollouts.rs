@@ -211,6 +211,10 @@ async fn the_follower_serves_the_step_the_leader_recorded() {
         Some("25.0"),
         "and in /metrics"
     );
+    // While the step bakes (judged every 250 ms), nothing is rewritten.
+    let at_step = policy_writes(&api).len();
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(policy_writes(&api).len(), at_step, "a tick is not a write");
     // A replica started mid-rollout serves the recorded step from its
     // first table, not the spec.
     let c = Replica::start(&api, "replica-c", "127.0.0.3", b.listener.port());
