@@ -425,22 +425,7 @@ async fn listener_set_and_policy_status_go_to_their_status_subresources() {
         .collect();
     assert_eq!(expected.len(), 2);
     let writer = StatusWriter::new(client);
-    let verifier = tokio::spawn(async move {
-        let mut seen = Vec::new();
-        for _ in 0..2 {
-            let (request, respond) = handle.next_request().await.expect("a request");
-            assert_eq!(request.method(), Method::PATCH);
-            let uri = request.uri().to_string();
-            let body = body_json(request).await;
-            respond.send_response(
-                Response::builder()
-                    .body(Body::from(serde_json::to_vec(&body).expect("json")))
-                    .expect("a response"),
-            );
-            seen.push((uri, body));
-        }
-        seen
-    });
+    let verifier = tokio::spawn(async move { answer_applies(&mut handle, 2).await });
     for patch in &expected {
         writer.apply(patch).await.expect("the patch is applied");
     }
