@@ -239,6 +239,7 @@ fn every_status_body_sluice_writes_fits_the_crd_status_schema() {
     let ours = load_crds(&Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy"));
     let mut checked = 0;
     let mut per_kind = std::collections::BTreeMap::<String, usize>::new();
+    let mut with_rollouts = 0;
     let mut refused = Vec::new();
     // Each text is loaded once (the conformance base is in every set).
     let mut loaded = std::collections::HashMap::<std::sync::Arc<str>, Vec<_>>::new();
@@ -268,18 +269,23 @@ fn every_status_body_sluice_writes_fits_the_crd_status_schema() {
                 value: "192.0.2.10".into(),
             },
         ];
-        let patches = sluice::status::plan(&snapshot, &translation.status, Some(&addresses));
+        let rollouts = rollouts_at_first_step(&snapshot);
+        let patches =
+            sluice::status::plan(&snapshot, &translation.status, Some(&addresses), &rollouts);
         let bodies = translation
             .status
             .objects
             .iter()
             .map(|o| {
-                (
-                    "/status",
-                    o.api_version.clone(),
-                    o.kind.clone(),
-                    o.status.clone(),
-                )
+                let mut status = o.status.clone();
+                if o.kind == "RolloutPolicy" {
+                    let key = sluice::rollout::PolicyKey {
+                        namespace: o.metadata.namespace.clone().unwrap_or_default(),
+                        name: o.metadata.name.clone(),
+                    };
+                    rollouts.complete(&key, &mut status);
+                }
+                ("/status", o.api_version.clone(), o.kind.clone(), status)
             })
             .chain(patches.iter().map(|p| {
                 (
@@ -290,6 +296,9 @@ fn every_status_body_sluice_writes_fits_the_crd_status_schema() {
                 )
             }));
         for (place, api_version, kind, mut status) in bodies {
+            if status["rollouts"].as_array().is_some_and(|r| !r.is_empty()) {
+                with_rollouts += 1;
+            }
             let errors = crds
                 .admit_status(&api_version, &kind, &mut status)
                 .or_else(|| ours.admit_status(&api_version, &kind, &mut status));
@@ -311,6 +320,10 @@ fn every_status_body_sluice_writes_fits_the_crd_status_schema() {
         refused.join("\n")
     );
     assert!(checked > 1000, "only {checked} status bodies checked");
+    assert!(
+        with_rollouts > 0,
+        "no RolloutPolicy status with rollouts was checked"
+    );
     // The check can fail: a condition status the schema does not allow.
     let mut bad = serde_json::json!({"conditions": [{"type": "Accepted", "status": "Maybe",
         "reason": "Accepted", "message": "", "lastTransitionTime": "1970-01-01T00:00:00Z"}]});
@@ -321,7 +334,31 @@ fn every_status_body_sluice_writes_fits_the_crd_status_schema() {
         errors[0].to_string(),
         "status.conditions[0].status: Unsupported value: \"Maybe\": supported values: \"True\", \"False\", \"Unknown\""
     );
-    println!("{checked} status bodies checked: {per_kind:?}");
+    println!(
+        "{checked} status bodies checked ({with_rollouts} RolloutPolicy ones with rollouts): {per_kind:?}"
+    );
+}
+
+/// Every rule a RolloutPolicy governs in `snapshot`, at a first step (so
+/// that the policies' `status.rollouts` carry every field they can).
+fn rollouts_at_first_step(
+    snapshot: &sluice::resources::Snapshot,
+) -> sluice::rollout::RolloutReport {
+    use sluice::rollout::{Phase, Rollout, RolloutReport, Rollouts};
+    let inputs = sluice::translate::rollout_inputs(snapshot, &[]);
+    let records = inputs.rules.iter().map(|g| Rollout {
+        policy: g.policy.clone(),
+        rule: g.rule.clone(),
+        rule_name: g.rule_name.clone(),
+        phase: Phase::Progressing,
+        step: sluice::resources::Percent::parse("5%").ok(),
+        step_started_at: Some(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        from: g.spec.clone(),
+        to: g.spec.clone(),
+        held_for: None,
+        message: "started: step 5%".into(),
+    });
+    RolloutReport::new(&Rollouts::restore(records), None)
 }
 
 /// Our own CRDs (`deploy/*.yaml`) go through the same validator: each has
