@@ -82,6 +82,34 @@ pub struct RuleSummary {
     pub rollout: Option<RuleRollout>,
 }
 
+impl RuleSummary {
+    /// The rule's backends as the share gauges show them (fractions of 1;
+    /// a backend served with a share only a rollout gives has spec 0).
+    pub fn share_rows(&self) -> impl Iterator<Item = crate::metrics::ShareRow> + '_ {
+        let (namespace, route) = self.route.split_once('/').unwrap_or(("", &self.route));
+        let kind = match self.kind.as_str() {
+            "GRPCRoute" => "GRPCRoute ",
+            "TLSRoute" => "TLSRoute ",
+            _ => "",
+        };
+        self.backends.iter().map(move |b| crate::metrics::ShareRow {
+            key: crate::metrics::BackendStatsKey {
+                kind,
+                namespace: namespace.to_string(),
+                route: route.to_string(),
+                rule: self.rule,
+                backend: b.name.clone(),
+            },
+            spec: if b.removed_from_spec {
+                0.0
+            } else {
+                b.share_percent / 100.0
+            },
+            served: b.served_percent.unwrap_or(b.share_percent) / 100.0,
+        })
+    }
+}
+
 /// Which rollout governs a rule, and where it is.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
