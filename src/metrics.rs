@@ -61,8 +61,9 @@ pub fn backend_parts(backend: &str) -> (&str, &str, &str) {
 /// passes for every request (see [`Metrics::record`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RequestKey<'a> {
-    /// Written before the route: empty for an HTTPRoute (whose labels are
-    /// as they always were), `GRPCRoute ` for a GRPCRoute.
+    /// Written before the route ([`crate::route::RouteKind::metrics_prefix`]):
+    /// empty for an HTTPRoute (whose labels are as they always were),
+    /// `GRPCRoute ` for a GRPCRoute.
     pub kind: &'static str,
     /// The route's namespace and name, empty when no route matched.
     pub namespace: &'a str,
@@ -195,8 +196,9 @@ pub const LATENCY_BUCKETS: usize = LATENCY_BOUNDS_MICROS.len() + 1;
 /// Which backend of which rule outcome counters are about.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub struct BackendStatsKey {
-    /// As [`RequestKey::kind`]: empty for an HTTPRoute, `GRPCRoute ` for a
-    /// GRPCRoute (a route of each kind may share a name).
+    /// As [`RequestKey::kind`] ([`crate::route::RouteKind::metrics_prefix`]):
+    /// empty for an HTTPRoute, `GRPCRoute ` for a GRPCRoute (a route of
+    /// each kind may share a name).
     pub kind: &'static str,
     /// The route's namespace and name.
     pub namespace: String,
@@ -691,7 +693,7 @@ impl Metrics {
 pub struct RolloutLabels {
     /// `<namespace>/<name>` of the RolloutPolicy.
     pub policy: String,
-    /// `<namespace>/<name>` of the HTTPRoute.
+    /// `<namespace>/<name>` of the HTTPRoute, as requests label it.
     pub route: String,
     pub rule: String,
 }

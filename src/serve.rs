@@ -344,9 +344,8 @@ impl Server {
     async fn evaluate_rollouts(&mut self) {
         let metrics = self.metrics.clone();
         let totals = move |rule: &RuleKey, backend: &BackendKey| {
-            // RolloutPolicies govern HTTPRoutes (kind "").
             metrics.backend_total(&BackendStatsKey {
-                kind: "",
+                kind: rule.kind.metrics_prefix(),
                 namespace: rule.namespace.clone(),
                 route: rule.route.clone(),
                 rule: rule.rule,
@@ -518,7 +517,12 @@ impl Server {
 fn rollout_labels(policy: &crate::rollout::PolicyKey, rule: &RuleKey) -> RolloutLabels {
     RolloutLabels {
         policy: policy.to_string(),
-        route: format!("{}/{}", rule.namespace, rule.route),
+        route: format!(
+            "{}{}/{}",
+            rule.kind.metrics_prefix(),
+            rule.namespace,
+            rule.route
+        ),
         rule: rule.rule.to_string(),
     }
 }

@@ -25,7 +25,7 @@ use super::{cors, grpc, retry, tls};
 use crate::metrics::RequestKey;
 use crate::route::{
     Backend, BackendChoice, BackendTarget, EndpointSet, Filter, Lookup, Mirror, PathMatch,
-    RouteKind, RouteTable, Rule, normalize_host,
+    RouteTable, Rule, normalize_host,
 };
 
 /// How long a mirrored request may take before it is abandoned.
@@ -95,10 +95,7 @@ pub(super) async fn handle(
     };
     // Labels borrowed from the table: no allocation per request.
     let key = RequestKey {
-        kind: match outcome.rule.map(|r| r.id.kind) {
-            Some(RouteKind::Grpc) => "GRPCRoute ",
-            _ => "",
-        },
+        kind: outcome.rule.map_or("", |r| r.id.kind.metrics_prefix()),
         namespace: outcome.rule.map_or("", |r| r.id.namespace.as_str()),
         route: outcome.rule.map_or("", |r| r.id.route.as_str()),
         rule: outcome.rule.map(|r| r.id.index),
@@ -355,9 +352,9 @@ impl<'t> Forwarding<'_, 't> {
             body = self.spawn_mirrors(&mirrors, &parts, path.as_deref(), body);
         }
 
-        // A valid session skips the weighted choice (sessionPersistence);
-        // a rollout's consistentBy placement belongs after it, in place of
-        // the weighted choice (docs/sessions.md): `choose` does it.
+        // A valid session wins (sessionPersistence), then a rollout's
+        // consistentBy key, then the exact weighted split of the served
+        // shares: `choose_for` does the last two (docs/sessions.md).
         let sticky = self
             .rule
             .session

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use super::shares::{BackendKey, Weights, share_text};
 use crate::metrics::BackendTotals;
 use crate::resources::{ConsistentKey, OnFailure, Percent, RolloutSettings};
+use crate::route::RouteKind;
 
 /// A RolloutPolicy's identity.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -40,9 +41,12 @@ impl fmt::Display for PolicyKey {
     }
 }
 
-/// One rule of an HTTPRoute, by index (as translate and metrics name it).
+/// One rule of a route, by kind, namespace, name and index (as translate
+/// and metrics name it): an HTTPRoute and a GRPCRoute may share a name, and
+/// one's rollout or counters are never the other's.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RuleKey {
+    pub kind: RouteKind,
     pub namespace: String,
     pub route: String,
     pub rule: usize,
@@ -52,8 +56,8 @@ impl fmt::Display for RuleKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "HTTPRoute {}/{} rule {}",
-            self.namespace, self.route, self.rule
+            "{} {}/{} rule {}",
+            self.kind, self.namespace, self.route, self.rule
         )
     }
 }
@@ -796,6 +800,7 @@ mod tests {
                     settings: settings(),
                     fingerprint: 1,
                     rule: RuleKey {
+                        kind: RouteKind::Http,
                         namespace: "shop".into(),
                         route: "r".into(),
                         rule: 0,

@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use super::machine::{Phase, PolicyKey, Rollout, Rollouts, RuleKey, StepCounts, duration_text};
 use super::shares::{BackendShare, Weights};
 use crate::resources::Percent;
+use crate::route::RouteKind;
 
 /// One entry of a RolloutPolicy's `status.rollouts`: one governed rule.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -111,7 +112,9 @@ impl RolloutStatus {
             .map_err(|e| format!("{}: pausedForSpec: {e}", what()))?;
         Ok(Rollout {
             policy: policy.clone(),
+            // A RolloutPolicy's targetRefs are HTTPRoutes.
             rule: RuleKey {
+                kind: RouteKind::Http,
                 namespace: policy.namespace.clone(),
                 route: self.route.clone(),
                 rule: self.rule,
@@ -210,6 +213,7 @@ mod tests {
                 name: "p".into(),
             },
             rule: RuleKey {
+                kind: RouteKind::Http,
                 namespace: "shop".into(),
                 route: "r".into(),
                 rule: 1,

@@ -188,6 +188,7 @@ mod tests {
     use super::*;
     use crate::resources::Percent;
     use crate::rollout::{BackendKey, Phase, RuleKey, Weights};
+    use crate::route::RouteKind;
 
     fn rollout(step: &str) -> Rollout {
         let mut from = Weights::new();
@@ -200,6 +201,7 @@ mod tests {
                 name: "p".into(),
             },
             rule: RuleKey {
+                kind: RouteKind::Http,
                 namespace: "default".into(),
                 route: "r".into(),
                 rule: 0,

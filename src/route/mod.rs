@@ -62,6 +62,18 @@ impl RouteKind {
         }
     }
 
+    /// What the route's metrics label starts with before `ns/name`:
+    /// nothing for an HTTPRoute (its labels are as they always were), the
+    /// kind and a space for the others (`GRPCRoute ns/name`), so that
+    /// routes of different kinds sharing a name never share counters.
+    pub const fn metrics_prefix(self) -> &'static str {
+        match self {
+            RouteKind::Http => "",
+            RouteKind::Grpc => "GRPCRoute ",
+            RouteKind::Tls => "TLSRoute ",
+        }
+    }
+
     /// The lower-case kind that starts readable ids (`grpcroute/...`).
     pub const fn id_prefix(self) -> &'static str {
         match self {

@@ -265,8 +265,10 @@ pub(crate) fn cookie_values<'h>(
 }
 
 /// FNV-1a (64-bit) of `bytes`, finished with MurmurHash3's 64-bit
-/// finalizer. Stable across processes, replicas and versions: session
-/// tokens carry it, so changing it would end every session.
+/// finalizer (so that values differing in their last byte land far
+/// apart). Stable across processes, replicas and versions: session tokens
+/// carry it and a rollout's consistent users are placed by it, so changing
+/// it would end every session and move consistent users.
 pub fn stable_hash(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
@@ -458,8 +460,12 @@ mod tests {
 
     #[test]
     fn the_hash_is_stable() {
-        // Pinned: tokens in clients' hands depend on these values.
+        // Pinned: tokens in clients' hands and where consistent users of
+        // a rollout land depend on these values. Never change them.
         assert_eq!(stable_hash(b"sluice"), PINNED);
+        assert_eq!(stable_hash(b""), 0xefd0_1f60_ba99_2926);
+        assert_eq!(stable_hash(b"alice"), 0x3507_d047_a67c_08f4);
+        assert_eq!(stable_hash(b"user-1"), 0x41a2_fca5_c684_01c5);
         assert_ne!(stable_hash(b"ns/a:80"), stable_hash(b"ns/a:81"));
         assert_eq!(stable_hash(b"ns/a:80"), stable_hash(b"ns/a:80"));
     }

@@ -319,8 +319,8 @@ fn attach_routes<'a>(
 /// Compiles one route, given the backend resolver.
 type Compile<'a> = Box<dyn FnOnce(&BackendResolver<'_>) -> CompiledRoute + 'a>;
 
-/// Every route of the snapshot, with what compiles it (HTTPRoutes with the
-/// shares rollouts serve).
+/// Every route of the snapshot, with what compiles it (and the shares
+/// rollouts serve, by route kind, name and rule).
 fn all_routes<'a>(
     snapshot: &'a Snapshot,
     served: &'a ServedShares,
@@ -353,7 +353,7 @@ fn all_routes<'a>(
             &r.metadata,
             r.spec.hostnames.as_deref().unwrap_or_default(),
             r.spec.parent_refs.as_deref().unwrap_or_default(),
-            move |ns, name, res| grpcroutes::compile_route(r, ns, name, res),
+            move |ns, name, res| grpcroutes::compile_route(r, ns, name, res, served),
         )
     });
     let tls = snapshot.tls_routes.iter().map(|r| {
@@ -362,7 +362,7 @@ fn all_routes<'a>(
             &r.metadata,
             &r.spec.hostnames,
             r.spec.parent_refs.as_deref().unwrap_or_default(),
-            move |ns, name, res| tlsroutes::compile_route(r, ns, name, res),
+            move |ns, name, res| tlsroutes::compile_route(r, ns, name, res, served),
         )
     });
     http.chain(grpc).chain(tls).collect()

@@ -115,6 +115,7 @@ fn targets(snapshot: &Snapshot) -> Vec<PolicyTargets<'_>> {
             };
             for rule in indices {
                 let rule_key = RuleKey {
+                    kind: RouteKind::Http,
                     namespace: ns.to_string(),
                     route: target.name.clone(),
                     rule,
@@ -192,7 +193,7 @@ pub fn rollout_inputs(snapshot: &Snapshot, previous: &[RuleSummary]) -> RolloutI
                 let fields = BackendRefFields::of(b);
                 let key = backend_key(&rule_key.namespace, &fields);
                 spec.add(key.clone(), u64::from(spec_weight(b.weight)));
-                let ready = match resolver.resolve(RouteKind::Http, &rule_key.namespace, &fields) {
+                let ready = match resolver.resolve(rule_key.kind, &rule_key.namespace, &fields) {
                     Resolution::Endpoints { .. } => Readiness::Ready,
                     Resolution::NoReadyEndpoints => Readiness::NoReadyEndpoints,
                     Resolution::Unresolved { reason, .. } => Readiness::Unresolved {
@@ -203,9 +204,18 @@ pub fn rollout_inputs(snapshot: &Snapshot, previous: &[RuleSummary]) -> RolloutI
                     readiness.push((key, ready));
                 }
             }
+            // Summaries are sorted by (kind, route, rule): an HTTPRoute's
+            // rule is found by all three, never a GRPCRoute's of its name.
+            let kind = rule_key.kind.as_str();
             let route_name = format!("{}/{}", rule_key.namespace, rule_key.route);
             let previously_served = previous
-                .binary_search_by(|s| (s.route.as_str(), s.rule).cmp(&(route_name.as_str(), index)))
+                .binary_search_by(|s| {
+                    (s.kind.as_str(), s.route.as_str(), s.rule).cmp(&(
+                        kind,
+                        route_name.as_str(),
+                        index,
+                    ))
+                })
                 .ok()
                 .map(|i| {
                     let mut w = Weights::new();
@@ -237,7 +247,7 @@ pub fn rollout_inputs(snapshot: &Snapshot, previous: &[RuleSummary]) -> RolloutI
 /// are added (without their filters: the spec no longer has them).
 /// `summaries` (one per backend, in order) get the served weights.
 pub(crate) fn served_split(
-    (ns, route, index): (&str, &str, usize),
+    (kind, ns, route, index): (RouteKind, &str, &str, usize),
     mut backends: Vec<Backend>,
     summaries: &mut Vec<BackendSummary>,
     served: &ServedShares,
@@ -249,6 +259,7 @@ pub(crate) fn served_split(
         return (BackendSplit::new(backends), None);
     }
     let rule = RuleKey {
+        kind,
         namespace: ns.to_string(),
         route: route.to_string(),
         rule: index,
@@ -271,7 +282,7 @@ pub(crate) fn served_split(
         if weight == 0 || seen.contains(key) {
             continue;
         }
-        let resolution = resolver.resolve(RouteKind::Http, ns, &fields_of(key));
+        let resolution = resolver.resolve(kind, ns, &fields_of(key));
         let outcome = outcome_of(&resolution);
         backends.push(Backend {
             id: format!("{id_prefix}/removed/{}", backends.len()),
@@ -402,22 +413,14 @@ pub(crate) fn policy_statuses(
         };
         let ns = t.key.namespace.as_str();
         let list = |rules: &mut dyn Iterator<Item = &RuleKey>| {
-            rules
-                .map(|r| format!("HTTPRoute {}/{} rule {}", r.namespace, r.route, r.rule))
-                .collect::<Vec<_>>()
-                .join(", ")
+            rules.map(RuleKey::to_string).collect::<Vec<_>>().join(", ")
         };
         let mut notes = Vec::new();
         if !t.conflicts.is_empty() {
             let lost: Vec<String> = t
                 .conflicts
                 .iter()
-                .map(|(r, owner)| {
-                    format!(
-                        "HTTPRoute {}/{} rule {} is governed by the older RolloutPolicy {owner}",
-                        r.namespace, r.route, r.rule
-                    )
-                })
+                .map(|(r, owner)| format!("{r} is governed by the older RolloutPolicy {owner}"))
                 .collect();
             notes.push(lost.join("; "));
         }
@@ -582,10 +585,38 @@ spec:
 
     fn rule() -> RuleKey {
         RuleKey {
+            kind: RouteKind::Http,
             namespace: "default".into(),
             route: "shop".into(),
             rule: 0,
         }
+    }
+
+    /// HTTPRoute shop's rule 0 served `weights`, by policy `p` half way
+    /// from `from` to `to`.
+    fn at_half_way(
+        weights: Weights,
+        from: Weights,
+        to: Weights,
+        consistent_by: Option<ConsistentKey>,
+    ) -> ServedShares {
+        let mut served = ServedShares::default();
+        served.rules.insert(
+            rule(),
+            ServedRule {
+                policy: PolicyKey {
+                    namespace: "default".into(),
+                    name: "p".into(),
+                },
+                phase: Phase::Progressing,
+                step: crate::resources::Percent::parse("50%").ok(),
+                weights,
+                from,
+                to,
+                consistent_by,
+            },
+        );
+        served
     }
 
     fn translate(served: &ServedShares) -> Translation {
@@ -638,23 +669,13 @@ spec:
         weights.add(key("stable"), 5);
         weights.add(key("canary"), 1);
         weights.add(key("old"), 2);
-        let mut served = ServedShares::default();
-        served.rules.insert(
-            rule(),
-            ServedRule {
-                policy: PolicyKey {
-                    namespace: "default".into(),
-                    name: "p".into(),
-                },
-                phase: Phase::Progressing,
-                step: crate::resources::Percent::parse("50%").ok(),
-                weights,
-                from,
-                to,
-                consistent_by: Some(ConsistentKey::Header(http::HeaderName::from_static(
-                    "x-user",
-                ))),
-            },
+        let served = at_half_way(
+            weights,
+            from,
+            to,
+            Some(ConsistentKey::Header(http::HeaderName::from_static(
+                "x-user",
+            ))),
         );
         let t = translate(&served);
         let summary = &t.rules[0];
@@ -717,6 +738,76 @@ spec:
         };
         let first = pick(&keyed);
         assert!((0..20).all(|_| pick(&keyed) == first));
+    }
+
+    /// A GRPCRoute `shop` (on a Gateway of its own) next to HTTPRoute
+    /// `shop`, with other weights.
+    const GRPC_SHOP: &str = "
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: grpc}
+spec:
+  gatewayClassName: sluice
+  listeners: [{name: grpc, port: 9090, protocol: HTTP}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: shop}
+spec:
+  parentRefs: [{name: grpc}]
+  rules:
+  - backendRefs:
+    - {name: stable, port: 80, weight: 1}
+    - {name: old, port: 80, weight: 7}
+";
+
+    #[test]
+    fn a_grpcroute_of_the_same_name_is_neither_governed_nor_read_as_served() {
+        let s = snapshot(&format!("{MANIFESTS}{GRPC_SHOP}"));
+        let options = TranslateOptions {
+            default_bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        };
+        let t = translate_served_at(
+            &s,
+            &options,
+            &ServedShares::default(),
+            Timestamp::UNIX_EPOCH,
+        );
+        let kinds: Vec<(&str, &str)> = t
+            .rules
+            .iter()
+            .map(|r| (r.kind.as_str(), r.route.as_str()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [("GRPCRoute", "default/shop"), ("HTTPRoute", "default/shop")]
+        );
+        // What the HTTPRoute's rule served is read from its own summary.
+        let inputs = rollout_inputs(&s, &t.rules);
+        assert_eq!(inputs.rules.len(), 1);
+        assert_eq!(inputs.rules[0].rule, rule());
+        let before = inputs.rules[0].previously_served.clone().expect("served");
+        assert_eq!(
+            (
+                before.get(&key("stable")),
+                before.get(&key("canary")),
+                before.get(&key("old"))
+            ),
+            (3, 1, 0)
+        );
+        // The HTTPRoute rule's served shares are not the GRPCRoute's.
+        let mut weights = Weights::new();
+        weights.add(key("stable"), 1);
+        weights.add(key("canary"), 1);
+        let served = at_half_way(weights.clone(), Weights::new(), weights, None);
+        let t = translate_served_at(&s, &options, &served, Timestamp::UNIX_EPOCH);
+        let (grpc, http) = (&t.rules[0], &t.rules[1]);
+        assert!(grpc.rollout.is_none());
+        assert!(grpc.backends.iter().all(|b| b.served_weight.is_none()));
+        assert!(http.rollout.is_some());
+        let served: Vec<Option<u64>> = http.backends.iter().map(|b| b.served_weight).collect();
+        assert_eq!(served, [Some(1), Some(1)]);
     }
 
     #[test]

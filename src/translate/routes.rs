@@ -75,23 +75,12 @@ pub(crate) fn compile_route(
     // `/` with no backends (which answers 500).
     let default_rules = [HttpRouteRules::default()];
     let rules = route.spec.rules.as_deref().unwrap_or(&default_rules);
-    compile_served_rules(RouteKind::Http, rules, ns, name, resolver, served)
+    compile_rules(RouteKind::Http, rules, ns, name, resolver, served)
 }
 
-/// Compile HTTPRoute-shaped rules of a route of `kind`.
+/// Compile HTTPRoute-shaped rules of a route of `kind`; a rule a rollout
+/// governs (`served`, by kind, route and rule) gets the shares it serves.
 pub(crate) fn compile_rules(
-    kind: RouteKind,
-    rules: &[HttpRouteRules],
-    ns: &str,
-    name: &str,
-    resolver: &BackendResolver<'_>,
-) -> CompiledRoute {
-    compile_served_rules(kind, rules, ns, name, resolver, &ServedShares::default())
-}
-
-/// [`compile_rules`], a rule that a rollout governs (HTTPRoutes only)
-/// getting the shares it serves.
-fn compile_served_rules(
     kind: RouteKind,
     rules: &[HttpRouteRules],
     ns: &str,
@@ -99,11 +88,27 @@ fn compile_served_rules(
     resolver: &BackendResolver<'_>,
     served: &ServedShares,
 ) -> CompiledRoute {
+    let scope = Scope {
+        kind,
+        ns,
+        name,
+        resolver,
+        served,
+    };
     let mut out = CompiledRoute::default();
     for (i, rule) in rules.iter().enumerate() {
-        compile_rule(kind, rule, i, ns, name, resolver, served, &mut out);
+        compile_rule(&scope, rule, i, &mut out);
     }
     out
+}
+
+/// The route whose rules are compiled, and what they are compiled with.
+struct Scope<'a, 'r> {
+    kind: RouteKind,
+    ns: &'a str,
+    name: &'a str,
+    resolver: &'a BackendResolver<'r>,
+    served: &'a ServedShares,
 }
 
 /// What the client gets for the share of a backend that cannot take it, in
@@ -117,16 +122,14 @@ fn answer(kind: RouteKind, http: u16) -> String {
     }
 }
 
-fn compile_rule(
-    kind: RouteKind,
-    rule: &HttpRouteRules,
-    i: usize,
-    ns: &str,
-    name: &str,
-    resolver: &BackendResolver<'_>,
-    served: &ServedShares,
-    out: &mut CompiledRoute,
-) {
+fn compile_rule(scope: &Scope<'_, '_>, rule: &HttpRouteRules, i: usize, out: &mut CompiledRoute) {
+    let &Scope {
+        kind,
+        ns,
+        name,
+        resolver,
+        served,
+    } = scope;
     let field = format!("spec.rules[{i}]");
     let route_id = format!("{kind} {ns}/{name}");
     let id_prefix = format!("{}/{ns}/{name}/rule/{i}", kind.id_prefix());
@@ -313,7 +316,7 @@ fn compile_rule(
             .ok()
     });
     let (split, rollout) = served_split(
-        (ns, name, i),
+        (kind, ns, name, i),
         backends,
         &mut summaries,
         served,

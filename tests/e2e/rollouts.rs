@@ -1088,3 +1088,158 @@ async fn a_slow_canary_fails_the_latency_gate() {
         "{r:#}"
     );
 }
+
+/// A GRPCRoute named like the governed HTTPRoute, sending its calls to the
+/// same canary Service: its requests and errors are counted apart (the
+/// route kind is part of the counters' key), so they neither fail nor fill
+/// the HTTPRoute's step.
+#[tokio::test]
+async fn a_grpcroute_of_the_same_name_never_counts_for_the_rollout() {
+    let spec = "  steps: ['50%', '100%']
+  interval: 300ms
+  analysis: {minRequests: 10, maxErrorRate: '1%'}
+";
+    let shop = Shop::start((1, 0), Some(policy("shop", spec)), &[]).await;
+    let s = &shop.sluice;
+    wait_rollout(s, "shop", "first seen", phase("Complete")).await;
+    s.write(
+        "grpc.yaml",
+        &crate::support::route_of_kind(
+            "GRPCRoute",
+            "default",
+            "shop",
+            "  hostnames: [api.example.com]\n  rules:\n  - backendRefs: [{name: canary, port: 8080}]\n",
+        ),
+    );
+    let grpc_calls = |n: usize| async move {
+        for _ in 0..n {
+            // The echo pods answer HTTP, not gRPC: only the count matters.
+            let _ = sluice::grpc_echo::call_h2c(s.addr(), "api.example.com", "Echo", &[]).await;
+        }
+    };
+    crate::support::poll_until(
+        "the GRPCRoute serves",
+        || s.log(),
+        async || {
+            grpc_calls(1).await;
+            shop.canary.requests() > 0
+        },
+    )
+    .await;
+    shop.set_weights(0, 1);
+    wait_rollout(s, "shop", "first step", at("Progressing", "50%")).await;
+
+    // 20 failing calls to the canary through the GRPCRoute: twice
+    // minRequests, all 5xx.
+    shop.canary.servers[0].fail_with(Some(StatusCode::INTERNAL_SERVER_ERROR));
+    grpc_calls(20).await;
+    shop.canary.servers[0].fail_with(None);
+    let grpc_errors =
+        r#"route="GRPCRoute default/shop",rule="0",backend="default/canary:8080",code="500"} 20"#;
+    let metrics = s.metrics().await;
+    assert!(
+        metrics.contains(grpc_errors),
+        "{grpc_errors} not in\n{metrics}"
+    );
+
+    // The HTTPRoute's step counts its own 5 canary answers, nothing else.
+    shop.until("canary", 5).await;
+    let r = wait_rollout(s, "shop", "counted", |r| {
+        r["requests"] == 5 || r["phase"] != "Progressing"
+    })
+    .await;
+    assert_eq!(
+        (
+            r["phase"].as_str(),
+            r["requests"].as_u64(),
+            r["errors"].as_u64()
+        ),
+        (Some("Progressing"), Some(5), Some(0)),
+        "{r:#}"
+    );
+    shop.until("canary", 5).await;
+    wait_rollout(s, "shop", "next step", at("Progressing", "100%")).await;
+}
+
+/// Sessions and consistent users on one governed rule (docs/sessions.md):
+/// a valid session wins over the rollout's key and its step, so a session
+/// started on the canary survives a rollback; keyed users without a
+/// session follow the rollout, back to stable.
+#[tokio::test]
+async fn a_session_on_the_canary_survives_a_rollback_while_keyed_users_follow_it() {
+    use crate::sessions::{cookie_pair, set_cookies};
+    let spec = "  steps: ['50%', '100%']
+  interval: 300ms
+  analysis: {minRequests: 20, maxErrorRate: '1%'}
+  consistentBy: {header: x-user}
+";
+    let with_sessions = |stable, canary| {
+        format!(
+            "{}    sessionPersistence: {{sessionName: shop-session}}\n",
+            route(stable, canary)
+        )
+    };
+    let shop = Shop::start((1, 0), Some(policy("shop", spec)), &[]).await;
+    let s = &shop.sluice;
+    wait_rollout(s, "shop", "first seen", phase("Complete")).await;
+    // Sessions on, the weights unchanged: no rollout.
+    s.write("route.yaml", &with_sessions(1, 0));
+    crate::support::poll_until(
+        "sessions start",
+        || s.log(),
+        async || !set_cookies(&s.connect().await.get(HOST, "/").await).is_empty(),
+    )
+    .await;
+    s.write("route.yaml", &with_sessions(0, 1));
+    wait_rollout(s, "shop", "first step", at("Progressing", "50%")).await;
+
+    // At 50%, keyed users are placed by their key (each request would
+    // start a session; these users never send it back).
+    let mut conn = s.connect().await;
+    let mut placed: BTreeMap<String, String> = BTreeMap::new();
+    let mut canary_session = None;
+    for i in 0..40 {
+        let user = format!("user-{i}");
+        let r = conn.get_with(HOST, "/", &[("x-user", &user)]).await;
+        let service = r.echo().service;
+        if service == "canary" && canary_session.is_none() {
+            let cookies = set_cookies(&r);
+            assert_eq!(cookies.len(), 1, "{:?}", r.headers);
+            canary_session = Some(cookie_pair(&cookies[0]));
+        }
+        placed.insert(user, service);
+    }
+    let session = canary_session.expect("a user placed on the canary");
+    let stable_user = placed
+        .iter()
+        .find(|(_, service)| *service == "stable")
+        .map(|(user, _)| user.clone())
+        .expect("a user placed on stable");
+    // The session wins over a key the rollout places on stable.
+    let pinned = [
+        ("cookie", session.as_str()),
+        ("x-user", stable_user.as_str()),
+    ];
+    for _ in 0..5 {
+        let r = conn.get_with(HOST, "/", &pinned).await;
+        assert_eq!(r.pod(), "canary-0", "the session's pod");
+        assert!(set_cookies(&r).is_empty(), "the session goes on");
+    }
+
+    // The canary fails: rolled back to 100/0.
+    shop.canary.servers[0].fail_with(Some(StatusCode::INTERNAL_SERVER_ERROR));
+    while policy_status(s, "shop").await["rollouts"][0]["phase"] != "RolledBack" {
+        shop.tally(20, &[]).await;
+    }
+    shop.canary.servers[0].fail_with(None);
+
+    // Keyed users without a session follow the rollout back to stable; the
+    // session stays on its canary pod (a rollback does not end sessions).
+    for user in placed.keys() {
+        let r = conn.get_with(HOST, "/", &[("x-user", user)]).await;
+        assert_eq!(r.echo().service, "stable", "{user} follows the rollback");
+    }
+    let r = conn.get_with(HOST, "/", &pinned).await;
+    assert_eq!(r.pod(), "canary-0", "the session survives the rollback");
+    assert_eq!(shop.tally(10, &[]).await, counts(&[("stable", 10)]));
+}
