@@ -11,7 +11,7 @@
 
 mod serve_harness;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::StatusCode;
@@ -46,8 +46,8 @@ fn chromium() -> Option<PathBuf> {
 
 /// Load `url` in headless chromium, let the page poll for a few seconds of
 /// virtual time, and return the DOM it rendered.
-async fn render(chromium: &PathBuf, url: String, screenshot: Option<PathBuf>) -> String {
-    let chromium = chromium.clone();
+async fn render(chromium: &Path, url: String, screenshot: Option<PathBuf>) -> String {
+    let chromium = chromium.to_path_buf();
     tokio::task::spawn_blocking(move || {
         let profile = tempfile::tempdir().expect("temp profile");
         let mut command = std::process::Command::new(&chromium);

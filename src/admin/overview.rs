@@ -102,14 +102,6 @@ pub struct RolloutView<'a> {
     pub status: &'a RolloutStatus,
 }
 
-fn stats_kind(kind: &str) -> &'static str {
-    match kind {
-        "GRPCRoute" => "GRPCRoute ",
-        "TLSRoute" => "TLSRoute ",
-        _ => "",
-    }
-}
-
 impl<'a> Overview<'a> {
     pub fn build(
         published: &'a Published,
@@ -122,16 +114,7 @@ impl<'a> Overview<'a> {
             .into_iter()
             .map(|v| (v.key.clone(), v))
             .collect();
-        let key = |rule: &RuleSummary, backend: &BackendSummary| {
-            let (namespace, route) = rule.route.split_once('/').unwrap_or(("", &rule.route));
-            BackendStatsKey {
-                kind: stats_kind(&rule.kind),
-                namespace: namespace.to_string(),
-                route: route.to_string(),
-                rule: rule.rule,
-                backend: backend.name.clone(),
-            }
-        };
+        let key = |rule: &RuleSummary, backend: &BackendSummary| rule.stats_key(backend);
         // Governed rules first, then the busiest, then table order.
         let traffic = |rule: &RuleSummary| -> u64 {
             rule.backends

@@ -83,23 +83,28 @@ pub struct RuleSummary {
 }
 
 impl RuleSummary {
+    /// The key of one of the rule's backends' outcome counters.
+    pub fn stats_key(&self, backend: &BackendSummary) -> crate::metrics::BackendStatsKey {
+        use crate::route::RouteKind;
+        let (namespace, route) = self.route.split_once('/').unwrap_or(("", &self.route));
+        let kind = [RouteKind::Http, RouteKind::Grpc, RouteKind::Tls]
+            .into_iter()
+            .find(|k| k.as_str() == self.kind)
+            .unwrap_or(RouteKind::Http);
+        crate::metrics::BackendStatsKey {
+            kind: kind.metrics_prefix(),
+            namespace: namespace.to_string(),
+            route: route.to_string(),
+            rule: self.rule,
+            backend: backend.name.clone(),
+        }
+    }
+
     /// The rule's backends as the share gauges show them (fractions of 1;
     /// a backend served with a share only a rollout gives has spec 0).
     pub fn share_rows(&self) -> impl Iterator<Item = crate::metrics::ShareRow> + '_ {
-        let (namespace, route) = self.route.split_once('/').unwrap_or(("", &self.route));
-        let kind = match self.kind.as_str() {
-            "GRPCRoute" => "GRPCRoute ",
-            "TLSRoute" => "TLSRoute ",
-            _ => "",
-        };
         self.backends.iter().map(move |b| crate::metrics::ShareRow {
-            key: crate::metrics::BackendStatsKey {
-                kind,
-                namespace: namespace.to_string(),
-                route: route.to_string(),
-                rule: self.rule,
-                backend: b.name.clone(),
-            },
+            key: self.stats_key(b),
             spec: if b.removed_from_spec {
                 0.0
             } else {
