@@ -77,6 +77,7 @@ pub type TableSource = Box<dyn Fn() -> Arc<RouteTable> + Send + Sync>;
 pub struct AdminState {
     published: ArcSwap<Published>,
     rollouts: ArcSwap<RolloutReport>,
+    gates: ArcSwap<overview::GateLimits>,
     ready: AtomicBool,
     metrics: Arc<Metrics>,
     table: std::sync::OnceLock<TableSource>,
@@ -87,6 +88,7 @@ impl AdminState {
         AdminState {
             published: ArcSwap::from_pointee(Published::default()),
             rollouts: ArcSwap::from_pointee(RolloutReport::default()),
+            gates: ArcSwap::from_pointee(overview::GateLimits::default()),
             ready: AtomicBool::new(false),
             metrics,
             table: std::sync::OnceLock::new(),
@@ -101,6 +103,12 @@ impl AdminState {
     /// Show `report` as the rollouts' status from now on.
     pub fn publish_rollouts(&self, report: RolloutReport) {
         self.rollouts.store(Arc::new(report));
+    }
+
+    /// Show `gates` as the rollouts' limits (what the dashboard compares
+    /// their gate values with).
+    pub fn publish_gates(&self, gates: overview::GateLimits) {
+        self.gates.store(Arc::new(gates));
     }
 
     /// The rollouts' status currently shown.
@@ -148,6 +156,7 @@ impl AdminState {
             "/overview" => json(&overview::Overview::build(
                 &self.published.load(),
                 &self.rollouts.load(),
+                &self.gates.load(),
                 &self.metrics,
                 overview::Limits::from_query(query),
             )),

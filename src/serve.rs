@@ -430,6 +430,25 @@ impl Server {
             shown.push(labels);
         }
         metrics.retain(&shown);
+        let gates = self
+            .rollouts
+            .inputs
+            .rules
+            .iter()
+            .map(|governed| {
+                let s = &governed.settings;
+                (
+                    governed.policy.to_string(),
+                    crate::admin::overview::Gates {
+                        interval: format!("{:?}", s.interval),
+                        min_requests: s.min_requests,
+                        max_error_rate: s.max_error_rate.map(|p| p.to_string()),
+                        max_latency: s.max_latency.map(|d| format!("{d:?}")),
+                    },
+                )
+            })
+            .collect();
+        self.state.publish_gates(gates);
         self.state.publish_rollouts(report);
     }
 

@@ -165,6 +165,8 @@ async fn the_dashboard_shows_shares_and_rollouts_in_a_browser() {
         "{dom}"
     );
     assert!(dom.contains("default/web-rollout"), "{dom}");
+    // Gate values against the policy's limits.
+    assert!(dom.contains("(needs 1000000 req, 3600s per step)"), "{dom}");
 
     if let Some(path) = std::env::var_os("SLUICE_DASHBOARD_SCREENSHOT") {
         for _ in 0..40 {

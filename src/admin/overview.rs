@@ -100,12 +100,32 @@ pub struct RolloutView<'a> {
     pub policy: String,
     #[serde(flatten)]
     pub status: &'a RolloutStatus,
+    /// What each step is judged by.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gates: Option<&'a Gates>,
 }
+
+/// A RolloutPolicy's limits, as its spec writes them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Gates {
+    /// How long each step lasts at least (`5m`).
+    pub interval: String,
+    pub min_requests: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_error_rate: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_latency: Option<String>,
+}
+
+/// The gates of every RolloutPolicy, by `<namespace>/<name>`.
+pub type GateLimits = std::collections::BTreeMap<String, Gates>;
 
 impl<'a> Overview<'a> {
     pub fn build(
         published: &'a Published,
         rollouts: &'a RolloutReport,
+        gates: &'a GateLimits,
         metrics: &Metrics,
         limits: Limits,
     ) -> Self {
@@ -163,9 +183,12 @@ impl<'a> Overview<'a> {
             .policies
             .iter()
             .flat_map(|(policy, list)| {
+                let name = policy.to_string();
+                let gates = gates.get(&name);
                 list.iter().map(move |status| RolloutView {
-                    policy: policy.to_string(),
+                    policy: name.clone(),
                     status,
+                    gates,
                 })
             })
             .take(limits.rules)
