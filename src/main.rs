@@ -34,7 +34,7 @@ enum Command {
         /// Where rollouts are recorded so that a restart resumes them (rollouts.json) [default: $XDG_STATE_HOME/sluice, else ~/.local/state/sluice].
         #[arg(long, conflicts_with = "kubernetes")]
         state_dir: Option<PathBuf>,
-        /// Watch the Kubernetes API server instead of files, and write status back (as leader).
+        /// Watch the Kubernetes API server instead of files, and write status back (as leader). The leader also judges the RolloutPolicies' rollouts and records them in their status; the other replicas serve the recorded steps.
         #[arg(long, conflicts_with = "paths")]
         kubernetes: bool,
         /// Kubeconfig file (default: in-cluster service account, else $KUBECONFIG or ~/.kube/config).

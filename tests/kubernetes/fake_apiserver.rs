@@ -8,10 +8,13 @@
 //!   as the real server sends it) for versions older than the last
 //!   [`FakeApiServer::expire_watches`];
 //! - `PATCH .../status` with `application/apply-patch+yaml` for
-//!   GatewayClasses, Gateways, ListenerSets, HTTPRoutes and
-//!   BackendTLSPolicies, recorded with the caller's bearer token so tests can
-//!   tell replicas apart; the patch's `status` replaces the object's (no
-//!   field ownership is tracked);
+//!   GatewayClasses, Gateways, ListenerSets, HTTPRoutes, BackendTLSPolicies
+//!   and RolloutPolicies (`sluice.dev/v1alpha1`), recorded with the
+//!   caller's bearer token so tests can tell replicas apart; the patch's
+//!   `status` replaces the object's (no field ownership is tracked); the
+//!   status patches of a resource can be refused for a while
+//!   ([`FakeApiServer::refuse_status`]: 500, as an API server that cannot
+//!   reach etcd answers);
 //! - CRDs that are not installed ([`FakeApiServer::uninstall`]): every
 //!   request for that resource gets the `404 NotFound` Status the real
 //!   server sends for a resource it does not serve;
@@ -78,6 +81,8 @@ struct Store {
     uninstalled: Vec<String>,
     /// How many requests got a 404 because their CRD is not installed.
     not_found: BTreeMap<String, usize>,
+    /// Plurals whose status patches get 500 (and are not recorded).
+    refused: Vec<String>,
 }
 
 struct Shared {
@@ -112,6 +117,7 @@ fn type_of(plural: &str) -> Option<(&'static str, &'static str)> {
         "configmaps" => ("v1", "ConfigMap"),
         "listenersets" => ("gateway.networking.k8s.io/v1", "ListenerSet"),
         "backendtlspolicies" => ("gateway.networking.k8s.io/v1", "BackendTLSPolicy"),
+        "rolloutpolicies" => ("sluice.dev/v1alpha1", "RolloutPolicy"),
         "leases" => ("coordination.k8s.io/v1", "Lease"),
         _ => return None,
     })
@@ -132,6 +138,7 @@ fn plural_of(kind: &str) -> &'static str {
         "ConfigMap" => "configmaps",
         "ListenerSet" => "listenersets",
         "BackendTLSPolicy" => "backendtlspolicies",
+        "RolloutPolicy" => "rolloutpolicies",
         other => panic!("the fake does not serve {other}"),
     }
 }
@@ -344,6 +351,15 @@ impl FakeApiServer {
         self.store().uninstalled.retain(|p| p != plural);
     }
 
+    /// Status patches of `plural` get 500 until [`FakeApiServer::accept_status`].
+    pub fn refuse_status(&self, plural: &str) {
+        self.store().refused.push(plural.to_string());
+    }
+
+    pub fn accept_status(&self) {
+        self.store().refused.clear();
+    }
+
     /// How many requests for `plural` got 404 because its CRD is not
     /// installed.
     pub fn not_found(&self, plural: &str) -> usize {
@@ -446,6 +462,7 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
                     | "grpcroutes"
                     | "tlsroutes"
                     | "backendtlspolicies"
+                    | "rolloutpolicies"
             ) =>
         {
             patch_status(shared, target, q, req).await
@@ -609,6 +626,9 @@ async fn patch_status(
     };
     let key = (target.plural.clone(), namespace.clone(), name.clone());
     let mut store = shared.store.lock().expect("store lock");
+    if store.refused.contains(&target.plural) {
+        return status(500, "InternalError", "the status write is refused (test)");
+    }
     store.patches.push(StatusPatch {
         plural: target.plural.clone(),
         namespace,

@@ -16,8 +16,9 @@
 //! ([`parse_manifests`]), so both modes build the same typed objects and
 //! refuse the same invalid ones, with errors that name object and field.
 //!
-//! Optional kinds ([`WatchedKind::optional`]: ListenerSet and
-//! BackendTLSPolicy, whose CRDs a cluster may not have installed) that the
+//! Optional kinds ([`WatchedKind::optional`]: ListenerSet,
+//! BackendTLSPolicy, GRPCRoute, TLSRoute and RolloutPolicy, whose CRDs a
+//! cluster may not have installed) that the
 //! API server does not know (404) count as listed with no objects
 //! ([`ClusterCache::not_installed`]), so a cluster without those CRDs still
 //! becomes ready.
@@ -65,7 +66,7 @@ impl WatchedKind {
 /// Every kind the gateway's configuration is made of. Secrets are only the
 /// TLS ones; of those, and of ConfigMaps, only the ones a Gateway,
 /// ListenerSet or BackendTLSPolicy references reach the snapshot.
-pub const WATCHED_KINDS: [WatchedKind; 13] = [
+pub const WATCHED_KINDS: [WatchedKind; 14] = [
     WatchedKind {
         kind: "GatewayClass",
         group: "gateway.networking.k8s.io",
@@ -167,6 +168,17 @@ pub const WATCHED_KINDS: [WatchedKind; 13] = [
         group: "gateway.networking.k8s.io",
         version: "v1",
         plural: "tlsroutes",
+        field_selector: None,
+        optional: true,
+    },
+    // sluice's own kind (deploy/rolloutpolicy-crd.yaml), with its status:
+    // the leader records each rollout there, and every replica serves the
+    // step recorded.
+    WatchedKind {
+        kind: "RolloutPolicy",
+        group: "sluice.dev",
+        version: "v1alpha1",
+        plural: "rolloutpolicies",
         field_selector: None,
         optional: true,
     },
@@ -902,7 +914,8 @@ mod tests {
     }
 
     #[test]
-    fn only_listener_sets_backend_tls_policies_and_grpc_and_tls_routes_are_optional() {
+    fn only_listener_sets_backend_tls_policies_grpc_and_tls_routes_and_rollout_policies_are_optional()
+     {
         let optional: Vec<&str> = WATCHED_KINDS
             .iter()
             .filter(|k| k.optional)
@@ -910,7 +923,13 @@ mod tests {
             .collect();
         assert_eq!(
             optional,
-            ["ListenerSet", "BackendTLSPolicy", "GRPCRoute", "TLSRoute"]
+            [
+                "ListenerSet",
+                "BackendTLSPolicy",
+                "GRPCRoute",
+                "TLSRoute",
+                "RolloutPolicy"
+            ]
         );
     }
 

@@ -12,7 +12,9 @@
 //! - A watch that fails is retried with backoff; one that expires (410 Gone)
 //!   is relisted by the watcher, and the cache swaps the relist in only when
 //!   it is complete: the current table keeps serving meanwhile.
-//! - ListenerSet, BackendTLSPolicy, GRPCRoute and TLSRoute are optional:
+//! - ListenerSet, BackendTLSPolicy, GRPCRoute, TLSRoute and RolloutPolicy
+//!   (`sluice.dev`, watched with its status: followers serve the rollouts
+//!   the leader recorded there) are optional:
 //!   their CRDs may not be installed. A 404 on their list or watch counts as an empty list (logged
 //!   once, at info), so such a cluster still becomes ready. The watcher keeps
 //!   retrying with its backoff (at most every 30 s), so a CRD installed
