@@ -19,6 +19,9 @@
 //! built and serialized) and of a `/metrics` scrape (every share gauge and
 //! per-backend histogram), median of 20 of each, as one JSON object.
 //!
+//! `manifests N`: print the generated configuration of `N` routes (to
+//! serve it with a `sluice` binary and read its admin listener).
+//!
 //! Built with `cargo bench --no-run`.
 
 use std::io::BufRead;
@@ -40,6 +43,13 @@ fn main() {
         Some("scale") => scale(&args[1..]),
         Some("reload") => reload(&args[1..]),
         Some("overview") => overview(&args[1..]),
+        Some("manifests") => count(&args[1..]).map(|n| {
+            print!(
+                "{}{}",
+                routes::infrastructure(&routes::Layout::default()),
+                routes::routes(n, false)
+            )
+        }),
         // `cargo bench` runs every bench target with `--bench`: nothing to do.
         _ => {
             eprintln!(

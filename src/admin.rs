@@ -358,9 +358,21 @@ async fn accept_loop(
         let mut shutdown = shutdown.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request: Request<Incoming>| {
-                let uri = request.uri();
-                let response = state.respond_to(request.method(), uri.path(), uri.query());
-                async move { Ok::<_, Infallible>(response) }
+                // Off the async workers: `/status`, `/metrics` and
+                // `/overview` of 10,000 routes take tens of milliseconds
+                // that requests on the same worker must not wait behind.
+                let state = state.clone();
+                async move {
+                    let answered = tokio::task::spawn_blocking(move || {
+                        let uri = request.uri();
+                        state.respond_to(request.method(), uri.path(), uri.query())
+                    })
+                    .await;
+                    Ok::<_, Infallible>(answered.unwrap_or_else(|error| {
+                        tracing::error!(%error, "admin request failed");
+                        text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n")
+                    }))
+                }
             });
             let connection = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service);
