@@ -8,6 +8,13 @@
 //! - `GET /errors`: JSON array of the current configuration errors
 //!   (`{file, line, object, field, message}`);
 //! - `GET /metrics`: Prometheus text;
+//! - `GET /explain?method=GET&url=http://host/path&header=Name:%20value`:
+//!   which listener and rule take that request and why, as `sluice
+//!   explain` prints it, in JSON (`header` repeatable, `gateway=ns/name`);
+//! - `GET /`: the dashboard, one page built into the binary (no external
+//!   assets), polling `GET /overview` (JSON: Gateways and listeners,
+//!   rules with spec, served and observed shares per backend, rollouts,
+//!   errors; bounded, see [`overview`]);
 //! - `GET /healthz`: `ok` while the process serves;
 //! - `GET /readyz`: 200 once the first configuration is applied, 503 before;
 //!   a line more for each thing an operator should know (the rollout state
@@ -38,8 +45,14 @@ use tokio::task::JoinHandle;
 
 use crate::metrics::Metrics;
 use crate::rollout::{PolicyKey, RolloutReport};
+use crate::route::RouteTable;
 use crate::source::ConfigError;
-use crate::translate::{ObjectStatus, StatusReport};
+use crate::translate::{ObjectStatus, RuleSummary, StatusReport};
+
+pub mod overview;
+
+/// The dashboard page: HTML, CSS and script in one file, no external asset.
+const DASHBOARD: &str = include_str!("admin/dashboard.html");
 
 /// Content type of the Prometheus text exposition format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4";
@@ -50,15 +63,24 @@ const JSON: &str = "application/json";
 pub struct Published {
     pub status: StatusReport,
     pub errors: Vec<ConfigError>,
+    /// Every attached rule with its backends' shares and state.
+    pub rules: Arc<Vec<RuleSummary>>,
+    /// Number of the route table in service.
+    pub generation: u64,
 }
+
+/// Gives the route table in service (the proxy's).
+pub type TableSource = Box<dyn Fn() -> Arc<RouteTable> + Send + Sync>;
 
 /// State shared between the serve loop (writer) and the admin listener
 /// (reader).
 pub struct AdminState {
     published: ArcSwap<Published>,
     rollouts: ArcSwap<RolloutReport>,
+    gates: ArcSwap<overview::GateLimits>,
     ready: AtomicBool,
     metrics: Arc<Metrics>,
+    table: std::sync::OnceLock<TableSource>,
 }
 
 impl AdminState {
@@ -66,14 +88,27 @@ impl AdminState {
         AdminState {
             published: ArcSwap::from_pointee(Published::default()),
             rollouts: ArcSwap::from_pointee(RolloutReport::default()),
+            gates: ArcSwap::from_pointee(overview::GateLimits::default()),
             ready: AtomicBool::new(false),
             metrics,
+            table: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Where `/explain` finds the route table in service (set once).
+    pub fn set_table_source(&self, source: TableSource) {
+        let _ = self.table.set(source);
     }
 
     /// Show `report` as the rollouts' status from now on.
     pub fn publish_rollouts(&self, report: RolloutReport) {
         self.rollouts.store(Arc::new(report));
+    }
+
+    /// Show `gates` as the rollouts' limits (what the dashboard compares
+    /// their gate values with).
+    pub fn publish_gates(&self, gates: overview::GateLimits) {
+        self.gates.store(Arc::new(gates));
     }
 
     /// The rollouts' status currently shown.
@@ -103,10 +138,29 @@ impl AdminState {
 
     /// Answer one admin request.
     pub fn respond(&self, method: &Method, path: &str) -> Response<Full<Bytes>> {
+        self.respond_to(method, path, None)
+    }
+
+    /// Answer one admin request with its query string.
+    pub fn respond_to(
+        &self,
+        method: &Method,
+        path: &str,
+        query: Option<&str>,
+    ) -> Response<Full<Bytes>> {
         if method != Method::GET && method != Method::HEAD {
             return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
         }
         match path {
+            "/" => body(StatusCode::OK, "text/html; charset=utf-8", DASHBOARD),
+            "/overview" => json(&overview::Overview::build(
+                &self.published.load(),
+                &self.rollouts.load(),
+                &self.gates.load(),
+                &self.metrics,
+                overview::Limits::from_query(query),
+            )),
+            "/explain" => self.explain(query),
             "/status" => json(&MergedStatus {
                 status: &self.published.load().status,
                 rollouts: &self.rollouts.load(),
@@ -127,6 +181,46 @@ impl AdminState {
                 "no configuration applied yet\n",
             ),
             _ => text(StatusCode::NOT_FOUND, "not found\n"),
+        }
+    }
+}
+
+impl AdminState {
+    /// `/explain?method=&url=&header=&gateway=`: the explanation as JSON;
+    /// 400 when the request cannot be built.
+    fn explain(&self, query: Option<&str>) -> Response<Full<Bytes>> {
+        let mut method = "GET".to_string();
+        let mut url = None;
+        let mut headers = Vec::new();
+        let mut gateway = None;
+        for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            match k.as_ref() {
+                "method" => method = v.into_owned(),
+                "url" => url = Some(v.into_owned()),
+                "header" => headers.push(v.into_owned()),
+                "gateway" => gateway = Some(v.into_owned()),
+                _ => {}
+            }
+        }
+        let Some(url) = url else {
+            return text(StatusCode::BAD_REQUEST, "missing url= parameter\n");
+        };
+        let Some(table) = self.table.get().map(|source| source()) else {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no configuration applied yet\n",
+            );
+        };
+        let published = self.published.load();
+        let explained = crate::explain::ExplainRequest::parse(&method, &url, &headers, gateway)
+            .and_then(|r| crate::explain::explain(&table, &published.rules, &r));
+        match explained {
+            Ok(e) => json(&e),
+            Err(e) => body(
+                StatusCode::BAD_REQUEST,
+                "text/plain; charset=utf-8",
+                format!("{e}\n"),
+            ),
         }
     }
 }
@@ -211,6 +305,12 @@ impl AdminServer {
     ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
+        if !addr.ip().is_loopback() {
+            tracing::warn!(
+                %addr,
+                "the admin listener is reachable from other hosts: it exposes the configuration (routes, backends, errors, metrics) to anyone who can connect; bind it to 127.0.0.1 and use kubectl port-forward or a NetworkPolicy"
+            );
+        }
         let task = tokio::spawn(accept_loop(listener, state, shutdown));
         Ok(AdminServer { addr, task })
     }
@@ -258,8 +358,21 @@ async fn accept_loop(
         let mut shutdown = shutdown.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request: Request<Incoming>| {
-                let response = state.respond(request.method(), request.uri().path());
-                async move { Ok::<_, Infallible>(response) }
+                // Off the async workers: `/status`, `/metrics` and
+                // `/overview` of 10,000 routes take tens of milliseconds
+                // that requests on the same worker must not wait behind.
+                let state = state.clone();
+                async move {
+                    let answered = tokio::task::spawn_blocking(move || {
+                        let uri = request.uri();
+                        state.respond_to(request.method(), uri.path(), uri.query())
+                    })
+                    .await;
+                    Ok::<_, Infallible>(answered.unwrap_or_else(|error| {
+                        tracing::error!(%error, "admin request failed");
+                        text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n")
+                    }))
+                }
             });
             let connection = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service);
@@ -328,6 +441,8 @@ mod tests {
     async fn errors_are_served_as_json_objects() {
         let state = AdminState::new(Metrics::shared());
         state.publish(Published {
+            rules: Arc::default(),
+            generation: 1,
             status: StatusReport::default(),
             errors: vec![ConfigError {
                 file: "routes.yaml".into(),

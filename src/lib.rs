@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod cli;
 pub mod echo;
+pub mod explain;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod grpc_echo;

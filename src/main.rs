@@ -73,6 +73,28 @@ enum Command {
         #[arg(long, value_enum, default_value_t)]
         output: sluice::cli::check::Output,
     },
+    /// Explain which listener and rule take a request, why that rule wins over every other candidate, and its backends' shares; exit 1 when the request would get 404.
+    Explain {
+        /// Manifest file or directory (read recursively). Repeatable: -f a.yaml -f dir/.
+        #[arg(short = 'f', long = "filename", required = true)]
+        paths: Vec<PathBuf>,
+        /// Only listeners of this Gateway (NAMESPACE/NAME).
+        #[arg(long)]
+        gateway: Option<String>,
+        /// Request header `Name: value`. Repeatable.
+        #[arg(short = 'H', long = "header")]
+        headers: Vec<String>,
+        /// Rollout state to show served shares from (as for check).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// CustomResourceDefinitions to validate the manifests by (as for check). Repeatable.
+        #[arg(long = "crds", value_name = "PATH")]
+        crds: Vec<PathBuf>,
+        /// The request method (GET, POST, ...).
+        method: String,
+        /// The request URL: http://HOST[:PORT]/PATH?QUERY (https defaults to port 443).
+        url: String,
+    },
     /// Run the examples with built-in echo backends and show each backend's share of real traffic.
     Demo {
         /// Requests sent to the 995/5 autocomplete canary.
@@ -273,6 +295,27 @@ fn main() -> ExitCode {
                 state_dir.as_deref(),
                 output,
                 &mut std::io::stdout().lock(),
+            );
+            ExitCode::from(u8::try_from(code).unwrap_or(2))
+        }
+        Command::Explain {
+            paths,
+            gateway,
+            headers,
+            state_dir,
+            crds,
+            method,
+            url,
+        } => {
+            let state_dir = state_dir.or_else(sluice::rollout::default_state_dir);
+            let request = sluice::explain::ExplainRequest::parse(&method, &url, &headers, gateway);
+            let code = sluice::explain::run(
+                &paths,
+                &crds,
+                state_dir.as_deref(),
+                request,
+                &mut std::io::stdout().lock(),
+                &mut std::io::stderr().lock(),
             );
             ExitCode::from(u8::try_from(code).unwrap_or(2))
         }

@@ -26,6 +26,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+mod shares;
+
+pub use shares::{BackendView, OBSERVED_WINDOW, ShareRow};
+
 /// Labels of one proxied request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -36,7 +40,21 @@ pub struct RequestLabels {
     pub rule: String,
     /// `<namespace>/<service>:<port>`, empty when no backend was chosen.
     pub backend: String,
+    /// The parts of `backend`, so that PromQL selects them without a regex.
+    pub backend_namespace: String,
+    pub backend_name: String,
+    pub backend_port: String,
     pub code: u16,
+}
+
+/// The parts of a backend label (`[Kind ]<namespace>/<name>[:<port>]`):
+/// namespace, name and port, each empty when absent.
+pub fn backend_parts(backend: &str) -> (&str, &str, &str) {
+    // A kind other than Service is written first, then a space.
+    let reference = backend.rsplit_once(' ').map_or(backend, |(_, r)| r);
+    let (namespace, rest) = reference.split_once('/').unwrap_or(("", reference));
+    let (name, port) = rest.rsplit_once(':').unwrap_or((rest, ""));
+    (namespace, name, port)
 }
 
 /// A request's labels borrowed from the route table: what the proxy
@@ -59,6 +77,7 @@ pub struct RequestKey<'a> {
 
 impl RequestKey<'_> {
     fn labels(&self) -> RequestLabels {
+        let (backend_namespace, backend_name, backend_port) = backend_parts(self.backend);
         RequestLabels {
             route: if self.namespace.is_empty() && self.route.is_empty() {
                 String::new()
@@ -67,6 +86,9 @@ impl RequestKey<'_> {
             },
             rule: self.rule.map(|i| i.to_string()).unwrap_or_default(),
             backend: self.backend.to_string(),
+            backend_namespace: backend_namespace.to_string(),
+            backend_name: backend_name.to_string(),
+            backend_port: backend_port.to_string(),
             code: self.code,
         }
     }
@@ -140,6 +162,21 @@ struct FileLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RetryLabels {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabel {
     route: String,
 }
@@ -181,6 +218,8 @@ pub struct BackendStats {
     /// backend (500 unresolved, 502 refused, 503 no endpoint, 504 timeout).
     errors: AtomicU64,
     latency: [AtomicU64; LATENCY_BUCKETS],
+    /// The sum of the latencies in microseconds (a histogram's `_sum`).
+    latency_sum_micros: AtomicU64,
 }
 
 impl Default for BackendStats {
@@ -189,6 +228,7 @@ impl Default for BackendStats {
             requests: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
+            latency_sum_micros: AtomicU64::new(0),
         }
     }
 }
@@ -202,6 +242,12 @@ impl BackendStats {
         let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         let bucket = LATENCY_BOUNDS_MICROS.partition_point(|b| *b < micros);
         self.latency[bucket].fetch_add(1, Ordering::Relaxed);
+        self.latency_sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// The sum of the latencies recorded, in seconds.
+    pub fn latency_sum_seconds(&self) -> f64 {
+        self.latency_sum_micros.load(Ordering::Relaxed) as f64 / 1e6
     }
 
     /// A reading of the counters.
@@ -345,8 +391,11 @@ pub struct Metrics {
     tls_connections: Family<TlsLabels, Counter>,
     /// Label-set hash -> the series with that hash (collisions share a bucket).
     series: RwLock<HashMap<u64, Vec<CachedSeries>>>,
-    /// Outcome counters per backend of each rule.
-    backend_stats: RwLock<HashMap<BackendStatsKey, Arc<BackendStats>>>,
+    /// Outcome counters per backend of each rule, and their shares.
+    backends: Arc<shares::Backends>,
+    refusals: Family<ReasonLabels, Counter>,
+    retries: Family<RetryLabels, Counter>,
+    retried: Family<OutcomeLabels, Counter>,
     rollouts: RolloutMetrics,
 }
 
@@ -408,8 +457,31 @@ impl Metrics {
             "Connections on TLS listeners, by TLSRoute, backend and outcome",
             tls_connections.clone(),
         );
+        let refusals = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "refused_requests",
+            "Requests refused before routing by a limit or a check of the request, by reason",
+            refusals.clone(),
+        );
+        let retries = Family::<RetryLabels, Counter>::default();
+        registry.register(
+            "retries",
+            "Tries sent again by a rule's retry policy, by what the failed try got (timeout, connect_failed, broken, or the status code)",
+            retries.clone(),
+        );
+        let retried = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "retried_requests",
+            "Requests tried more than once, by outcome (recovered: the last try got a status below 500; failed: otherwise)",
+            retried.clone(),
+        );
+        let backends = Arc::new(shares::Backends::default());
+        registry.register_collector(Box::new(shares::BackendCollector(backends.clone())));
         let rollouts = RolloutMetrics::register(&mut registry);
         Metrics {
+            refusals,
+            retries,
+            retried,
             registry,
             requests,
             latency,
@@ -420,7 +492,7 @@ impl Metrics {
             config_generation,
             tls_connections,
             series: RwLock::new(HashMap::new()),
-            backend_stats: RwLock::new(HashMap::new()),
+            backends,
             rollouts,
         }
     }
@@ -499,7 +571,8 @@ impl Metrics {
 
     fn stats_for(&self, key: BackendStatsKey) -> Arc<BackendStats> {
         let mut all = self
-            .backend_stats
+            .backends
+            .stats
             .write()
             .unwrap_or_else(|p| p.into_inner());
         all.entry(key).or_default().clone()
@@ -508,13 +581,21 @@ impl Metrics {
     /// A reading of one backend's outcome counters (zero when it never
     /// answered a request).
     pub fn backend_total(&self, key: &BackendStatsKey) -> BackendTotals {
-        let all = self.backend_stats.read().unwrap_or_else(|p| p.into_inner());
+        let all = self
+            .backends
+            .stats
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
         all.get(key).map(|s| s.totals()).unwrap_or_default()
     }
 
     /// A reading of every backend's outcome counters, in key order.
     pub fn backend_totals(&self) -> Vec<(BackendStatsKey, BackendTotals)> {
-        let all = self.backend_stats.read().unwrap_or_else(|p| p.into_inner());
+        let all = self
+            .backends
+            .stats
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
         let mut out: Vec<_> = all.iter().map(|(k, s)| (k.clone(), s.totals())).collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
@@ -547,6 +628,48 @@ impl Metrics {
     pub fn record_reload(&self, generation: u64) {
         self.config_reloads.inc();
         self.config_generation.set(generation as i64);
+    }
+
+    /// Count a request refused before routing (`reason`: `uri_too_long`,
+    /// `head_too_large`, `bad_request`, `misdirected`, ...).
+    pub fn record_refusal(&self, reason: &'static str) {
+        self.refusals.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// Count a retry, by what the failed try got (`timeout`,
+    /// `connect_failed`, `broken`, or its status code).
+    pub fn record_retry(&self, reason: &str) {
+        // Retries are rare: the label is allocated each time.
+        self.retries
+            .get_or_create(&RetryLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Count a request that was tried more than once, by whether the last
+    /// try recovered it.
+    pub fn record_retried(&self, recovered: bool) {
+        let outcome = if recovered { "recovered" } else { "failed" };
+        self.retried.get_or_create(&OutcomeLabels { outcome }).inc();
+    }
+
+    // The hook for outlier ejection and overload refusals per backend
+    // (issue #15): count them here as `sluice_backend_ejections_total` and
+    // `sluice_backend_overload_refusals_total`, labelled as the share
+    // gauges are (`shares::BackendLabels`: route, rule, backend,
+    // backend_namespace, backend_name, backend_port).
+
+    /// Set the shares each backend of each rule is given and served (after
+    /// every table swap); the observed shares are read against them.
+    pub fn set_shares(&self, rows: Vec<ShareRow>) {
+        self.backends.set_shares(rows);
+    }
+
+    /// Every backend of the table with its shares and what it did over the
+    /// last minute: the share gauges, the dashboard and the demo read it.
+    pub fn backend_view(&self) -> Vec<BackendView> {
+        self.backends.view(std::time::Instant::now())
     }
 
     pub fn record_mirror(&self, ok: bool) {
@@ -729,13 +852,16 @@ mod tests {
             route: "shop/checkout".into(),
             rule: "0".into(),
             backend: "shop/checkout-v2:80".into(),
+            backend_namespace: "shop".into(),
+            backend_name: "checkout-v2".into(),
+            backend_port: "80".into(),
             code: 200,
         };
         m.record_request(&l, Duration::from_millis(3));
         m.record_request(&l, Duration::from_millis(3));
         let text = m.encode();
         assert!(
-            text.contains(r#"sluice_requests_total{route="shop/checkout",rule="0",backend="shop/checkout-v2:80",code="200"} 2"#),
+            text.contains(r#"sluice_requests_total{route="shop/checkout",rule="0",backend="shop/checkout-v2:80",backend_namespace="shop",backend_name="checkout-v2",backend_port="80",code="200"} 2"#),
             "{text}"
         );
         assert!(text.contains("sluice_request_duration_seconds_bucket"));
@@ -773,10 +899,10 @@ mod tests {
         );
         let text = m.encode();
         for line in [
-            r#"sluice_requests_total{route="shop/checkout",rule="0",backend="shop/checkout-v2:80",code="200"} 3"#,
-            r#"sluice_requests_total{route="shop/checkout",rule="0",backend="shop/checkout-v2:80",code="503"} 1"#,
-            r#"sluice_requests_total{route="",rule="",backend="",code="404"} 1"#,
-            r#"sluice_requests_total{route="GRPCRoute shop/checkout",rule="0",backend="shop/checkout-v2:80",code="200"} 1"#,
+            r#"sluice_requests_total{route="shop/checkout",rule="0",backend="shop/checkout-v2:80",backend_namespace="shop",backend_name="checkout-v2",backend_port="80",code="200"} 3"#,
+            r#"sluice_requests_total{route="shop/checkout",rule="0",backend="shop/checkout-v2:80",backend_namespace="shop",backend_name="checkout-v2",backend_port="80",code="503"} 1"#,
+            r#"sluice_requests_total{route="",rule="",backend="",backend_namespace="",backend_name="",backend_port="",code="404"} 1"#,
+            r#"sluice_requests_total{route="GRPCRoute shop/checkout",rule="0",backend="shop/checkout-v2:80",backend_namespace="shop",backend_name="checkout-v2",backend_port="80",code="200"} 1"#,
             r#"sluice_request_duration_seconds_count{route="shop/checkout"} 4"#,
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
@@ -852,6 +978,109 @@ mod tests {
             Duration::from_millis(1),
         );
         assert_eq!(m.backend_total(&stats_key), t);
+    }
+
+    #[test]
+    fn backend_labels_split_into_namespace_name_and_port() {
+        assert_eq!(backend_parts("shop/web:80"), ("shop", "web", "80"));
+        assert_eq!(backend_parts("shop/web"), ("shop", "web", ""));
+        assert_eq!(
+            backend_parts("ServiceImport.multicluster.x-k8s.io shop/web:80"),
+            ("shop", "web", "80")
+        );
+        assert_eq!(backend_parts(""), ("", "", ""));
+    }
+
+    #[test]
+    fn share_gauges_show_spec_served_and_observed_shares() {
+        let m = Metrics::new();
+        let key = |backend: &str| BackendStatsKey {
+            kind: "",
+            namespace: "shop".into(),
+            route: "checkout".into(),
+            rule: 0,
+            backend: backend.into(),
+        };
+        m.set_shares(vec![
+            ShareRow {
+                key: key("shop/stable:80"),
+                spec: 0.995,
+                served: 0.95,
+            },
+            ShareRow {
+                key: key("shop/canary:80"),
+                spec: 0.005,
+                served: 0.05,
+            },
+        ]);
+        let request = |backend: &'static str| RequestKey {
+            kind: "",
+            namespace: "shop",
+            route: "checkout",
+            rule: Some(0),
+            backend,
+            code: 200,
+        };
+        for _ in 0..3 {
+            m.record(&request("shop/stable:80"), Duration::from_millis(2));
+        }
+        m.record(&request("shop/canary:80"), Duration::from_millis(20));
+        let text = m.encode();
+        let labels = r#"route="shop/checkout",rule="0",backend="shop/canary:80",backend_namespace="shop",backend_name="canary",backend_port="80""#;
+        for line in [
+            format!("sluice_backend_spec_share{{{labels}}} 0.005"),
+            format!("sluice_backend_served_share{{{labels}}} 0.05"),
+            format!("sluice_backend_observed_share{{{labels}}} 0.25"),
+            format!("sluice_backend_request_duration_seconds_count{{{labels}}} 1"),
+            format!("sluice_backend_request_duration_seconds_sum{{{labels}}} 0.02"),
+            format!(r#"sluice_backend_request_duration_seconds_bucket{{le="0.03",{labels}}} 1"#),
+        ] {
+            assert!(text.contains(&line), "missing {line} in\n{text}");
+        }
+        let view = m.backend_view();
+        assert_eq!(view.len(), 2);
+        assert_eq!(view[0].observed_share, Some(0.75));
+        assert_eq!((view[1].window_requests, view[1].requests), (1, 1));
+    }
+
+    #[test]
+    fn the_observed_window_moves_with_readings() {
+        let b = shares::Backends::default();
+        let key = BackendStatsKey {
+            kind: "",
+            namespace: "n".into(),
+            route: "r".into(),
+            rule: 0,
+            backend: "n/a:80".into(),
+        };
+        let other = BackendStatsKey {
+            backend: "n/b:80".into(),
+            ..key.clone()
+        };
+        let stats = |k: &BackendStatsKey| {
+            let mut all = b.stats.write().unwrap();
+            all.entry(k.clone()).or_default().clone()
+        };
+        let t0 = std::time::Instant::now();
+        for _ in 0..10 {
+            stats(&key).record(200, Duration::ZERO);
+        }
+        // First reading: everything since the start counts.
+        assert_eq!(b.view(t0)[0].observed_share, Some(1.0));
+        // Then only b answers: after a minute and more, the window holds
+        // only what came after the reading that is a minute old.
+        for s in [11, 22, 33, 44, 55, 66] {
+            stats(&other).record(200, Duration::ZERO);
+            b.view(t0 + Duration::from_secs(s));
+        }
+        let view = b.view(t0 + Duration::from_secs(67));
+        let share = |k: &BackendStatsKey| {
+            view.iter()
+                .find(|v| &v.key == k)
+                .and_then(|v| v.observed_share)
+        };
+        assert_eq!(share(&other), Some(1.0), "{view:?}");
+        assert_eq!(share(&key), Some(0.0));
     }
 
     #[test]

@@ -162,6 +162,10 @@ pub async fn start_with_state(
     tracing::info!(addr = %admin.addr(), "admin listener started");
 
     let proxy = Proxy::with_limits(metrics.clone(), limits);
+    state.set_table_source(Box::new({
+        let proxy = proxy.clone();
+        move || proxy.table()
+    }));
     let store: Box<dyn RolloutStore> = match &state_dir {
         Some(dir) => Box::new(FileStore::new(dir)),
         None => Box::new(MemoryStore::default()),
@@ -533,6 +537,25 @@ impl Server {
             shown.push(labels);
         }
         metrics.retain(&shown);
+        let gates = self
+            .rollouts
+            .inputs
+            .rules
+            .iter()
+            .map(|governed| {
+                let s = &governed.settings;
+                (
+                    governed.policy.to_string(),
+                    crate::admin::overview::Gates {
+                        interval: format!("{:?}", s.interval),
+                        min_requests: s.min_requests,
+                        max_error_rate: s.max_error_rate.map(|p| p.to_string()),
+                        max_latency: s.max_latency.map(|d| format!("{d:?}")),
+                    },
+                )
+            })
+            .collect();
+        self.state.publish_gates(gates);
         self.state.publish_rollouts(report);
     }
 
@@ -596,11 +619,21 @@ impl Server {
             errors = current.errors.len(),
             "{what}"
         );
+        self.metrics.set_shares(
+            translation
+                .rules
+                .iter()
+                .flat_map(RuleSummary::share_rows)
+                .collect(),
+        );
+        let rules = Arc::new(translation.rules);
         let replaced = self.state.publish(Published {
             status: translation.status,
             errors: current.errors.clone(),
+            rules: rules.clone(),
+            generation: self.generation,
         });
-        let replaced_rules = std::mem::replace(&mut current.rules, Arc::new(translation.rules));
+        let replaced_rules = std::mem::replace(&mut current.rules, rules);
         // The replaced status and rule summaries are as large as the
         // configuration: free them off the async workers.
         tokio::task::spawn_blocking(move || drop((replaced, replaced_rules)));
@@ -777,6 +810,10 @@ pub async fn start_kubernetes_with_limits(
         .with_context(|| format!("cannot bind the admin listener on {}", config.admin))?;
     tracing::info!(addr = %admin.addr(), "admin listener started");
     let proxy = Proxy::with_limits(metrics.clone(), limits);
+    state.set_table_source(Box::new({
+        let proxy = proxy.clone();
+        move || proxy.table()
+    }));
 
     let (updates_tx, updates) = mpsc::channel(1);
     let crds = crate::source::files::read_crds(&config.crds);

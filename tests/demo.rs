@@ -49,6 +49,20 @@ async fn demo_splits_exactly_and_flips_blue_green() {
     assert_eq!(canary_pods.pods, 2, "{printed}");
     assert!(printed.contains("99.5%"), "{printed}");
     assert!(printed.contains("47/47"), "{printed}");
+    // The gateway's own observed share (sluice_backend_observed_share)
+    // is printed next to the configured one: the first route's traffic is
+    // all the rule saw, so it is the split the backends counted.
+    let canary_row = printed
+        .lines()
+        .find(|l| l.trim_start().starts_with("autocomplete-canary"))
+        .expect("a row for the canary");
+    let columns: Vec<&str> = canary_row.split_whitespace().collect();
+    assert_eq!(columns[2], "0.5%", "configured: {canary_row}");
+    assert_eq!(columns[5], columns[4], "observed = actual: {canary_row}");
+    assert!(
+        printed.contains("sluice_backend_observed_share"),
+        "{printed}"
+    );
 
     // Header-tagged testers reach the canary, everyone else stable.
     let untagged = &report.phases[1];

@@ -195,7 +195,8 @@ async fn demo_phases(
         drive(gateway, AUTOCOMPLETE_HOST, &[], opts.requests),
     )
     .await?;
-    print_weighted(out, &phase, &weights, pods, opts.verbose)?;
+    let observed = observed_shares(admin, "default/autocomplete").await;
+    print_weighted(out, &phase, &weights, &observed, pods, opts.verbose)?;
     report.phases.push(phase);
 
     let untagged = (opts.requests / 8).max(1);
@@ -212,7 +213,7 @@ async fn demo_phases(
         ("search-stable".to_owned(), None, 100.0),
         ("search-canary".to_owned(), None, 0.0),
     ];
-    print_table(out, &phase, &expected, pods, opts.verbose)?;
+    print_table(out, &phase, &expected, None, pods, opts.verbose)?;
     report.phases.push(phase);
     let phase = measure(
         pods,
@@ -224,7 +225,7 @@ async fn demo_phases(
         ("search-stable".to_owned(), None, 0.0),
         ("search-canary".to_owned(), None, 100.0),
     ];
-    print_table(out, &phase, &expected, pods, opts.verbose)?;
+    print_table(out, &phase, &expected, None, pods, opts.verbose)?;
     report.phases.push(phase);
 
     let checkout = (opts.requests / 20).max(1);
@@ -235,7 +236,8 @@ async fn demo_phases(
         drive(gateway, CHECKOUT_HOST, &[], checkout),
     )
     .await?;
-    print_weighted(out, &phase, &weights, pods, opts.verbose)?;
+    let observed = observed_shares(admin, "default/checkout").await;
+    print_weighted(out, &phase, &weights, &observed, pods, opts.verbose)?;
     report.phases.push(phase);
 
     // Flip: swap the weights in the file, as an operator would.
@@ -261,7 +263,8 @@ async fn demo_phases(
         drive(gateway, CHECKOUT_HOST, &[], checkout),
     )
     .await?;
-    print_weighted(out, &phase, &weights, pods, opts.verbose)?;
+    let observed = observed_shares(admin, "default/checkout").await;
+    print_weighted(out, &phase, &weights, &observed, pods, opts.verbose)?;
     report.phases.push(phase);
 
     let mut stage = rollouts::Stage {
@@ -836,10 +839,32 @@ async fn wait_for_backend(
 // Output
 
 /// Print a weighted route's table: configured share = weight / sum.
+/// The gateway's own observed share of each backend of `route`'s rule 0,
+/// by Service name: the `sluice_backend_observed_share` gauges of its
+/// `/metrics` (empty when they cannot be read).
+async fn observed_shares(admin: SocketAddr, route: &str) -> BTreeMap<String, f64> {
+    let mut sender = None;
+    let Ok(body) = request_once(&mut sender, admin, "localhost", &[], "/metrics").await else {
+        return BTreeMap::new();
+    };
+    let route_label = format!("route=\"{route}\",rule=\"0\",");
+    String::from_utf8_lossy(&body)
+        .lines()
+        .filter_map(|l| l.strip_prefix("sluice_backend_observed_share{"))
+        .filter(|l| l.starts_with(&route_label))
+        .filter_map(|l| {
+            let name = l.split("backend_name=\"").nth(1)?.split('"').next()?;
+            let value = l.rsplit(' ').next()?.parse::<f64>().ok()?;
+            Some((name.to_owned(), value))
+        })
+        .collect()
+}
+
 fn print_weighted(
     out: &mut (dyn Write + Send),
     phase: &PhaseReport,
     weights: &[(String, u64)],
+    observed: &BTreeMap<String, f64>,
     pods: &BTreeMap<String, Vec<EchoServer>>,
     verbose: bool,
 ) -> anyhow::Result<()> {
@@ -855,13 +880,14 @@ fn print_weighted(
             (name.clone(), Some(*weight), share)
         })
         .collect();
-    print_table(out, phase, &expected, pods, verbose)
+    print_table(out, phase, &expected, Some(observed), pods, verbose)
 }
 
 fn print_table(
     out: &mut (dyn Write + Send),
     phase: &PhaseReport,
     expected: &[(String, Option<u64>, f64)],
+    observed: Option<&BTreeMap<String, f64>>,
     pods: &BTreeMap<String, Vec<EchoServer>>,
     verbose: bool,
 ) -> anyhow::Result<()> {
@@ -874,8 +900,8 @@ fn print_table(
         .max("backend".len());
     writeln!(
         out,
-        "  {:<width$}  {:>7}  {:>10}  {:>9}  {:>8}  {:>5}",
-        "backend", "weight", "configured", "received", "actual", "pods with traffic"
+        "  {:<width$}  {:>7}  {:>10}  {:>9}  {:>8}  {:>8}  {:>5}",
+        "backend", "weight", "configured", "received", "actual", "observed", "pods with traffic"
     )?;
     let received_total: u64 = expected
         .iter()
@@ -894,9 +920,12 @@ fn print_table(
             100.0 * count.requests as f64 / received_total as f64
         };
         let weight = weight.map_or_else(|| "-".to_owned(), |w| w.to_string());
+        let seen = observed
+            .and_then(|o| o.get(name))
+            .map_or_else(|| "-".to_owned(), |f| format_share(f * 100.0));
         writeln!(
             out,
-            "  {name:<width$}  {weight:>7}  {:>10}  {:>9}  {:>8}  {}/{}",
+            "  {name:<width$}  {weight:>7}  {:>10}  {:>9}  {:>8}  {seen:>8}  {}/{}",
             format_share(*share),
             count.requests,
             format_share(actual),
@@ -921,9 +950,16 @@ fn print_table(
     };
     writeln!(
         out,
-        "  sent {}, backends received {received_total}{failed}\n",
+        "  sent {}, backends received {received_total}{failed}",
         phase.sent
     )?;
+    if observed.is_some() {
+        writeln!(
+            out,
+            "  observed: the gateway's sluice_backend_observed_share gauge (the rule's requests over the last minute)"
+        )?;
+    }
+    writeln!(out)?;
     Ok(())
 }
 

@@ -73,6 +73,20 @@ pub enum ProxyError {
     InvalidFilterResult { what: &'static str },
 }
 
+impl ProxyError {
+    /// Why the request was refused before routing, as the refusal counter
+    /// labels it; `None` for what is not a refusal of the request itself.
+    pub fn refusal_reason(&self) -> Option<&'static str> {
+        match self {
+            ProxyError::BadRequest(_) => Some("bad_request"),
+            ProxyError::UriTooLong => Some("uri_too_long"),
+            ProxyError::HeadTooLarge => Some("head_too_large"),
+            ProxyError::Misdirected => Some("misdirected"),
+            _ => None,
+        }
+    }
+}
+
 /// A failed exchange with an endpoint, whichever client made it: whether
 /// the connection could not be made (nothing was sent: a retry is safe and
 /// counts as a connect failure) or broke during the exchange.

@@ -79,6 +79,9 @@ pub(super) async fn handle(
         }
         Err(err) => {
             tracing::debug!(error = %err, source = ?err.source_of_failure(), "request failed");
+            if let Some(reason) = err.refusal_reason() {
+                shared.metrics.record_refusal(reason);
+            }
             // A gRPC call gets a gRPC answer; metrics count the HTTP
             // status the error stands for.
             let code = err.status().as_u16();
@@ -420,7 +423,13 @@ impl<'t> Forwarding<'_, 't> {
             // Boxed: the retry loop is large and only rules with a retry
             // policy take it; the common path's future stays small.
             Box::pin(retry::send_with_retries(
-                &upstream, policy, endpoints, endpoint, &parts, per_try,
+                &upstream,
+                policy,
+                endpoints,
+                endpoint,
+                &parts,
+                per_try,
+                &self.shared.metrics,
             ))
             .await?
         } else {

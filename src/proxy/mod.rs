@@ -455,7 +455,12 @@ async fn serve<S>(
         }
         async move {
             let resp = match limits::refuse(&shared.limits, &req) {
-                Some(refused) => refused.into_response(),
+                Some(refused) => {
+                    if let Some(reason) = refused.refusal_reason() {
+                        shared.metrics.record_refusal(reason);
+                    }
+                    refused.into_response()
+                }
                 None => handler::handle(&shared, req.map(RequestBody::Hyper), &peer, bind).await,
             };
             Ok::<_, Infallible>(resp.map(|body| TrackedBody::new(body, guard)))

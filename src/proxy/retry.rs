@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use super::body::{ResponseBody, UpstreamBody};
 use super::error::ProxyError;
 use super::upstream::Upstream;
+use crate::metrics::Metrics;
 use crate::route::{EndpointSet, RetryPolicy, TryOutcome};
 
 /// Send the bodiless request `head` (origin-form URI) to `first`, then to
@@ -34,6 +35,7 @@ pub(super) async fn send_with_retries(
     first: SocketAddr,
     head: &Parts,
     per_try: Option<Duration>,
+    metrics: &Metrics,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     let mut tried = 0;
     loop {
@@ -58,8 +60,18 @@ pub(super) async fn send_with_retries(
             Some(Err(e)) => (TryOutcome::Broken, Err(e)),
         };
         let Some(wait) = policy.next_try(tried, outcome) else {
+            if tried > 1 {
+                let recovered = matches!(&result, Ok(r) if r.status().as_u16() < 500);
+                metrics.record_retried(recovered);
+            }
             return result;
         };
+        match outcome {
+            TryOutcome::TimedOut => metrics.record_retry("timeout"),
+            TryOutcome::ConnectFailed => metrics.record_retry("connect_failed"),
+            TryOutcome::Broken => metrics.record_retry("broken"),
+            TryOutcome::Answered(status) => metrics.record_retry(status.as_str()),
+        }
         tracing::debug!(tried, ?outcome, ?wait, "retrying the request");
         let deadline = Instant::now() + wait;
         if let Ok(resp) = result {

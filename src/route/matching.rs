@@ -318,6 +318,17 @@ impl Default for RequestMatch {
     }
 }
 
+/// The first condition of a match a request fails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mismatch<'a> {
+    Method,
+    Path,
+    /// The header of this name is missing or has no matching value.
+    Header(&'a HeaderName),
+    /// The query parameter of this name is missing or does not match.
+    Query(&'a str),
+}
+
 impl RequestMatch {
     /// Does a request with this method, path, query and headers match?
     pub fn matches(
@@ -327,30 +338,46 @@ impl RequestMatch {
         query: Option<&str>,
         headers: &HeaderMap,
     ) -> bool {
+        self.mismatch(method, path, query, headers).is_none()
+    }
+
+    /// The first condition the request fails (method, path, headers, then
+    /// query parameters), `None` when it matches: what
+    /// [`matches`](Self::matches) decides with.
+    #[inline]
+    pub fn mismatch(
+        &self,
+        method: &Method,
+        path: &str,
+        query: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Option<Mismatch<'_>> {
         if self.method.as_ref().is_some_and(|m| m != method) {
-            return false;
+            return Some(Mismatch::Method);
         }
         if !self.path.matches(path) {
-            return false;
+            return Some(Mismatch::Path);
         }
-        let headers_ok = self.headers.iter().all(|h| {
-            headers
+        if let Some(h) = self.headers.iter().find(|h| {
+            !headers
                 .get_all(&h.name)
                 .iter()
                 .any(|v| h.value.matches(v.as_bytes()))
-        });
-        if !headers_ok {
-            return false;
+        }) {
+            return Some(Mismatch::Header(&h.name));
         }
-        self.query.iter().all(|q| {
-            query
-                .and_then(|qs| {
-                    form_urlencoded::parse(qs.as_bytes())
-                        .find(|(k, _)| k == q.name.as_str())
-                        .map(|(_, v)| q.value.matches(v.as_bytes()))
-                })
-                .unwrap_or(false)
-        })
+        self.query
+            .iter()
+            .find(|q| {
+                !query
+                    .and_then(|qs| {
+                        form_urlencoded::parse(qs.as_bytes())
+                            .find(|(k, _)| k == q.name.as_str())
+                            .map(|(_, v)| q.value.matches(v.as_bytes()))
+                    })
+                    .unwrap_or(false)
+            })
+            .map(|q| Mismatch::Query(q.name.as_str()))
     }
 }
 

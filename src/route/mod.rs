@@ -24,14 +24,15 @@ pub use cors::{CorsList, CorsPolicy, OriginHost, OriginPattern};
 pub use grpc::{GrpcMethodMatch, split_path as grpc_path};
 pub use hostname::{HostPattern, normalize_host};
 pub use matching::{
-    AnchoredRegex, HeaderMatch, PathMatch, QueryMatch, RegexError, RequestMatch, ValueMatch,
+    AnchoredRegex, HeaderMatch, Mismatch, PathMatch, QueryMatch, RegexError, RequestMatch,
+    ValueMatch,
 };
 pub use retry::{DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, RetryPolicy, TryOutcome};
 pub use session::{SessionCarrier, SessionPersistence, SessionToken, cookie_path, stable_hash};
 pub use stream::{StreamRoutes, TlsMode};
 pub use table::{
-    ClientValidation, ListenerHandle, ListenerRoutes, Lookup, PortRoutes, RouteMatch, RouteOrder,
-    RouteTable, RouteTableBuilder, StreamLookup,
+    ClientValidation, Criterion, Explained, ExplainedCandidate, ListenerHandle, ListenerRoutes,
+    Lookup, PortRoutes, RouteMatch, RouteOrder, RouteTable, RouteTableBuilder, StreamLookup,
 };
 pub use weighted::WeightedPicker;
 

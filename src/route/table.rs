@@ -25,7 +25,7 @@ use rustls::sign::CertifiedKey;
 use super::Rule;
 use super::grpc::GrpcRank;
 use super::hostname::HostPattern;
-use super::matching::{PathMatch, RequestMatch, first_segment};
+use super::matching::{Mismatch, PathMatch, RequestMatch, first_segment};
 use super::stream::{StreamBuild, StreamCandidate, StreamRoutes, TlsMode};
 
 /// What identifies a route for the precedence tie-breaks.
@@ -115,13 +115,15 @@ impl PrecedenceKey {
 struct Candidate {
     matcher: RequestMatch,
     rule: Arc<Rule>,
-}
-
-/// A candidate while the table is built: under which route hostname, and
-/// its precedence among the others.
-struct CandidateBuild {
+    /// The route hostname it is listed under and its precedence among the
+    /// others: what [`RouteTable::explain`] says decided between two.
     host: HostPattern,
     key: PrecedenceKey,
+}
+
+/// A candidate while the table is built (it carries its route hostname
+/// and precedence key).
+struct CandidateBuild {
     candidate: Candidate,
 }
 
@@ -519,10 +521,7 @@ impl RouteTable {
         query: Option<&str>,
         headers: &HeaderMap,
     ) -> Lookup<'a> {
-        let Some(port) = self.binds.get(&bind) else {
-            return Lookup::NoListener;
-        };
-        let Some(listener) = port.listeners.iter().find(|l| l.hostname.matches(host)) else {
+        let Some(listener) = self.listener(bind, host) else {
             return Lookup::NoListener;
         };
         match listener.host_routes(host).first_match(
@@ -539,6 +538,221 @@ impl RouteTable {
             }),
             None => Lookup::NoRoute { listener },
         }
+    }
+}
+
+impl RouteTable {
+    /// The listener on the socket bound at `bind` that owns `host`
+    /// (listener isolation): where [`lookup`](Self::lookup) and
+    /// [`explain`](Self::explain) start.
+    fn listener(&self, bind: SocketAddr, host: &str) -> Option<&ListenerRoutes> {
+        self.binds.get(&bind)?.listener_for(host)
+    }
+
+    /// [`lookup`](Self::lookup), explained: every candidate for the
+    /// request's host in precedence order, whether it matches (and which
+    /// condition it fails), and what ranks it before or after the winner.
+    /// The winner is the first candidate that matches, as `lookup` takes it
+    /// (`lookup` skips candidates through the path index; the index never
+    /// changes the answer, which a test checks against this walk).
+    pub fn explain<'a>(
+        &'a self,
+        bind: SocketAddr,
+        host: &str,
+        method: &Method,
+        path: &str,
+        query: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Explained<'a> {
+        let Some(listener) = self.listener(bind, host) else {
+            return Explained {
+                listener: None,
+                candidates: Vec::new(),
+                winner: None,
+            };
+        };
+        let routes = listener.host_routes(host);
+        let mut candidates: Vec<ExplainedCandidate<'a>> = routes
+            .order
+            .iter()
+            .map(|&i| {
+                let c = &listener.candidates[i as usize];
+                ExplainedCandidate {
+                    rule: &c.rule,
+                    matcher: &c.matcher,
+                    hostname: &c.host,
+                    created: c.key.route.created,
+                    mismatch: c.matcher.mismatch(method, path, query, headers),
+                    decided_by: None,
+                }
+            })
+            .collect();
+        let winner = candidates.iter().position(|c| c.mismatch.is_none());
+        if let Some(w) = winner {
+            let won = &listener.candidates[routes.order[w] as usize];
+            for (position, explained) in candidates.iter_mut().enumerate() {
+                if position != w {
+                    let c = &listener.candidates[routes.order[position] as usize];
+                    explained.decided_by = Some(criterion(c, won));
+                }
+            }
+        }
+        Explained {
+            listener: Some(listener),
+            candidates,
+            winner,
+        }
+    }
+}
+
+/// What [`RouteTable::explain`] found for one request.
+#[derive(Debug)]
+pub struct Explained<'a> {
+    /// The listener that owns the host; `None` when none does (404).
+    pub listener: Option<&'a ListenerRoutes>,
+    /// Every candidate for the host, in precedence order.
+    pub candidates: Vec<ExplainedCandidate<'a>>,
+    /// The position of the winner in `candidates`; `None`: 404.
+    pub winner: Option<usize>,
+}
+
+/// One (rule, match) candidate for a request, explained.
+#[derive(Debug)]
+pub struct ExplainedCandidate<'a> {
+    pub rule: &'a Arc<Rule>,
+    pub matcher: &'a RequestMatch,
+    /// The route hostname it is listed under.
+    pub hostname: &'a HostPattern,
+    /// The route's `creationTimestamp` (Unix nanoseconds).
+    pub created: i128,
+    /// The first condition the request fails; `None` when it matches.
+    pub mismatch: Option<Mismatch<'a>>,
+    /// The first precedence criterion (spec order) in which it differs
+    /// from the winner; `None` for the winner and when nothing matches.
+    pub decided_by: Option<Criterion>,
+}
+
+/// The precedence criteria, in the spec's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Criterion {
+    /// The more specific route hostname (exact before wildcard, longer
+    /// first).
+    Hostname,
+    /// Exact path before any other path match.
+    ExactPath,
+    /// RegularExpression before PathPrefix (sluice's order; the spec
+    /// leaves it to implementations).
+    PathKind,
+    /// The longer path or prefix.
+    PrefixLength,
+    /// A method match before none.
+    Method,
+    /// More header matches.
+    HeaderCount,
+    /// More query parameter matches.
+    QueryCount,
+    /// GRPCRoute: more characters of service, then of method.
+    GrpcMethod,
+    /// The older route (`creationTimestamp`).
+    Age,
+    /// `namespace/name` alphabetically.
+    Name,
+    /// Rule order within the route.
+    RuleOrder,
+    /// Match order within the rule.
+    MatchOrder,
+}
+
+impl Criterion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Criterion::Hostname => "hostname",
+            Criterion::ExactPath => "exact path",
+            Criterion::PathKind => "path kind",
+            Criterion::PrefixLength => "prefix length",
+            Criterion::Method => "method",
+            Criterion::HeaderCount => "header count",
+            Criterion::QueryCount => "query count",
+            Criterion::GrpcMethod => "gRPC service and method",
+            Criterion::Age => "age",
+            Criterion::Name => "name",
+            Criterion::RuleOrder => "rule order",
+            Criterion::MatchOrder => "match order",
+        }
+    }
+}
+
+/// The first criterion in which `c` and `winner` differ, in the order the
+/// table sorts by.
+fn criterion(c: &Candidate, winner: &Candidate) -> Criterion {
+    if c.host.precedence() != winner.host.precedence() {
+        return Criterion::Hostname;
+    }
+    let (a, b) = (&c.key, &winner.key);
+    match (&a.rank, &b.rank) {
+        (
+            MatchRank::Http {
+                path_kind: ka,
+                path_len: la,
+                method: ma,
+                headers: ha,
+                query: qa,
+            },
+            MatchRank::Http {
+                path_kind: kb,
+                path_len: lb,
+                method: mb,
+                headers: hb,
+                query: qb,
+            },
+        ) => {
+            if ka != kb {
+                return if *ka == 0 || *kb == 0 {
+                    Criterion::ExactPath
+                } else {
+                    Criterion::PathKind
+                };
+            }
+            if la != lb {
+                return Criterion::PrefixLength;
+            }
+            if ma != mb {
+                return Criterion::Method;
+            }
+            if ha != hb {
+                return Criterion::HeaderCount;
+            }
+            if qa != qb {
+                return Criterion::QueryCount;
+            }
+        }
+        (
+            MatchRank::Grpc {
+                method: ma,
+                headers: ha,
+            },
+            MatchRank::Grpc {
+                method: mb,
+                headers: hb,
+            },
+        ) => {
+            if ma != mb {
+                return Criterion::GrpcMethod;
+            }
+            if ha != hb {
+                return Criterion::HeaderCount;
+            }
+        }
+        _ => return Criterion::PathKind,
+    }
+    if a.route.created != b.route.created {
+        Criterion::Age
+    } else if (&a.route.namespace, &a.route.name) != (&b.route.namespace, &b.route.name) {
+        Criterion::Name
+    } else if a.rule_index != b.rule_index {
+        Criterion::RuleOrder
+    } else {
+        Criterion::MatchOrder
     }
 }
 
@@ -674,11 +888,11 @@ impl RouteTableBuilder {
         let mut push = |host: &HostPattern, matches: Vec<RequestMatch>| {
             for (match_index, m) in matches.into_iter().enumerate() {
                 listener.candidates.push(CandidateBuild {
-                    host: host.clone(),
-                    key: PrecedenceKey::new(&m, &route, rule.id.index, match_index),
                     candidate: Candidate {
+                        key: PrecedenceKey::new(&m, &route, rule.id.index, match_index),
                         matcher: m,
                         rule: rule.clone(),
+                        host: host.clone(),
                     },
                 });
             }
@@ -718,8 +932,9 @@ fn build_listener(l: ListenerBuild) -> ListenerRoutes {
     let mut by_key: Vec<u32> = (0..count).collect();
     by_key.sort_by(|&a, &b| {
         l.candidates[a as usize]
+            .candidate
             .key
-            .cmp(&l.candidates[b as usize].key)
+            .cmp(&l.candidates[b as usize].candidate.key)
     });
     let mut rank = vec![0u32; by_key.len()];
     for (r, &i) in by_key.iter().enumerate() {
@@ -736,7 +951,7 @@ fn build_listener(l: ListenerBuild) -> ListenerRoutes {
     // candidates (times the few wildcard groups), not hosts x candidates.
     let mut groups: HashMap<&HostPattern, Vec<u32>> = HashMap::new();
     for (i, c) in l.candidates.iter().enumerate() {
-        groups.entry(&c.host).or_default().push(i as u32);
+        groups.entry(&c.candidate.host).or_default().push(i as u32);
     }
     let wildcards: Vec<(&HostPattern, &Vec<u32>)> = groups
         .iter()
@@ -749,7 +964,12 @@ fn build_listener(l: ListenerBuild) -> ListenerRoutes {
         .unwrap_or_default();
     let host_routes = |parts: Vec<&[u32]>| -> HostRoutes {
         let mut order: Vec<u32> = parts.into_iter().flatten().copied().collect();
-        order.sort_by_key(|&i| (l.candidates[i as usize].host.precedence(), rank[i as usize]));
+        order.sort_by_key(|&i| {
+            (
+                l.candidates[i as usize].candidate.host.precedence(),
+                rank[i as usize],
+            )
+        });
         HostRoutes::new(order, &segments)
     };
     let mut exact = HashMap::new();
@@ -1530,6 +1750,24 @@ mod tests {
                         got, want,
                         "table {table_no}, {method} {host}{path} ?{query:?} {headers:?}"
                     );
+                    // explain's winner is lookup's, and every candidate it
+                    // ranks before the winner fails to match.
+                    let explained =
+                        t.explain(bind(), host, &method, &path, query.as_deref(), &headers);
+                    let explained_winner = explained.winner.map(|w| {
+                        let c = &explained.candidates[w];
+                        format!("{} {:?}", c.rule.id, c.matcher)
+                    });
+                    assert_eq!(explained_winner, want, "explain, table {table_no}");
+                    let before = explained.winner.unwrap_or(explained.candidates.len());
+                    assert!(
+                        explained.candidates[..before]
+                            .iter()
+                            .all(|c| c.mismatch.is_some())
+                    );
+                    assert!(explained.candidates.iter().enumerate().all(|(i, c)| {
+                        c.decided_by.is_some() == (explained.winner.is_some_and(|w| w != i))
+                    }));
                     compared += 1;
                     matched += usize::from(got.is_some());
                     indexed += usize::from(listener.host_routes(host).index.is_some());
@@ -1543,6 +1781,86 @@ mod tests {
                     "{what}: {n} of {compared}"
                 );
             }
+        }
+
+        #[test]
+        fn explain_says_which_criterion_decided() {
+            // The seeds' case: a header rule written below a plain rule of
+            // the same route wins by header count, not by rule order.
+            let t = table(vec![
+                ("search", 0, 0, vec![]),
+                (
+                    "search",
+                    0,
+                    1,
+                    vec![RequestMatch {
+                        headers: vec![header("x-canary", "always")],
+                        ..RequestMatch::default()
+                    }],
+                ),
+                ("older", -1, 0, vec![path(PathMatch::prefix("/api"))]),
+                ("exact", 5, 0, vec![path(PathMatch::Exact("/api".into()))]),
+            ]);
+            let mut headers = HeaderMap::new();
+            headers.insert("x-canary", "always".parse().unwrap());
+            let e = t.explain(bind(), "h", &Method::GET, "/", None, &headers);
+            let w = e.winner.expect("a rule matches");
+            assert_eq!(e.candidates[w].rule.id.route, "search");
+            assert_eq!(e.candidates[w].rule.id.index, 1);
+            let decided = |route: &str, index: usize| {
+                e.candidates
+                    .iter()
+                    .find(|c| c.rule.id.route == route && c.rule.id.index == index)
+                    .and_then(|c| c.decided_by)
+            };
+            assert_eq!(decided("search", 0), Some(Criterion::HeaderCount));
+            assert_eq!(decided("exact", 0), Some(Criterion::ExactPath));
+            assert_eq!(decided("older", 0), Some(Criterion::PrefixLength));
+            assert_eq!(
+                e.candidates
+                    .iter()
+                    .find(|c| c.rule.id.route == "exact")
+                    .and_then(|c| c.mismatch.clone()),
+                Some(Mismatch::Path)
+            );
+            // Without the header the plain rule wins; the header rule
+            // ranks before it and fails its header.
+            let e = t.explain(bind(), "h", &Method::GET, "/", None, &HeaderMap::new());
+            let w = e.winner.expect("a rule matches");
+            assert_eq!(e.candidates[w].rule.id.index, 0);
+            let header_rule = e
+                .candidates
+                .iter()
+                .find(|c| c.rule.id.route == "search" && c.rule.id.index == 1)
+                .expect("listed");
+            assert_eq!(
+                header_rule.mismatch,
+                Some(Mismatch::Header(&HeaderName::from_static("x-canary")))
+            );
+            // Two equal matches: the older route, then the name, decides.
+            let t = table(vec![
+                ("b", 1, 0, vec![path(PathMatch::prefix("/x"))]),
+                ("a", 1, 0, vec![path(PathMatch::prefix("/x"))]),
+                ("c", 0, 0, vec![path(PathMatch::prefix("/x"))]),
+            ]);
+            let e = t.explain(bind(), "h", &Method::GET, "/x", None, &HeaderMap::new());
+            let names: Vec<_> = e
+                .candidates
+                .iter()
+                .map(|c| (c.rule.id.route.as_str(), c.decided_by))
+                .collect();
+            assert_eq!(
+                names,
+                vec![
+                    ("c", None),
+                    ("a", Some(Criterion::Age)),
+                    ("b", Some(Criterion::Age))
+                ]
+            );
+            // No listener, no rule: nothing wins.
+            let e = t.explain(bind(), "h", &Method::GET, "/y", None, &HeaderMap::new());
+            assert_eq!(e.winner, None);
+            assert!(e.candidates.iter().all(|c| c.decided_by.is_none()));
         }
 
         #[test]

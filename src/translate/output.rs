@@ -82,6 +82,39 @@ pub struct RuleSummary {
     pub rollout: Option<RuleRollout>,
 }
 
+impl RuleSummary {
+    /// The key of one of the rule's backends' outcome counters.
+    pub fn stats_key(&self, backend: &BackendSummary) -> crate::metrics::BackendStatsKey {
+        use crate::route::RouteKind;
+        let (namespace, route) = self.route.split_once('/').unwrap_or(("", &self.route));
+        let kind = [RouteKind::Http, RouteKind::Grpc, RouteKind::Tls]
+            .into_iter()
+            .find(|k| k.as_str() == self.kind)
+            .unwrap_or(RouteKind::Http);
+        crate::metrics::BackendStatsKey {
+            kind: kind.metrics_prefix(),
+            namespace: namespace.to_string(),
+            route: route.to_string(),
+            rule: self.rule,
+            backend: backend.name.clone(),
+        }
+    }
+
+    /// The rule's backends as the share gauges show them (fractions of 1;
+    /// a backend served with a share only a rollout gives has spec 0).
+    pub fn share_rows(&self) -> impl Iterator<Item = crate::metrics::ShareRow> + '_ {
+        self.backends.iter().map(move |b| crate::metrics::ShareRow {
+            key: self.stats_key(b),
+            spec: if b.removed_from_spec {
+                0.0
+            } else {
+                b.share_percent / 100.0
+            },
+            served: b.served_percent.unwrap_or(b.share_percent) / 100.0,
+        })
+    }
+}
+
 /// Which rollout governs a rule, and where it is.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]

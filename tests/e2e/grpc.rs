@@ -206,8 +206,8 @@ spec: {ports: [{port: 8080}]}
     // Metrics count the HTTP status each answer stands for.
     let metrics = sluice.metrics().await;
     for line in [
-        r#"route="GRPCRoute default/errors",rule="0",backend="default/missing:8080",code="500"} 10"#,
-        r#"route="GRPCRoute default/errors",rule="1",backend="default/empty:8080",code="503"} 1"#,
+        r#"route="GRPCRoute default/errors",rule="0",backend="default/missing:8080",backend_namespace="default",backend_name="missing",backend_port="8080",code="500"} 10"#,
+        r#"route="GRPCRoute default/errors",rule="1",backend="default/empty:8080",backend_namespace="default",backend_name="empty",backend_port="8080",code="503"} 1"#,
     ] {
         assert!(metrics.contains(line), "{line} not in\n{metrics}");
     }

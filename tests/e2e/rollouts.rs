@@ -1134,8 +1134,7 @@ async fn a_grpcroute_of_the_same_name_never_counts_for_the_rollout() {
     shop.canary.servers[0].fail_with(Some(StatusCode::INTERNAL_SERVER_ERROR));
     grpc_calls(20).await;
     shop.canary.servers[0].fail_with(None);
-    let grpc_errors =
-        r#"route="GRPCRoute default/shop",rule="0",backend="default/canary:8080",code="500"} 20"#;
+    let grpc_errors = r#"route="GRPCRoute default/shop",rule="0",backend="default/canary:8080",backend_namespace="default",backend_name="canary",backend_port="8080",code="500"} 20"#;
     let metrics = s.metrics().await;
     assert!(
         metrics.contains(grpc_errors),
