@@ -367,7 +367,7 @@ fn convert(node: Spanned<Node>) -> Result<(Value, Lines), YamlError> {
 mod tests {
     use super::*;
 
-    /// A configuration in one file with more documents and nodes than
+    /// A configuration in one file with more documents than
     /// serde-saphyr's default budget allows (1,024).
     #[test]
     fn a_file_of_thousands_of_documents_is_read() {
