@@ -7,6 +7,9 @@
 //!   `status` in the shape the object's Kubernetes status has;
 //! - `GET /errors`: JSON array of the current configuration errors
 //!   (`{file, line, object, field, message}`);
+//! - `GET /endpoints`: JSON array of the endpoints ejected from their
+//!   backend's rotation now or lately, or failing now (outlier ejection:
+//!   which, since when, why);
 //! - `GET /metrics`: Prometheus text;
 //! - `GET /healthz`: `ok` while the process serves;
 //! - `GET /readyz`: 200 once the first configuration is applied, 503 before.
@@ -16,8 +19,8 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -32,6 +35,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::metrics::Metrics;
+use crate::proxy::Proxy;
+use crate::route::EndpointReport;
 use crate::source::ConfigError;
 use crate::translate::StatusReport;
 
@@ -52,6 +57,8 @@ pub struct AdminState {
     published: ArcSwap<Published>,
     ready: AtomicBool,
     metrics: Arc<Metrics>,
+    /// The proxy whose endpoints `/endpoints` shows.
+    proxy: OnceLock<Proxy>,
 }
 
 impl AdminState {
@@ -60,7 +67,13 @@ impl AdminState {
             published: ArcSwap::from_pointee(Published::default()),
             ready: AtomicBool::new(false),
             metrics,
+            proxy: OnceLock::new(),
         }
+    }
+
+    /// Show `proxy`'s endpoints on `/endpoints` (once).
+    pub fn show_endpoints_of(&self, proxy: Proxy) {
+        let _ = self.proxy.set(proxy);
     }
 
     /// Replace the status and errors shown.
@@ -91,6 +104,9 @@ impl AdminState {
         match path {
             "/status" => json(&self.published.load().status),
             "/errors" => json(&self.published.load().errors),
+            "/endpoints" => json(&self.proxy.get().map_or_else(Vec::new, |p| {
+                p.endpoint_report().iter().map(endpoint_json).collect()
+            })),
             "/metrics" => body(StatusCode::OK, PROMETHEUS_TEXT, self.metrics.encode()),
             "/healthz" => text(StatusCode::OK, "ok\n"),
             "/readyz" if self.is_ready() => text(StatusCode::OK, "ready\n"),
@@ -101,6 +117,33 @@ impl AdminState {
             _ => text(StatusCode::NOT_FOUND, "not found\n"),
         }
     }
+}
+
+/// One endpoint of `/endpoints`.
+fn endpoint_json(e: &EndpointReport) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "backend": e.backend,
+        "endpoint": e.endpoint.to_string(),
+        "ejected": e.ejected,
+        "ejections": e.ejections,
+        "consecutiveFailures": e.consecutive_failures,
+    });
+    if let Some(since) = e.since {
+        let secs = since
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if let Ok(t) = k8s_openapi::jiff::Timestamp::from_second(secs as i64) {
+            v["since"] = t.to_string().into();
+        }
+    }
+    if let Some(left) = e.remaining {
+        v["remainingSeconds"] = (left.as_millis().div_ceil(1000) as u64).into();
+    }
+    if let Some(reason) = e.reason {
+        v["reason"] = format!("{} failed tries in a row, the last {reason}", e.failures).into();
+        v["lastFailure"] = reason.label().into();
+    }
+    v
 }
 
 fn body(

@@ -114,6 +114,7 @@ pub async fn start_with_limits(
     tracing::info!(addr = %admin.addr(), "admin listener started");
 
     let proxy = Proxy::with_limits(metrics.clone(), limits);
+    state.show_endpoints_of(proxy.clone());
     let mut reloader = Reloader {
         options: TranslateOptions {
             default_bind: config.bind,
@@ -339,6 +340,7 @@ pub async fn start_kubernetes_with_limits(
         .with_context(|| format!("cannot bind the admin listener on {}", config.admin))?;
     tracing::info!(addr = %admin.addr(), "admin listener started");
     let proxy = Proxy::with_limits(metrics.clone(), limits);
+    state.show_endpoints_of(proxy.clone());
 
     let (updates_tx, updates) = tokio::sync::mpsc::channel(1);
     let source = tokio::spawn(kube_source::run(

@@ -166,6 +166,12 @@ impl Sluice {
     /// Start the gateway on `files` (name, content) after replacing
     /// `{{PORT}}` with the listener port. Waits until `/readyz` answers 200.
     pub async fn start(files: &[(&str, String)]) -> Sluice {
+        Sluice::start_with_args(files, &[]).await
+    }
+
+    /// [`Sluice::start`] with more command-line arguments (short timeouts,
+    /// limits).
+    pub async fn start_with_args(files: &[(&str, String)], args: &[&str]) -> Sluice {
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
@@ -182,6 +188,7 @@ impl Sluice {
             .arg("-f")
             .arg(dir.path())
             .args(["--bind", "127.0.0.1", "--admin", &admin.to_string()])
+            .args(args)
             .env("RUST_LOG", "info")
             // tracing writes to stdout: both go to the log file.
             .stdout(log.try_clone().expect("log file handle"))
