@@ -516,7 +516,9 @@ async fn status_loop(
         if outcome.written > 0 {
             tracing::info!(written = outcome.written, "status written");
         }
-        if outcome.failed > 0 {
+        // A conflict is computed again when the watch delivers the object
+        // that caused it; the retry covers a watch that is slow to.
+        if outcome.failed > 0 || outcome.conflicts > 0 {
             retry = Some(tokio::time::Instant::now() + retry_after);
         }
     }

@@ -120,9 +120,15 @@ fn plan_writes_our_status_and_keeps_other_controllers_parents() {
     assert_eq!(route.resource_version.as_deref(), Some("12"));
     assert_eq!(route.body["apiVersion"], "gateway.networking.k8s.io/v1");
     assert_eq!(route.body["kind"], "HTTPRoute");
+    // Other controllers write the route's parents too: the apply holds
+    // only over the version read (a precondition), the Gateway's needs none.
     assert_eq!(
         route.body["metadata"],
-        json!({"name": "web", "namespace": "default"})
+        json!({"name": "web", "namespace": "default", "resourceVersion": "12"})
+    );
+    assert_eq!(
+        patches[1].body["metadata"],
+        json!({"name": "gw", "namespace": "default"})
     );
     let parents = route.body["status"]["parents"]
         .as_array()
@@ -472,7 +478,8 @@ async fn status_is_server_side_applied_to_the_status_subresource() {
         outcome,
         SyncOutcome {
             written: 3,
-            failed: 0
+            failed: 0,
+            conflicts: 0,
         }
     );
     let seen = verifier.await.expect("the verifier does not panic");
@@ -526,14 +533,67 @@ async fn failed_writes_are_counted_and_retried() {
         writer.sync(&s, &report, None).await,
         SyncOutcome {
             written: 0,
-            failed: 3
+            failed: 3,
+            conflicts: 0,
         }
     );
     assert_eq!(
         writer.sync(&s, &report, None).await,
         SyncOutcome {
             written: 3,
-            failed: 0
+            failed: 0,
+            conflicts: 0,
+        }
+    );
+    server.await.expect("the mock does not panic");
+}
+
+#[tokio::test]
+async fn a_write_refused_for_a_newer_version_is_a_conflict_and_sent_again() {
+    let (client, mut handle) = mock_client();
+    let s = snapshot(CLUSTER);
+    let report = report(&s, 1000);
+    let server = tokio::spawn(async move {
+        for i in 0..4 {
+            let (request, respond) = handle.next_request().await.expect("a request");
+            let uri = request.uri().to_string();
+            let body = body_json(request).await;
+            // The route changed since it was read: 409, as the API server
+            // answers an apply whose resourceVersion is not the object's.
+            let (code, reply) = if uri.contains("/httproutes/") && i < 3 {
+                (
+                    409,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                             "message": "the object has been modified", "reason": "Conflict", "code": 409}),
+                )
+            } else {
+                (200, body)
+            };
+            respond.send_response(
+                Response::builder()
+                    .status(code)
+                    .body(Body::from(serde_json::to_vec(&reply).expect("json")))
+                    .expect("a response"),
+            );
+        }
+    });
+    let mut writer = StatusWriter::new(client);
+    assert_eq!(
+        writer.sync(&s, &report, None).await,
+        SyncOutcome {
+            written: 2,
+            failed: 0,
+            conflicts: 1,
+        }
+    );
+    // Not remembered as sent: the next sync (the watch's newer route, or
+    // the retry) writes it.
+    assert_eq!(
+        writer.sync(&s, &report, None).await,
+        SyncOutcome {
+            written: 1,
+            failed: 0,
+            conflicts: 0,
         }
     );
     server.await.expect("the mock does not panic");
