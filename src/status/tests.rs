@@ -433,6 +433,22 @@ fn mock_client() -> (Client, Handle) {
     (Client::new(service, "default"), handle)
 }
 
+/// Answer a request of the mocked API server with `code` and `body`.
+fn answer(respond: tower_test::mock::SendResponse<Response<Body>>, code: u16, body: &Value) {
+    respond.send_response(
+        Response::builder()
+            .status(code)
+            .body(Body::from(serde_json::to_vec(body).expect("json")))
+            .expect("a response"),
+    );
+}
+
+/// The `Status` the API server answers a failure with.
+fn failure(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+           "message": message, "reason": reason, "code": code})
+}
+
 async fn body_json(request: Request<Body>) -> Value {
     let bytes = request
         .into_body()
@@ -511,21 +527,11 @@ async fn failed_writes_are_counted_and_retried() {
             let (request, respond) = handle.next_request().await.expect("a request");
             let body = body_json(request).await;
             // The first round fails everything (a 500 from the API server).
-            let (code, reply) = if i < 3 {
-                (
-                    500,
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                             "message": "etcd is sad", "reason": "InternalError", "code": 500}),
-                )
+            if i < 3 {
+                answer(respond, 500, &failure(500, "InternalError", "etcd is sad"));
             } else {
-                (200, body)
-            };
-            respond.send_response(
-                Response::builder()
-                    .status(code)
-                    .body(Body::from(serde_json::to_vec(&reply).expect("json")))
-                    .expect("a response"),
-            );
+                answer(respond, 200, &body);
+            }
         }
     });
     let mut writer = StatusWriter::new(client);
@@ -560,21 +566,12 @@ async fn a_write_refused_for_a_newer_version_is_a_conflict_and_sent_again() {
             let body = body_json(request).await;
             // The route changed since it was read: 409, as the API server
             // answers an apply whose resourceVersion is not the object's.
-            let (code, reply) = if uri.contains("/httproutes/") && i < 3 {
-                (
-                    409,
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                             "message": "the object has been modified", "reason": "Conflict", "code": 409}),
-                )
+            if uri.contains("/httproutes/") && i < 3 {
+                let conflict = failure(409, "Conflict", "the object has been modified");
+                answer(respond, 409, &conflict);
             } else {
-                (200, body)
-            };
-            respond.send_response(
-                Response::builder()
-                    .status(code)
-                    .body(Body::from(serde_json::to_vec(&reply).expect("json")))
-                    .expect("a response"),
-            );
+                answer(respond, 200, &body);
+            }
         }
     });
     let mut writer = StatusWriter::new(client);

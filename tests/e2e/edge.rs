@@ -237,6 +237,14 @@ impl RawBackend {
     }
 }
 
+/// A gateway (`flags` on its command line) in front of one echo pod,
+/// `app-0`, for every request.
+async fn app_behind(flags: &[&str]) -> (Gw, Pods) {
+    let app = Pods::start("default", "app", 1).await;
+    let gw = Gw::start(&(simple("app") + &app.manifests()), flags).await;
+    (gw, app)
+}
+
 /// Read up to the end of a request or response head.
 async fn read_head(stream: &mut TcpStream) -> Option<String> {
     let mut head = Vec::new();
@@ -500,12 +508,7 @@ async fn slowloris(addr: SocketAddr, every: Duration) -> (usize, bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_sending_its_head_slowly_is_closed_and_others_are_served() {
-    let app = Pods::start("default", "app", 1).await;
-    let gw = Gw::start(
-        &(simple("app") + &app.manifests()),
-        &["--request-header-timeout", "1s"],
-    )
-    .await;
+    let (gw, app) = app_behind(&["--request-header-timeout", "1s"]).await;
     let addr = gw.addr();
     let attackers: Vec<_> = (0..10)
         .map(|_| tokio::spawn(slowloris(addr, Duration::from_millis(100))))
@@ -572,12 +575,7 @@ async fn idle_connections_are_closed_but_not_while_a_request_is_in_flight() {
 /// there too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_stalling_in_its_body_gets_408_and_is_closed() {
-    let app = Pods::start("default", "app", 1).await;
-    let gw = Gw::start(
-        &(simple("app") + &app.manifests()),
-        &["--request-body-timeout", "1s"],
-    )
-    .await;
+    let (gw, _app) = app_behind(&["--request-body-timeout", "1s"]).await;
     let mut s = TcpStream::connect(gw.addr()).await.unwrap();
     s.write_all(b"POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\nabc")
         .await
@@ -609,16 +607,12 @@ async fn a_client_stalling_in_its_body_gets_408_and_is_closed() {
 /// timeout is still served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_alive_connection_waits_longer_than_the_head_timeout() {
-    let app = Pods::start("default", "app", 1).await;
-    let gw = Gw::start(
-        &(simple("app") + &app.manifests()),
-        &[
-            "--request-header-timeout",
-            "1s",
-            "--keepalive-timeout",
-            "30s",
-        ],
-    )
+    let (gw, app) = app_behind(&[
+        "--request-header-timeout",
+        "1s",
+        "--keepalive-timeout",
+        "30s",
+    ])
     .await;
     let mut send = served_conn(gw.addr()).await;
     // Longer than the head timeout, so that it would have fired.
@@ -664,12 +658,7 @@ async fn served_on(mut s: TcpStream) -> bool {
 /// limit are closed on accept, other addresses keep theirs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_per_client_address_are_limited() {
-    let app = Pods::start("default", "app", 1).await;
-    let gw = Gw::start(
-        &(simple("app") + &app.manifests()),
-        &["--max-connections-per-client", "2"],
-    )
-    .await;
+    let (gw, _app) = app_behind(&["--max-connections-per-client", "2"]).await;
     let client = [127, 0, 0, 2];
     let mut held = Vec::new();
     for _ in 0..2 {
@@ -709,16 +698,12 @@ async fn connections_per_client_address_are_limited() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_heads_get_431_long_targets_414_and_underscores_400() {
-    let app = Pods::start("default", "app", 1).await;
-    let gw = Gw::start(
-        &(simple("app") + &app.manifests()),
-        &[
-            "--max-request-header-bytes",
-            "16384",
-            "--max-uri-bytes",
-            "1024",
-        ],
-    )
+    let (gw, app) = app_behind(&[
+        "--max-request-header-bytes",
+        "16384",
+        "--max-uri-bytes",
+        "1024",
+    ])
     .await;
     let addr = gw.addr();
     let big = "a".repeat(20_000);
@@ -905,8 +890,7 @@ fn h2_status(block: &[u8], code: &str) -> bool {
 /// a reset where hyper cannot parse it) and never reaches a backend.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_authorities_that_are_not_host_and_port_are_refused() {
-    let app = Pods::start("default", "app", 1).await;
-    let gw = Gw::start(&(simple("app") + &app.manifests()), &[]).await;
+    let (gw, app) = app_behind(&[]).await;
     // (:authority, more header fields, the status wanted)
     type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
     let cases: &[Case<'_>] = &[
@@ -1038,8 +1022,7 @@ async fn flood(addr: SocketAddr, f: Vec<u8>, n: usize) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_rapid_reset_and_ping_and_settings_floods_end_the_connection() {
-    let app = Pods::start("default", "app", 1).await;
-    let gw = Gw::start(&(simple("app") + &app.manifests()), &[]).await;
+    let (gw, _app) = app_behind(&[]).await;
     let addr = gw.addr();
     assert!(rapid_reset(addr, 2000).await, "rapid reset went on");
     assert!(
@@ -1090,12 +1073,7 @@ async fn http2_rapid_reset_and_ping_and_settings_floods_end_the_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn well_behaved_clients_are_served_while_others_attack() {
-    let app = Pods::start("default", "app", 1).await;
-    let gw = Gw::start(
-        &(simple("app") + &app.manifests()),
-        &["--request-header-timeout", "2s"],
-    )
-    .await;
+    let (gw, app) = app_behind(&["--request-header-timeout", "2s"]).await;
     let addr = gw.addr();
     let mut attacks = Vec::new();
     for _ in 0..20 {
