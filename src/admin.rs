@@ -12,10 +12,15 @@
 //!   which, since when, why);
 //! - `GET /metrics`: Prometheus text;
 //! - `GET /healthz`: `ok` while the process serves;
-//! - `GET /readyz`: 200 once the first configuration is applied, 503 before.
+//! - `GET /readyz`: 200 once the first configuration is applied, 503 before;
+//!   a line more for each thing an operator should know (the rollout state
+//!   cannot be saved).
 //!
-//! The serve loop publishes a new [`Published`] after every reload; requests
-//! read it with one atomic load.
+//! The serve loop publishes a new [`Published`] after every reload, and a
+//! [`RolloutReport`] whenever a rollout moves (often: it carries the step's
+//! counts); requests read each with one atomic load. A RolloutPolicy's
+//! `status.rollouts` is filled in from the report when `/status` is read,
+//! so that a rollout's counts do not copy the whole status.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -36,9 +41,10 @@ use tokio::task::JoinHandle;
 
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
+use crate::rollout::{PolicyKey, RolloutReport};
 use crate::route::EndpointReport;
 use crate::source::ConfigError;
-use crate::translate::StatusReport;
+use crate::translate::{ObjectStatus, StatusReport};
 
 /// Content type of the Prometheus text exposition format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4";
@@ -55,6 +61,7 @@ pub struct Published {
 /// (reader).
 pub struct AdminState {
     published: ArcSwap<Published>,
+    rollouts: ArcSwap<RolloutReport>,
     ready: AtomicBool,
     metrics: Arc<Metrics>,
     /// The proxy whose endpoints `/endpoints` shows.
@@ -65,6 +72,7 @@ impl AdminState {
     pub fn new(metrics: Arc<Metrics>) -> Self {
         AdminState {
             published: ArcSwap::from_pointee(Published::default()),
+            rollouts: ArcSwap::from_pointee(RolloutReport::default()),
             ready: AtomicBool::new(false),
             metrics,
             proxy: OnceLock::new(),
@@ -74,6 +82,16 @@ impl AdminState {
     /// Show `proxy`'s endpoints on `/endpoints` (once).
     pub fn show_endpoints_of(&self, proxy: Proxy) {
         let _ = self.proxy.set(proxy);
+    }
+
+    /// Show `report` as the rollouts' status from now on.
+    pub fn publish_rollouts(&self, report: RolloutReport) {
+        self.rollouts.store(Arc::new(report));
+    }
+
+    /// The rollouts' status currently shown.
+    pub fn rollouts(&self) -> Arc<RolloutReport> {
+        self.rollouts.load_full()
     }
 
     /// Replace the status and errors shown.
@@ -102,14 +120,24 @@ impl AdminState {
             return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
         }
         match path {
-            "/status" => json(&self.published.load().status),
+            "/status" => json(&MergedStatus {
+                status: &self.published.load().status,
+                rollouts: &self.rollouts.load(),
+            }),
             "/errors" => json(&self.published.load().errors),
             "/endpoints" => json(&self.proxy.get().map_or_else(Vec::new, |p| {
                 p.endpoint_report().iter().map(endpoint_json).collect()
             })),
             "/metrics" => body(StatusCode::OK, PROMETHEUS_TEXT, self.metrics.encode()),
             "/healthz" => text(StatusCode::OK, "ok\n"),
-            "/readyz" if self.is_ready() => text(StatusCode::OK, "ready\n"),
+            "/readyz" if self.is_ready() => match &self.rollouts.load().not_saved {
+                None => text(StatusCode::OK, "ready\n"),
+                Some((why, _)) => body(
+                    StatusCode::OK,
+                    "text/plain; charset=utf-8",
+                    format!("ready\nrollout state not saved: {why}\n"),
+                ),
+            },
             "/readyz" => text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "no configuration applied yet\n",
@@ -144,6 +172,41 @@ fn endpoint_json(e: &EndpointReport) -> serde_json::Value {
         v["lastFailure"] = reason.label().into();
     }
     v
+}
+
+/// `/status`: the objects of `status`, RolloutPolicies completed by
+/// `rollouts`, serialized one by one (only policies are copied).
+struct MergedStatus<'a> {
+    status: &'a StatusReport,
+    rollouts: &'a RolloutReport,
+}
+
+impl serde::Serialize for MergedStatus<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = serializer.serialize_seq(Some(self.status.objects.len()))?;
+        for object in &self.status.objects {
+            if object.kind == "RolloutPolicy" {
+                seq.serialize_element(&complete_policy(object, self.rollouts))?;
+            } else {
+                seq.serialize_element(object)?;
+            }
+        }
+        seq.end()
+    }
+}
+
+/// `object` with its rollouts, when it is a RolloutPolicy.
+fn complete_policy(object: &ObjectStatus, rollouts: &RolloutReport) -> ObjectStatus {
+    let mut object = object.clone();
+    if object.kind == "RolloutPolicy" {
+        let key = PolicyKey {
+            namespace: object.metadata.namespace.clone().unwrap_or_default(),
+            name: object.metadata.name.clone(),
+        };
+        rollouts.complete(&key, &mut object.status);
+    }
+    object
 }
 
 fn body(

@@ -74,7 +74,7 @@ fn serve_lookup(
         None => (target, None),
     };
     if let Lookup::Matched(m) = table.lookup(bind, &host, method, path, query, headers)
-        && let crate::route::BackendChoice::Backend(b) = m.rule.backends.choose()
+        && let crate::route::BackendChoice::Backend(b) = m.rule.backends.choose_for(headers)
         && let crate::route::BackendTarget::Endpoints(set) = &b.target
     {
         let _ = set.pick();

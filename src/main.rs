@@ -31,6 +31,9 @@ enum Command {
         /// Admin listener: /status, /errors, /metrics, /healthz, /readyz.
         #[arg(long, default_value = "127.0.0.1:9901")]
         admin: SocketAddr,
+        /// Where rollouts are recorded so that a restart resumes them (rollouts.json) [default: $XDG_STATE_HOME/sluice, else ~/.local/state/sluice].
+        #[arg(long, conflicts_with = "kubernetes")]
+        state_dir: Option<PathBuf>,
         /// Watch the Kubernetes API server instead of files, and write status back (as leader).
         #[arg(long, conflicts_with = "paths")]
         kubernetes: bool,
@@ -61,6 +64,9 @@ enum Command {
         /// Manifest file or directory (read recursively). Repeatable.
         #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
         paths: Vec<PathBuf>,
+        /// Rollout state to show served shares from, as `serve --state-dir` records it [default: $XDG_STATE_HOME/sluice, else ~/.local/state/sluice].
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
     },
     /// Run the examples with built-in echo backends and show each backend's share of real traffic.
     Demo {
@@ -252,6 +258,7 @@ fn main() -> ExitCode {
             paths,
             bind,
             admin,
+            state_dir,
             kubernetes,
             kubeconfig,
             gateway_service,
@@ -279,11 +286,24 @@ fn main() -> ExitCode {
                     config, limits,
                 )));
             }
+            let state_dir = state_dir.or_else(sluice::rollout::default_state_dir);
+            if state_dir.is_none() {
+                tracing::warn!(
+                    "no --state-dir and neither $XDG_STATE_HOME nor $HOME is set: rollouts are kept in memory only"
+                );
+            }
             let config = sluice::serve::ServeConfig { paths, bind, admin };
-            runtime.block_on(serve(sluice::serve::start_with_limits(config, limits)))
+            runtime.block_on(serve(sluice::serve::start_with_state(
+                config, limits, state_dir,
+            )))
         }
-        Command::Check { paths } => {
-            let code = sluice::cli::check::run(&paths, &mut std::io::stdout().lock());
+        Command::Check { paths, state_dir } => {
+            let state_dir = state_dir.or_else(sluice::rollout::default_state_dir);
+            let code = sluice::cli::check::run(
+                &paths,
+                state_dir.as_deref(),
+                &mut std::io::stdout().lock(),
+            );
             ExitCode::from(u8::try_from(code).unwrap_or(2))
         }
         Command::Demo { requests, verbose } => {

@@ -7,9 +7,15 @@
 //! the route table and finds the label set's counter and histogram in a
 //! cache under one read lock: no allocation once a (rule, backend, code) has
 //! been seen. Label sets are built as Strings only the first time.
+//!
+//! The same path keeps cumulative outcome counters per backend of each
+//! rule ([`BackendStats`]: requests, 5xx, a latency histogram of atomic
+//! buckets), which the rollout gates judge by diffing two readings
+//! ([`Metrics::backend_total`], [`Metrics::backend_totals`]).
 
 use std::collections::HashMap;
 use std::hash::Hasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -37,8 +43,9 @@ pub struct RequestLabels {
 /// passes for every request (see [`Metrics::record`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RequestKey<'a> {
-    /// Written before the route: empty for an HTTPRoute (whose labels are
-    /// as they always were), `GRPCRoute ` for a GRPCRoute.
+    /// Written before the route ([`crate::route::RouteKind::metrics_prefix`]):
+    /// empty for an HTTPRoute (whose labels are as they always were),
+    /// `GRPCRoute ` for a GRPCRoute.
     pub kind: &'static str,
     /// The route's namespace and name, empty when no route matched.
     pub namespace: &'a str,
@@ -111,6 +118,9 @@ struct CachedSeries {
     code: u16,
     requests: Counter,
     latency: Histogram,
+    /// The outcome counters of the series' backend (every code of one
+    /// rule's backend shares them); `None` when no backend was chosen.
+    stats: Option<Arc<BackendStats>>,
 }
 
 impl CachedSeries {
@@ -132,6 +142,150 @@ struct FileLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabel {
     route: String,
+}
+
+/// Upper bounds of the per-backend latency buckets, in microseconds (a
+/// last bucket takes everything slower). Roughly 1.5x apart from 250 µs to
+/// a minute, fine enough for a p99 gate set anywhere in that range.
+pub const LATENCY_BOUNDS_MICROS: [u64; 29] = [
+    250, 500, 1_000, 2_000, 3_000, 5_000, 7_500, 10_000, 15_000, 20_000, 30_000, 50_000, 75_000,
+    100_000, 150_000, 200_000, 300_000, 500_000, 750_000, 1_000_000, 1_500_000, 2_000_000,
+    3_000_000, 5_000_000, 7_500_000, 10_000_000, 15_000_000, 30_000_000, 60_000_000,
+];
+
+/// Buckets of a latency histogram: one per bound, plus the slower rest.
+pub const LATENCY_BUCKETS: usize = LATENCY_BOUNDS_MICROS.len() + 1;
+
+/// Which backend of which rule outcome counters are about.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BackendStatsKey {
+    /// As [`RequestKey::kind`] ([`crate::route::RouteKind::metrics_prefix`]):
+    /// empty for an HTTPRoute, `GRPCRoute ` for a GRPCRoute (a route of
+    /// each kind may share a name).
+    pub kind: &'static str,
+    /// The route's namespace and name.
+    pub namespace: String,
+    pub route: String,
+    /// Rule index within the route.
+    pub rule: usize,
+    /// The backend as metrics label it: `<namespace>/<service>:<port>`.
+    pub backend: String,
+}
+
+/// Cumulative outcomes of one backend of one rule, counted on the
+/// per-request path with atomic increments.
+#[derive(Debug)]
+pub struct BackendStats {
+    requests: AtomicU64,
+    /// 5xx responses, including those sluice answers itself for the
+    /// backend (500 unresolved, 502 refused, 503 no endpoint, 504 timeout).
+    errors: AtomicU64,
+    latency: [AtomicU64; LATENCY_BUCKETS],
+}
+
+impl Default for BackendStats {
+    fn default() -> Self {
+        BackendStats {
+            requests: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            latency: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl BackendStats {
+    fn record(&self, code: u16, elapsed: Duration) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        if (500..600).contains(&code) {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        let bucket = LATENCY_BOUNDS_MICROS.partition_point(|b| *b < micros);
+        self.latency[bucket].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A reading of the counters.
+    pub fn totals(&self) -> BackendTotals {
+        BackendTotals {
+            requests: self.requests.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+            latency: std::array::from_fn(|i| self.latency[i].load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// A reading of a backend's cumulative outcomes (or the difference of two
+/// readings: what happened in between).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackendTotals {
+    pub requests: u64,
+    pub errors: u64,
+    /// Responses per latency bucket ([`LATENCY_BOUNDS_MICROS`], then the
+    /// rest); not cumulative.
+    pub latency: [u64; LATENCY_BUCKETS],
+}
+
+impl Default for BackendTotals {
+    fn default() -> Self {
+        BackendTotals {
+            requests: 0,
+            errors: 0,
+            latency: [0; LATENCY_BUCKETS],
+        }
+    }
+}
+
+impl BackendTotals {
+    /// What happened since `earlier` (a reading of the same counters).
+    pub fn since(&self, earlier: &BackendTotals) -> BackendTotals {
+        BackendTotals {
+            requests: self.requests.saturating_sub(earlier.requests),
+            errors: self.errors.saturating_sub(earlier.errors),
+            latency: std::array::from_fn(|i| self.latency[i].saturating_sub(earlier.latency[i])),
+        }
+    }
+
+    /// The sum of two readings (several backends together).
+    pub fn plus(&self, other: &BackendTotals) -> BackendTotals {
+        BackendTotals {
+            requests: self.requests + other.requests,
+            errors: self.errors + other.errors,
+            latency: std::array::from_fn(|i| self.latency[i] + other.latency[i]),
+        }
+    }
+
+    /// The `q` quantile (0 < q <= 1) of the latencies, estimated as
+    /// Prometheus' `histogram_quantile` does: linear within the bucket
+    /// holding it; the largest bound when it falls in the last bucket.
+    /// `None` without responses.
+    pub fn latency_quantile(&self, q: f64) -> Option<Duration> {
+        let total: u64 = self.latency.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = q * total as f64;
+        let mut before = 0u64;
+        for (i, count) in self.latency.iter().enumerate() {
+            let through = before + count;
+            if *count > 0 && through as f64 >= rank {
+                let Some(&upper) = LATENCY_BOUNDS_MICROS.get(i) else {
+                    break;
+                };
+                let lower = if i == 0 {
+                    0
+                } else {
+                    LATENCY_BOUNDS_MICROS[i - 1]
+                };
+                let within = ((rank - before as f64) / *count as f64).clamp(0.0, 1.0);
+                let micros = lower as f64 + (upper - lower) as f64 * within;
+                return Some(Duration::from_micros(micros.round() as u64));
+            }
+            before = through;
+        }
+        LATENCY_BOUNDS_MICROS
+            .last()
+            .map(|m| Duration::from_micros(*m))
+    }
 }
 
 /// What became of a connection on a TLS listener.
@@ -221,6 +375,9 @@ pub struct Metrics {
     rejected: Family<BackendReason, Counter>,
     /// Label-set hash -> the series with that hash (collisions share a bucket).
     series: RwLock<HashMap<u64, Vec<CachedSeries>>>,
+    /// Outcome counters per backend of each rule.
+    backend_stats: RwLock<HashMap<BackendStatsKey, Arc<BackendStats>>>,
+    rollouts: RolloutMetrics,
 }
 
 impl Default for Metrics {
@@ -301,6 +458,7 @@ impl Metrics {
             "Requests answered by the gateway instead of the backend it chose, by backend and reason (backend_overloaded: 503, the backend's cap on requests in flight was reached)",
             rejected.clone(),
         );
+        let rollouts = RolloutMetrics::register(&mut registry);
         Metrics {
             registry,
             ejections,
@@ -315,6 +473,8 @@ impl Metrics {
             config_generation,
             tls_connections,
             series: RwLock::new(HashMap::new()),
+            backend_stats: RwLock::new(HashMap::new()),
+            rollouts,
         }
     }
 
@@ -374,6 +534,9 @@ impl Metrics {
             if let Some(s) = series.get(&hash).and_then(|b| b.iter().find(|s| s.is(key))) {
                 s.requests.inc();
                 s.latency.observe(elapsed.as_secs_f64());
+                if let Some(stats) = &s.stats {
+                    stats.record(key.code, elapsed);
+                }
                 return;
             }
         }
@@ -387,6 +550,20 @@ impl Metrics {
             .clone();
         requests.inc();
         latency.observe(elapsed.as_secs_f64());
+        let stats = match key.rule {
+            Some(rule) if !key.backend.is_empty() => {
+                let stats = self.stats_for(BackendStatsKey {
+                    kind: key.kind,
+                    namespace: key.namespace.to_string(),
+                    route: key.route.to_string(),
+                    rule,
+                    backend: key.backend.to_string(),
+                });
+                stats.record(key.code, elapsed);
+                Some(stats)
+            }
+            _ => None,
+        };
         let mut series = self.series.write().unwrap_or_else(|p| p.into_inner());
         let bucket = series.entry(hash).or_default();
         if !bucket.iter().any(|s| s.is(key)) {
@@ -399,8 +576,37 @@ impl Metrics {
                 code: key.code,
                 requests,
                 latency,
+                stats,
             });
         }
+    }
+
+    fn stats_for(&self, key: BackendStatsKey) -> Arc<BackendStats> {
+        let mut all = self
+            .backend_stats
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        all.entry(key).or_default().clone()
+    }
+
+    /// A reading of one backend's outcome counters (zero when it never
+    /// answered a request).
+    pub fn backend_total(&self, key: &BackendStatsKey) -> BackendTotals {
+        let all = self.backend_stats.read().unwrap_or_else(|p| p.into_inner());
+        all.get(key).map(|s| s.totals()).unwrap_or_default()
+    }
+
+    /// A reading of every backend's outcome counters, in key order.
+    pub fn backend_totals(&self) -> Vec<(BackendStatsKey, BackendTotals)> {
+        let all = self.backend_stats.read().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<_> = all.iter().map(|(k, s)| (k.clone(), s.totals())).collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// The rollout gauges and counters.
+    pub fn rollouts(&self) -> &RolloutMetrics {
+        &self.rollouts
     }
 
     /// Record one request's outcome with owned labels (allocates; the proxy
@@ -440,6 +646,159 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
+    }
+}
+
+/// Labels of one rollout: the policy and the rule it governs.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RolloutLabels {
+    /// `<namespace>/<name>` of the RolloutPolicy.
+    pub policy: String,
+    /// `<namespace>/<name>` of the HTTPRoute, as requests label it.
+    pub route: String,
+    pub rule: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RolloutBackendLabels {
+    policy: String,
+    route: String,
+    rule: String,
+    backend: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RolloutPhaseLabels {
+    policy: String,
+    route: String,
+    rule: String,
+    phase: String,
+}
+
+/// Rollout metrics: served share per backend, step and phase, transitions.
+pub struct RolloutMetrics {
+    served_share: Family<RolloutBackendLabels, Gauge<f64, AtomicU64>>,
+    step: Family<RolloutLabels, Gauge<f64, AtomicU64>>,
+    phase: Family<RolloutPhaseLabels, Gauge>,
+    transitions: Family<RolloutPhaseLabels, Counter>,
+    /// The backends and phases set per rollout, to remove their series
+    /// when the rollout is gone.
+    shown: RwLock<HashMap<RolloutLabels, Vec<String>>>,
+}
+
+impl RolloutMetrics {
+    /// Every phase a rollout can be in.
+    pub const PHASES: [&'static str; 5] =
+        ["Waiting", "Progressing", "Paused", "Complete", "RolledBack"];
+
+    fn register(registry: &mut Registry) -> Self {
+        let served_share = Family::default();
+        registry.register(
+            "rollout_served_share",
+            "Share of the rule's traffic each backend is served (0 to 1), by RolloutPolicy, HTTPRoute, rule and backend",
+            Family::clone(&served_share),
+        );
+        let step = Family::default();
+        registry.register(
+            "rollout_step_percent",
+            "The step a rollout is at (percent of the way from the shares served before to the spec's; 0 before the first step)",
+            Family::clone(&step),
+        );
+        let phase = Family::default();
+        registry.register(
+            "rollout_phase",
+            "1 for the phase each rollout is in (Waiting, Progressing, Paused, Complete, RolledBack), 0 for the others",
+            Family::clone(&phase),
+        );
+        let transitions = Family::default();
+        registry.register(
+            "rollout_transitions",
+            "Rollout transitions, by the phase entered (a step passed counts as Progressing)",
+            Family::clone(&transitions),
+        );
+        RolloutMetrics {
+            served_share,
+            step,
+            phase,
+            transitions,
+            shown: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Show one rollout: its phase, step and each backend's served share.
+    pub fn set(
+        &self,
+        labels: &RolloutLabels,
+        phase: &str,
+        step_percent: f64,
+        shares: &[(String, f64)],
+    ) {
+        let mut shown = self.shown.write().unwrap_or_else(|p| p.into_inner());
+        let backends = shown.entry(labels.clone()).or_default();
+        for stale in backends
+            .iter()
+            .filter(|b| !shares.iter().any(|(s, _)| s == *b))
+        {
+            self.served_share
+                .remove(&Self::backend_labels(labels, stale));
+        }
+        *backends = shares.iter().map(|(b, _)| b.clone()).collect();
+        for (backend, share) in shares {
+            self.served_share
+                .get_or_create(&Self::backend_labels(labels, backend))
+                .set(*share);
+        }
+        self.step.get_or_create(labels).set(step_percent);
+        for p in Self::PHASES {
+            self.phase
+                .get_or_create(&Self::phase_labels(labels, p))
+                .set(i64::from(p == phase));
+        }
+    }
+
+    /// Count a transition of one rollout into `phase`.
+    pub fn transition(&self, labels: &RolloutLabels, phase: &str) {
+        self.transitions
+            .get_or_create(&Self::phase_labels(labels, phase))
+            .inc();
+    }
+
+    /// Remove the gauges of rollouts that are not in `current` (their
+    /// policy or rule is gone). Transition counters stay: they count.
+    pub fn retain(&self, current: &[RolloutLabels]) {
+        let mut shown = self.shown.write().unwrap_or_else(|p| p.into_inner());
+        shown.retain(|labels, backends| {
+            if current.contains(labels) {
+                return true;
+            }
+            for backend in backends.iter() {
+                self.served_share
+                    .remove(&Self::backend_labels(labels, backend));
+            }
+            self.step.remove(labels);
+            for p in Self::PHASES {
+                self.phase.remove(&Self::phase_labels(labels, p));
+            }
+            false
+        });
+    }
+
+    fn backend_labels(labels: &RolloutLabels, backend: &str) -> RolloutBackendLabels {
+        RolloutBackendLabels {
+            policy: labels.policy.clone(),
+            route: labels.route.clone(),
+            rule: labels.rule.clone(),
+            backend: backend.to_string(),
+        }
+    }
+
+    fn phase_labels(labels: &RolloutLabels, phase: &str) -> RolloutPhaseLabels {
+        RolloutPhaseLabels {
+            policy: labels.policy.clone(),
+            route: labels.route.clone(),
+            rule: labels.rule.clone(),
+            phase: phase.to_string(),
+        }
     }
 }
 
@@ -527,5 +886,105 @@ mod tests {
         let text = m.encode();
         assert!(text.contains(r#"route="ab/c""#), "{text}");
         assert!(text.contains(r#"route="a/bc""#), "{text}");
+    }
+
+    #[test]
+    fn backend_outcomes_count_requests_5xx_and_latency() {
+        let m = Metrics::new();
+        let key = RequestKey {
+            kind: "",
+            namespace: "shop",
+            route: "checkout",
+            rule: Some(1),
+            backend: "shop/canary:80",
+            code: 200,
+        };
+        m.record(&key, Duration::from_millis(4));
+        m.record(&key, Duration::from_millis(4));
+        m.record(&RequestKey { code: 503, ..key }, Duration::from_micros(100));
+        m.record(&RequestKey { code: 404, ..key }, Duration::from_secs(100));
+        // No backend chosen: nothing to count per backend.
+        m.record(&RequestKey { backend: "", ..key }, Duration::ZERO);
+        let stats_key = BackendStatsKey {
+            kind: "",
+            namespace: "shop".into(),
+            route: "checkout".into(),
+            rule: 1,
+            backend: "shop/canary:80".into(),
+        };
+        let t = m.backend_total(&stats_key);
+        assert_eq!((t.requests, t.errors), (4, 1));
+        assert_eq!(t.latency[0], 1, "100 µs is in the first bucket");
+        assert_eq!(
+            t.latency[LATENCY_BUCKETS - 1],
+            1,
+            "100 s is past every bound"
+        );
+        assert_eq!(t.latency.iter().sum::<u64>(), 4);
+        assert_eq!(m.backend_totals(), vec![(stats_key.clone(), t)]);
+        let other = BackendStatsKey {
+            rule: 0,
+            ..stats_key.clone()
+        };
+        assert_eq!(m.backend_total(&other), BackendTotals::default());
+        // A GRPCRoute of the same name counts apart.
+        m.record(
+            &RequestKey {
+                kind: "GRPCRoute ",
+                ..key
+            },
+            Duration::from_millis(1),
+        );
+        assert_eq!(m.backend_total(&stats_key), t);
+    }
+
+    #[test]
+    fn latency_quantiles_interpolate_within_buckets() {
+        let mut t = BackendTotals::default();
+        assert_eq!(t.latency_quantile(0.99), None);
+        // 100 responses between 10 and 15 ms: the p99 is 99% of the way.
+        t.latency[LATENCY_BOUNDS_MICROS.partition_point(|b| *b < 12_000)] = 100;
+        assert_eq!(
+            t.latency_quantile(0.99),
+            Some(Duration::from_micros(14_950))
+        );
+        assert_eq!(t.latency_quantile(0.5), Some(Duration::from_micros(12_500)));
+        // One slow response in 100 is the p99; two are above it.
+        t.latency[LATENCY_BUCKETS - 1] = 2;
+        assert_eq!(t.latency_quantile(0.99), Some(Duration::from_secs(60)));
+        let later = t.plus(&t);
+        assert_eq!(later.since(&t), t);
+    }
+
+    #[test]
+    fn rollout_series_are_set_and_removed() {
+        let m = Metrics::new();
+        let labels = RolloutLabels {
+            policy: "shop/p".into(),
+            route: "shop/r".into(),
+            rule: "0".into(),
+        };
+        m.rollouts().set(
+            &labels,
+            "Progressing",
+            5.0,
+            &[("shop/a:80".into(), 0.95), ("shop/b:80".into(), 0.05)],
+        );
+        m.rollouts().transition(&labels, "Progressing");
+        let text = m.encode();
+        for line in [
+            r#"sluice_rollout_served_share{policy="shop/p",route="shop/r",rule="0",backend="shop/b:80"} 0.05"#,
+            r#"sluice_rollout_step_percent{policy="shop/p",route="shop/r",rule="0"} 5.0"#,
+            r#"sluice_rollout_phase{policy="shop/p",route="shop/r",rule="0",phase="Progressing"} 1"#,
+            r#"sluice_rollout_phase{policy="shop/p",route="shop/r",rule="0",phase="Waiting"} 0"#,
+            r#"sluice_rollout_transitions_total{policy="shop/p",route="shop/r",rule="0",phase="Progressing"} 1"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+        m.rollouts().retain(&[]);
+        let text = m.encode();
+        assert!(!text.contains("sluice_rollout_served_share{"), "{text}");
+        assert!(!text.contains("sluice_rollout_phase{"), "{text}");
+        assert!(text.contains("sluice_rollout_transitions_total{"), "{text}");
     }
 }

@@ -1,28 +1,46 @@
-//! `sluice serve`: wires the file source, translate, the proxy and the admin
-//! listener together.
+//! `sluice serve`: wires the sources, the rollouts, translate, the proxy
+//! and the admin listener together.
 //!
-//! Start-up loads the manifests, translates them, applies the route table
-//! to the proxy and publishes status and errors on the admin listener. A
-//! reload task then repeats that on every (debounced) file change. A reload
-//! is an atomic table swap in the proxy: requests in flight finish on the
-//! table they started with, a broken file keeps its last good objects, and
-//! nothing a manifest says can make the process exit.
+//! Both modes run one serve loop: a source task (files, or the Kubernetes
+//! API) sends each complete configuration on a channel; the loop runs the
+//! rollout state machine on it, translates it with the shares the rollouts
+//! serve, applies the route table to the proxy and publishes status and
+//! errors on the admin listener. While a rollout is at a step, the loop
+//! also wakes every [`ROLLOUT_TICK`] to judge it, and translates again when
+//! the served shares change: a step is a table swap like any reload.
+//!
+//! A reload is an atomic table swap in the proxy: requests in flight
+//! finish on the table they started with, a broken file keeps its last good
+//! objects, and nothing a manifest says can make the process exit.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use anyhow::Context;
-use tokio::sync::watch;
+use k8s_openapi::jiff::Timestamp;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::admin::{AdminServer, AdminState, Published};
-use crate::metrics::Metrics;
+use crate::metrics::{BackendStatsKey, Metrics, RolloutLabels};
 use crate::proxy::{Proxy, ProxyLimits};
+use crate::resources::Snapshot;
+use crate::rollout::{
+    BackendKey, FileStore, MemoryStore, RolloutInputs, RolloutReport, RolloutStore, Rollouts,
+    RuleKey, ServedShares,
+};
 use crate::route::RouteTable;
-use crate::source::{FileSource, FileWatch, SourceUpdate};
-use crate::translate::{ObjectStatus, StatusReport, TranslateOptions, translate};
+use crate::source::{ConfigError, FileSource, SourceUpdate};
+use crate::translate::{
+    ObjectStatus, RuleSummary, StatusReport, TranslateOptions, rollout_inputs, translate_served,
+};
+
+/// How often rollout gates and clocks are judged while a rollout is at a
+/// step: a breached gate is acted on within this.
+pub const ROLLOUT_TICK: Duration = Duration::from_millis(250);
 
 /// Settings of `sluice serve`.
 #[derive(Debug, Clone)]
@@ -62,6 +80,12 @@ impl RunningGateway {
         self.state.published()
     }
 
+    /// The rollouts' status currently shown (each RolloutPolicy's
+    /// `status.rollouts` on `/status`).
+    pub fn rollouts(&self) -> Arc<RolloutReport> {
+        self.state.rollouts()
+    }
+
     /// Stop watching, close the admin listener and every proxy listener,
     /// then drain: connections already accepted finish their requests in
     /// flight within the drain period ([`ProxyLimits::drain_timeout`]).
@@ -99,6 +123,17 @@ pub async fn start_with_limits(
     config: ServeConfig,
     limits: ProxyLimits,
 ) -> anyhow::Result<RunningGateway> {
+    start_with_state(config, limits, None).await
+}
+
+/// [`start_with_limits`], recording rollouts in `state_dir`
+/// (`rollouts.json`) so that a restart resumes them; `None` keeps them in
+/// memory only.
+pub async fn start_with_state(
+    config: ServeConfig,
+    limits: ProxyLimits,
+    state_dir: Option<PathBuf>,
+) -> anyhow::Result<RunningGateway> {
     let metrics = Metrics::shared();
     let source = FileSource::new(config.paths.clone(), metrics.clone());
     // Watch before the first read so that no change in between is missed.
@@ -115,22 +150,38 @@ pub async fn start_with_limits(
 
     let proxy = Proxy::with_limits(metrics.clone(), limits);
     state.show_endpoints_of(proxy.clone());
-    let mut reloader = Reloader {
-        options: TranslateOptions {
-            default_bind: config.bind,
-        },
-        proxy: proxy.clone(),
-        state: state.clone(),
-        metrics: metrics.clone(),
-        generation: 0,
+    let store: Box<dyn RolloutStore> = match &state_dir {
+        Some(dir) => Box::new(FileStore::new(dir)),
+        None => Box::new(MemoryStore::default()),
     };
-    let source = Arc::new(Mutex::new(source));
-    if let Some(update) = reload(&source).await {
-        reloader.apply(update).await;
-    }
-    state.set_ready();
+    let server = Server::new(
+        config.bind,
+        proxy.clone(),
+        state.clone(),
+        metrics.clone(),
+        store,
+    )
+    .await;
 
-    let reloads = tokio::spawn(reload_loop(source, watch, reloader, shutdown_rx));
+    let (updates_tx, updates) = mpsc::channel(1);
+    let source = tokio::spawn(crate::source::files::run(
+        source,
+        watch,
+        updates_tx,
+        shutdown_rx.clone(),
+    ));
+    let (first_tx, first) = oneshot::channel();
+    let serve = tokio::spawn(serve_loop(
+        updates,
+        server,
+        None,
+        Some(first_tx),
+        shutdown_rx,
+    ));
+    // Serve the first configuration before returning, as a gateway that
+    // answers is expected to.
+    let _ = first.await;
+    let reloads = tokio::spawn(join_tasks([("serve", serve), ("source", source)]));
     Ok(RunningGateway {
         admin,
         state,
@@ -141,32 +192,261 @@ pub async fn start_with_limits(
     })
 }
 
-/// Turns each configuration into a served table and published status.
-struct Reloader {
+/// Wait for every task, logging the ones that failed.
+async fn join_tasks<const N: usize>(tasks: [(&'static str, JoinHandle<()>); N]) {
+    for (task, handle) in tasks {
+        if let Err(error) = handle.await {
+            tracing::error!(task, %error, "task failed");
+        }
+    }
+}
+
+/// The configuration in service.
+struct Current {
+    snapshot: Arc<Snapshot>,
+    errors: Vec<ConfigError>,
+    objects: usize,
+    /// The rule summaries of the table in service: what each rule serves,
+    /// for the rollouts of newly governed rules.
+    rules: Arc<Vec<RuleSummary>>,
+}
+
+/// The rollouts, their state machine's inputs and where they are saved.
+struct RolloutDriver {
+    machine: Rollouts,
+    store: Arc<Mutex<Box<dyn RolloutStore>>>,
+    inputs: RolloutInputs,
+    served: ServedShares,
+    /// Why the state could not be saved (or read), and since when.
+    not_saved: Option<(String, Timestamp)>,
+}
+
+/// Turns each configuration, and each rollout step, into a served table
+/// and published status.
+struct Server {
     options: TranslateOptions,
     proxy: Proxy,
     state: Arc<AdminState>,
     metrics: Arc<Metrics>,
     /// Number of the last table applied.
     generation: u64,
+    current: Option<Current>,
+    rollouts: RolloutDriver,
 }
 
-impl Reloader {
+impl Server {
+    /// A server whose rollouts resume what `store` recorded.
+    async fn new(
+        bind: IpAddr,
+        proxy: Proxy,
+        state: Arc<AdminState>,
+        metrics: Arc<Metrics>,
+        mut store: Box<dyn RolloutStore>,
+    ) -> Server {
+        let location = store.location();
+        let (store, loaded) = tokio::task::spawn_blocking(move || {
+            let loaded = store.load();
+            (store, loaded)
+        })
+        .await
+        .unwrap_or_else(|_| {
+            (
+                Box::new(MemoryStore::default()) as Box<dyn RolloutStore>,
+                Err("reading the rollout state panicked".into()),
+            )
+        });
+        let (machine, not_saved) = match loaded {
+            Ok(records) => {
+                if !records.is_empty() {
+                    tracing::info!(rollouts = records.len(), state = %location,
+                        "resuming recorded rollouts");
+                }
+                (Rollouts::restore(records), None)
+            }
+            Err(error) => {
+                let message = format!(
+                    "{error}; started without recorded rollouts: rules serve their spec shares until their weights change"
+                );
+                tracing::error!("rollout state: {message}");
+                (Rollouts::new(), Some((message, Timestamp::now())))
+            }
+        };
+        let server = Server {
+            options: TranslateOptions { default_bind: bind },
+            proxy,
+            state,
+            metrics,
+            generation: 0,
+            current: None,
+            rollouts: RolloutDriver {
+                machine,
+                store: Arc::new(Mutex::new(store)),
+                inputs: RolloutInputs::default(),
+                served: ServedShares::default(),
+                not_saved,
+            },
+        };
+        server.publish_rollouts();
+        server
+    }
+
+    /// Serve a new configuration.
     async fn apply(&mut self, update: SourceUpdate) {
-        // Translate off the async workers: with 10,000 routes it takes a few
-        // hundred milliseconds that requests must not wait behind.
         let SourceUpdate {
             snapshot,
-            objects,
             errors,
+            objects,
         } = update;
+        let snapshot = Arc::new(snapshot);
+        let previous = self
+            .current
+            .as_ref()
+            .map_or_else(|| Arc::new(Vec::new()), |c| c.rules.clone());
+        // Resolving the governed rules' backends is as large as the
+        // policies; keep it off the async workers too.
+        let for_inputs = snapshot.clone();
+        match tokio::task::spawn_blocking(move || rollout_inputs(&for_inputs, &previous)).await {
+            Ok(inputs) => self.rollouts.inputs = inputs,
+            Err(error) => {
+                tracing::error!(%error, "reading the rollout policies failed; keeping the previous ones")
+            }
+        }
+        let rules = self.current.take().map(|c| c.rules);
+        self.current = Some(Current {
+            snapshot,
+            errors,
+            objects,
+            rules: rules.unwrap_or_default(),
+        });
+        self.evaluate_rollouts().await;
+        self.translate_and_apply("configuration applied").await;
+        self.publish_rollouts();
+    }
+
+    /// Judge the rollouts at a step; serve their new shares if they moved.
+    async fn tick(&mut self) {
+        if self.current.is_none() {
+            return;
+        }
+        let before = self.rollouts.served.clone();
+        self.evaluate_rollouts().await;
+        if self.rollouts.served != before {
+            self.translate_and_apply("rollout step applied").await;
+        }
+        self.publish_rollouts();
+    }
+
+    /// Run the rollout state machine; log and count its transitions; save
+    /// the records when they changed.
+    async fn evaluate_rollouts(&mut self) {
+        let metrics = self.metrics.clone();
+        let totals = move |rule: &RuleKey, backend: &BackendKey| {
+            metrics.backend_total(&BackendStatsKey {
+                kind: rule.kind.metrics_prefix(),
+                namespace: rule.namespace.clone(),
+                route: rule.route.clone(),
+                rule: rule.rule,
+                backend: backend.to_string(),
+            })
+        };
+        let driver = &mut self.rollouts;
+        let evaluation = driver
+            .machine
+            .evaluate(&driver.inputs, &totals, Timestamp::now());
+        for t in &evaluation.transitions {
+            tracing::info!(policy = %t.policy, rule = %t.rule, phase = t.phase.as_str(), "rollout: {}", t.message);
+            self.metrics
+                .rollouts()
+                .transition(&rollout_labels(&t.policy, &t.rule), t.phase.as_str());
+        }
+        driver.served = evaluation.served;
+        if evaluation.changed {
+            self.save_rollouts().await;
+        }
+    }
+
+    /// Save the recorded rollouts (off the async workers: the file is
+    /// synced). A failure is logged once, shown on `/readyz` and in each
+    /// policy's status, and the rollouts go on in memory.
+    async fn save_rollouts(&mut self) {
+        let records = self.rollouts.machine.records();
+        let store = self.rollouts.store.clone();
+        let saved = tokio::task::spawn_blocking(move || {
+            let mut store = store.lock().unwrap_or_else(PoisonError::into_inner);
+            store.save(&records).map_err(|e| (e, store.location()))
+        })
+        .await
+        .unwrap_or_else(|e| Err((format!("saving panicked: {e}"), String::new())));
+        match saved {
+            Ok(()) => {
+                if self.rollouts.not_saved.take().is_some() {
+                    tracing::info!("rollout state saved again");
+                }
+            }
+            Err((error, _)) => {
+                let message = format!(
+                    "{error}; rollouts go on in memory only: after a restart, rules would serve their spec shares at once"
+                );
+                let known = self
+                    .rollouts
+                    .not_saved
+                    .as_ref()
+                    .is_some_and(|(m, _)| *m == message);
+                if !known {
+                    tracing::error!("rollout state: {message}");
+                    self.rollouts.not_saved = Some((message, Timestamp::now()));
+                }
+            }
+        }
+    }
+
+    /// Show the rollouts on `/status` and `/metrics`.
+    fn publish_rollouts(&self) {
+        let report = RolloutReport::new(&self.rollouts.machine, self.rollouts.not_saved.clone());
+        let metrics = self.metrics.rollouts();
+        let mut shown = Vec::new();
+        for (rollout, _, _) in self.rollouts.machine.report() {
+            let labels = rollout_labels(&rollout.policy, &rollout.rule);
+            let served = rollout.served();
+            let total = served.total();
+            let shares: Vec<(String, f64)> = served
+                .iter()
+                .map(|(k, w)| {
+                    let share = if total == 0 {
+                        0.0
+                    } else {
+                        w as f64 / total as f64
+                    };
+                    (k.to_string(), share)
+                })
+                .collect();
+            let step = rollout
+                .step
+                .map_or(0.0, |p| f64::from(p.thousandths()) / 1000.0);
+            metrics.set(&labels, rollout.phase.as_str(), step, &shares);
+            shown.push(labels);
+        }
+        metrics.retain(&shown);
+        self.state.publish_rollouts(report);
+    }
+
+    /// Translate the configuration in service with the served shares and
+    /// swap the table in.
+    async fn translate_and_apply(&mut self, what: &'static str) {
+        let Some(current) = &self.current else {
+            return;
+        };
+        // Translate off the async workers: with 10,000 routes it takes a few
+        // hundred milliseconds that requests must not wait behind.
+        let snapshot = current.snapshot.clone();
         let options = self.options.clone();
+        let served = self.rollouts.served.clone();
         let previous = self.state.published();
         let translated = tokio::task::spawn_blocking(move || {
             // Build the new table once the one it replaced last time is
             // freed, so that the two never overlap in memory.
             RouteTable::wait_for_freed_tables();
-            let mut translation = translate(&snapshot, &options);
+            let mut translation = translate_served(&snapshot, &options, &served);
             // Conditions whose status did not change keep the time it last
             // changed, as in Kubernetes mode. The previous status is as
             // large as the configuration: walk it here, off the async
@@ -201,20 +481,36 @@ impl Reloader {
         drop(previous);
         self.generation += 1;
         self.metrics.record_reload(self.generation);
+        let Some(current) = &mut self.current else {
+            return;
+        };
         tracing::info!(
             generation = self.generation,
-            objects,
-            errors = errors.len(),
-            "configuration applied"
+            objects = current.objects,
+            errors = current.errors.len(),
+            "{what}"
         );
         let replaced = self.state.publish(Published {
             status: translation.status,
-            errors,
+            errors: current.errors.clone(),
         });
-        // The replaced status and this translation's rule summaries are as
-        // large as the configuration: free them off the async workers.
-        let rules = translation.rules;
-        tokio::task::spawn_blocking(move || drop((replaced, rules)));
+        let replaced_rules = std::mem::replace(&mut current.rules, Arc::new(translation.rules));
+        // The replaced status and rule summaries are as large as the
+        // configuration: free them off the async workers.
+        tokio::task::spawn_blocking(move || drop((replaced, replaced_rules)));
+    }
+}
+
+fn rollout_labels(policy: &crate::rollout::PolicyKey, rule: &RuleKey) -> RolloutLabels {
+    RolloutLabels {
+        policy: policy.to_string(),
+        route: format!(
+            "{}{}/{}",
+            rule.kind.metrics_prefix(),
+            rule.namespace,
+            rule.route
+        ),
+        rule: rule.rule.to_string(),
     }
 }
 
@@ -239,47 +535,55 @@ fn keep_transition_times(new: &mut StatusReport, old: &StatusReport) {
     }
 }
 
-/// Read the files again (off the async workers). `None` when nothing
-/// changed, or when reading panicked: that is logged, the current table
-/// keeps serving and the next change is tried again.
-async fn reload(source: &Arc<Mutex<FileSource>>) -> Option<SourceUpdate> {
-    let source = source.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        // A previous reload that panicked poisoned the lock; the source's
-        // state is still a consistent last-good set, so go on with it.
-        source
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .reload()
-    })
-    .await;
-    match result {
-        Ok(update) => update,
-        Err(error) => {
-            tracing::error!(%error, "reading the manifests failed; keeping the current configuration");
-            None
+/// The serve loop of both modes: serve each configuration the source
+/// sends, and judge rollouts every [`ROLLOUT_TICK`] while one is at a
+/// step. The first configuration served makes `/readyz` ready (and fires
+/// `first`); each served one goes to `served` (the status writer's
+/// input, in Kubernetes mode).
+async fn serve_loop(
+    mut updates: mpsc::Receiver<SourceUpdate>,
+    mut server: Server,
+    served: Option<watch::Sender<Option<Arc<Served>>>>,
+    mut first: Option<oneshot::Sender<()>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let generation = server.generation;
+        let tick = server
+            .rollouts
+            .machine
+            .in_flight()
+            .then(|| tokio::time::Instant::now() + ROLLOUT_TICK);
+        tokio::select! {
+            update = updates.recv() => {
+                let Some(update) = update else {
+                    tracing::warn!("the configuration source stopped; configuration is no longer updated");
+                    return;
+                };
+                server.apply(update).await;
+                server.state.set_ready();
+                if let Some(first) = first.take() {
+                    let _ = first.send(());
+                }
+            }
+            _ = sleep_until(tick) => server.tick().await,
+            _ = crate::admin::stopped(&mut shutdown) => return,
+        }
+        if let (Some(served), Some(current)) = (&served, &server.current)
+            && server.generation != generation
+        {
+            served.send_replace(Some(Arc::new(Served {
+                snapshot: current.snapshot.clone(),
+                published: server.state.published(),
+            })));
         }
     }
 }
 
-async fn reload_loop(
-    source: Arc<Mutex<FileSource>>,
-    mut watch: FileWatch,
-    mut reloader: Reloader,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    loop {
-        let changed = tokio::select! {
-            changed = watch.changed() => changed,
-            _ = crate::admin::stopped(&mut shutdown) => return,
-        };
-        if !changed {
-            tracing::warn!("file watch stopped; configuration is no longer reloaded");
-            return;
-        }
-        if let Some(update) = reload(&source).await {
-            reloader.apply(update).await;
-        }
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -307,7 +611,7 @@ pub struct KubernetesConfig {
 /// What the serve loop last served: the snapshot and the status translate
 /// computed for it (after the proxy swapped in its table).
 struct Served {
-    snapshot: crate::resources::Snapshot,
+    snapshot: Arc<Snapshot>,
     published: Arc<Published>,
 }
 
@@ -342,7 +646,7 @@ pub async fn start_kubernetes_with_limits(
     let proxy = Proxy::with_limits(metrics.clone(), limits);
     state.show_endpoints_of(proxy.clone());
 
-    let (updates_tx, updates) = tokio::sync::mpsc::channel(1);
+    let (updates_tx, updates) = mpsc::channel(1);
     let source = tokio::spawn(kube_source::run(
         kube_source::watch_all(&client),
         SourceOptions::default(),
@@ -382,33 +686,29 @@ pub async fn start_kubernetes_with_limits(
         shutdown_rx.clone(),
     ));
 
-    let reloader = Reloader {
-        options: TranslateOptions {
-            default_bind: config.bind,
-        },
-        proxy: proxy.clone(),
-        state: state.clone(),
-        metrics: metrics.clone(),
-        generation: 0,
-    };
-    let serve = tokio::spawn(kubernetes_serve_loop(
+    // Rollouts are kept in memory here (recording them in each policy's
+    // status is the leader's job).
+    let server = Server::new(
+        config.bind,
+        proxy.clone(),
+        state.clone(),
+        metrics.clone(),
+        Box::new(MemoryStore::default()),
+    )
+    .await;
+    let serve = tokio::spawn(serve_loop(
         updates,
-        reloader,
-        served_tx,
+        server,
+        Some(served_tx),
+        None,
         shutdown_rx,
     ));
-    let reloads = tokio::spawn(async move {
-        for (task, handle) in [
-            ("serve", serve),
-            ("source", source),
-            ("status", status),
-            ("leader election", elector),
-        ] {
-            if let Err(error) = handle.await {
-                tracing::error!(task, %error, "task failed");
-            }
-        }
-    });
+    let reloads = tokio::spawn(join_tasks([
+        ("serve", serve),
+        ("source", source),
+        ("status", status),
+        ("leader election", elector),
+    ]));
     Ok(RunningGateway {
         admin,
         state,
@@ -437,33 +737,6 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kub
             .context("no Kubernetes configuration (not in a cluster, no kubeconfig)")?,
     };
     kube::Client::try_from(config).context("cannot build the Kubernetes client")
-}
-
-/// Translate and serve each snapshot from the API server; the first one
-/// makes `/readyz` ready.
-async fn kubernetes_serve_loop(
-    mut updates: tokio::sync::mpsc::Receiver<SourceUpdate>,
-    mut reloader: Reloader,
-    served: watch::Sender<Option<Arc<Served>>>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    loop {
-        let update = tokio::select! {
-            update = updates.recv() => update,
-            _ = crate::admin::stopped(&mut shutdown) => return,
-        };
-        let Some(update) = update else {
-            tracing::warn!("the Kubernetes source stopped; configuration is no longer updated");
-            return;
-        };
-        let snapshot = update.snapshot.clone();
-        reloader.apply(update).await;
-        reloader.state.set_ready();
-        served.send_replace(Some(Arc::new(Served {
-            snapshot,
-            published: reloader.state.published(),
-        })));
-    }
 }
 
 /// Write the status of what is served, while leader. Failed writes are

@@ -45,7 +45,7 @@ impl Drop for Manifests {
 fn check(paths: &[&Path]) -> (i32, String) {
     let paths: Vec<PathBuf> = paths.iter().map(|p| p.to_path_buf()).collect();
     let mut out = Vec::new();
-    let code = check::run(&paths, &mut out);
+    let code = check::run(&paths, None, &mut out);
     let out = String::from_utf8(out).expect("check prints UTF-8");
     // Shown with `--nocapture`.
     println!("--- sluice check (exit {code})\n{out}");

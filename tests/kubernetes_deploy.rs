@@ -153,3 +153,108 @@ fn gateway_class_is_ours_and_the_service_is_the_one_named_in_the_args() {
     let args = strings(&d["spec"]["template"]["spec"]["containers"][0]["args"]);
     assert!(args.contains(&named), "{named} in {args:?}");
 }
+
+/// The RolloutPolicy CRD refuses what `sluice serve -f` refuses: its
+/// patterns accept exactly the percentages and durations sluice parses,
+/// its enums are sluice's, and the status subresource is there for the
+/// leader to write. RBAC lets sluice read the policies and patch their
+/// status.
+#[test]
+fn rollout_policy_crd_agrees_with_sluice() {
+    use sluice::resources::{
+        Percent, ROLLOUT_POLICY_API_VERSION, SLUICE_GROUP, parse_gateway_duration,
+    };
+
+    let crd = &of_kind("rolloutpolicy-crd.yaml", "CustomResourceDefinition")[0];
+    let spec = &crd["spec"];
+    assert_eq!(spec["group"].as_str(), Some(SLUICE_GROUP));
+    assert_eq!(spec["names"]["kind"].as_str(), Some("RolloutPolicy"));
+    let version = &spec["versions"][0];
+    assert_eq!(
+        format!(
+            "{}/{}",
+            SLUICE_GROUP,
+            version["name"].as_str().unwrap_or("")
+        ),
+        ROLLOUT_POLICY_API_VERSION
+    );
+    assert!(version["subresources"]["status"].is_mapping());
+    let schema = &version["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    assert_eq!(
+        strings(&schema["required"]),
+        ["targetRefs", "steps", "interval"]
+    );
+    let props = &schema["properties"];
+    assert_eq!(strings(&props["onFailure"]["enum"]), ["Rollback", "Pause"]);
+    assert_eq!(
+        strings(&props["targetRefs"]["items"]["properties"]["kind"]["enum"]),
+        ["HTTPRoute"]
+    );
+    let pattern = |v: &Value| {
+        regex::Regex::new(v["pattern"].as_str().expect("a pattern")).expect("a valid pattern")
+    };
+    let step = pattern(&props["steps"]["items"]);
+    let rate = pattern(&props["analysis"]["properties"]["maxErrorRate"]);
+    for text in [
+        "0.5%", "5%", "25%", "100%", "100.000%", "0.001%", "0%", "0.0625%", "100.5%", "101%",
+        "1000%", "5", ".5%", "1.%", "-1%", " 5%", "1e2%", "99.999%",
+    ] {
+        let ours = Percent::parse(text).is_ok();
+        assert_eq!(step.is_match(text), ours, "steps pattern on {text:?}");
+        assert_eq!(
+            rate.is_match(text),
+            ours,
+            "maxErrorRate pattern on {text:?}"
+        );
+    }
+    let interval = pattern(&props["interval"]);
+    let latency = pattern(&props["analysis"]["properties"]["maxLatency"]);
+    for text in [
+        "5m",
+        "300ms",
+        "1h2m3s4ms",
+        "0s",
+        "10",
+        "1.5s",
+        "100000s",
+        "1d",
+        "1h1h1h1h1h",
+        "",
+    ] {
+        let ours = parse_gateway_duration(text).is_ok();
+        assert_eq!(
+            interval.is_match(text),
+            ours,
+            "interval pattern on {text:?}"
+        );
+        assert_eq!(
+            latency.is_match(text),
+            ours,
+            "maxLatency pattern on {text:?}"
+        );
+    }
+
+    let role = &of_kind("rbac.yaml", "ClusterRole")[0];
+    let grants: Vec<String> = role["rules"]
+        .as_sequence()
+        .expect("rules")
+        .iter()
+        .filter(|r| strings(&r["apiGroups"]) == [SLUICE_GROUP])
+        .flat_map(|r| {
+            let verbs = strings(&r["verbs"]);
+            strings(&r["resources"]).into_iter().flat_map(move |res| {
+                verbs
+                    .iter()
+                    .map(move |v| format!("{res}:{v}"))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    for grant in [
+        "rolloutpolicies:list",
+        "rolloutpolicies:watch",
+        "rolloutpolicies/status:patch",
+    ] {
+        assert!(grants.contains(&grant.to_string()), "{grant} in {grants:?}");
+    }
+}

@@ -3,6 +3,12 @@
 //! object's conditions, every rule's backend shares as percentages, the
 //! traps worth a warning and the manifest errors — without binding anything.
 //!
+//! Rules a RolloutPolicy governs show their spec shares and the shares
+//! `sluice serve` would serve now side by side: from the rollout state it
+//! recorded (`--state-dir`, by default the one `serve` uses), run through
+//! the same state machine; without recorded state, a gateway starting on
+//! these manifests serves the spec shares.
+//!
 //! Exit codes: 0 when every object is accepted and every reference
 //! resolved; 1 when something is refused, not accepted or not resolved;
 //! 2 when the input cannot be read at all (missing path, unreadable file,
@@ -11,16 +17,18 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::metrics::BackendTotals;
 use crate::resources::{Generations, LoadedObject, Object, Snapshot, parse_manifests};
+use crate::rollout::{FileStore, PolicyKey, RolloutReport, Rollouts};
 use crate::source::files::read_all;
 use crate::source::{ConfigError, FileSet};
 use crate::translate::{
     BackendOutcome, BackendSummary, ConditionType, ObjectStatus, RuleSummary, TranslateOptions,
-    Translation, translate,
+    Translation, rollout_inputs, translate_served,
 };
 
 /// Everything is accepted and resolved.
@@ -42,10 +50,16 @@ pub struct Checked {
     pub refused: Vec<ConfigError>,
     /// Documents of kinds sluice does not read (not an error).
     pub ignored: Vec<String>,
+    /// Every rollout, as `sluice serve` would run it now.
+    pub rollouts: RolloutReport,
+    /// Where the served shares come from (printed when a RolloutPolicy
+    /// governs a rule).
+    pub served_from: String,
 }
 
-/// Read, parse, validate and translate the manifests under `paths`.
-pub fn load(paths: &[PathBuf]) -> Checked {
+/// Read, parse, validate and translate the manifests under `paths`, with
+/// the rollouts recorded in `state_dir` (when given and present).
+pub fn load(paths: &[PathBuf], state_dir: Option<&Path>) -> Checked {
     let listing = read_all(paths);
     let mut unreadable = listing.problems;
     let mut ignored = Vec::new();
@@ -87,11 +101,51 @@ pub fn load(paths: &[PathBuf]) -> Checked {
     Generations::default().assign(&mut objects, k8s_openapi::jiff::Timestamp::now());
     let count = objects.len();
     let snapshot = Snapshot::from_objects(objects);
-    let translation = translate(
+    let (recorded, served_from) = match state_dir.map(|d| (d, FileStore::read(d))) {
+        None => (
+            Vec::new(),
+            "no state directory: a gateway starting on these manifests serves the spec shares"
+                .to_string(),
+        ),
+        Some((dir, Ok(None))) => (
+            Vec::new(),
+            format!(
+                "no rollout state in {}: a gateway starting on these manifests serves the spec shares",
+                dir.display()
+            ),
+        ),
+        Some((dir, Ok(Some(records)))) => (
+            records,
+            format!(
+                "the rollout state in {}, as `sluice serve --state-dir {}` would serve it now",
+                FileStore::new(dir).path().display(),
+                dir.display()
+            ),
+        ),
+        Some((dir, Err(e))) => {
+            unreadable.push(ConfigError {
+                file: FileStore::new(dir).path().display().to_string(),
+                line: None,
+                object: None,
+                field: None,
+                message: e.clone(),
+            });
+            (Vec::new(), format!("{e}: the spec shares are shown"))
+        }
+    };
+    // The state machine as `serve` runs it at start-up: no traffic counted.
+    let mut rollouts = Rollouts::restore(recorded);
+    let evaluation = rollouts.evaluate(
+        &rollout_inputs(&snapshot, &[]),
+        &|_, _| BackendTotals::default(),
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let translation = translate_served(
         &snapshot,
         &TranslateOptions {
             default_bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         },
+        &evaluation.served,
     );
     Checked {
         translation,
@@ -99,13 +153,16 @@ pub fn load(paths: &[PathBuf]) -> Checked {
         unreadable,
         refused,
         ignored,
+        rollouts: RolloutReport::new(&rollouts, None),
+        served_from,
     }
 }
 
-/// Run `sluice check` on `paths`, writing the report to `out`. Returns the
-/// process exit code.
-pub fn run(paths: &[PathBuf], out: &mut impl Write) -> i32 {
-    let checked = load(paths);
+/// Run `sluice check` on `paths` (served shares from the rollout state in
+/// `state_dir`), writing the report to `out`. Returns the process exit
+/// code.
+pub fn run(paths: &[PathBuf], state_dir: Option<&Path>, out: &mut impl Write) -> i32 {
+    let checked = load(paths, state_dir);
     match report(&checked, out) {
         Ok(code) => code,
         // The report could not be written (closed pipe): nothing sensible
@@ -127,7 +184,20 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
             .push(rule);
     }
 
+    if translation.rules.iter().any(|r| r.rollout.is_some()) {
+        writeln!(out, "served shares: {}", checked.served_from)?;
+        writeln!(out)?;
+    }
     for object in &translation.status.objects {
+        let mut object = object.clone();
+        if object.kind == "RolloutPolicy" {
+            let key = PolicyKey {
+                namespace: object.metadata.namespace.clone().unwrap_or_default(),
+                name: object.metadata.name.clone(),
+            };
+            checked.rollouts.complete(&key, &mut object.status);
+        }
+        let object = &object;
         write_object(object, out, &mut problems)?;
         let key = format!(
             "{}/{}",
@@ -234,6 +304,28 @@ fn write_object(
         let context = format!("{name} parent {parent_name}");
         write_conditions(parent.get("conditions"), "    ", &context, out, problems)?;
     }
+    for ancestor in array(status.get("ancestors")) {
+        let ancestor_name = describe_parent_ref(ancestor.get("ancestorRef"), namespace);
+        writeln!(out, "  ancestor {ancestor_name}:")?;
+        let context = format!("{name} ancestor {ancestor_name}");
+        write_conditions(ancestor.get("conditions"), "    ", &context, out, problems)?;
+    }
+    for rollout in array(status.get("rollouts")) {
+        let field = |key: &str| rollout.get(key).and_then(Value::as_str).unwrap_or("");
+        let step = match field("step") {
+            "" => String::new(),
+            step => format!(" at step {step}"),
+        };
+        writeln!(
+            out,
+            "  rollout HTTPRoute {}/{} rule {}: {}{step}: {}",
+            namespace.unwrap_or("default"),
+            field("route"),
+            rollout.get("rule").and_then(Value::as_u64).unwrap_or(0),
+            field("phase"),
+            field("message"),
+        )?;
+    }
     Ok(())
 }
 
@@ -306,7 +398,21 @@ fn write_rule(
     out: &mut impl Write,
     problems: &mut Vec<String>,
 ) -> std::io::Result<()> {
-    writeln!(out, "  rule {}:", rule.rule)?;
+    match &rule.rollout {
+        None => writeln!(out, "  rule {}:", rule.rule)?,
+        Some(r) => {
+            let step = r
+                .step
+                .as_deref()
+                .map(|s| format!(" at step {s}"))
+                .unwrap_or_default();
+            writeln!(
+                out,
+                "  rule {}: RolloutPolicy {}: {}{step}; spec and served shares:",
+                rule.rule, r.policy, r.phase
+            )?
+        }
+    }
     if rule.backends.is_empty() {
         writeln!(
             out,
@@ -335,9 +441,20 @@ fn write_rule(
     let weight_width = weights.iter().map(String::len).max().unwrap_or(0);
     for (backend, weight) in rule.backends.iter().zip(&weights) {
         let (outcome, problem) = describe_outcome(&rule.kind, backend);
+        let served = match (&rule.rollout, backend.served_percent) {
+            (Some(_), Some(served)) => {
+                let removed = if backend.removed_from_spec {
+                    " (removed from the spec)"
+                } else {
+                    ""
+                };
+                format!("  served {:>8}{removed}", format_share(served))
+            }
+            _ => String::new(),
+        };
         writeln!(
             out,
-            "    {:<width$}  weight {:<weight_width$}  {:>8}  {outcome}",
+            "    {:<width$}  weight {:<weight_width$}  {:>8}{served}  {outcome}",
             backend.name,
             weight,
             format_share(backend.share_percent),
@@ -458,6 +575,10 @@ mod tests {
             weight_omitted: false,
             share_percent: 100.0,
             outcome,
+            key: crate::rollout::BackendKey::service("default", "web", Some(80)),
+            served_weight: None,
+            served_percent: None,
+            removed_from_spec: false,
         };
         let unresolved = backend(BackendOutcome::Unresolved {
             reason: "BackendNotFound".into(),

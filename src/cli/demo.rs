@@ -4,7 +4,9 @@
 //! rewritten to free ones), drives a few thousand requests through it and
 //! prints what each backend *received* — counted by the backends, not the
 //! client — next to its configured share. Then it flips the blue-green pair
-//! by rewriting the file and shows the new split after the reload.
+//! by rewriting the file and shows the new split after the reload. Last,
+//! two rollouts ([`rollouts`]): a canary promoted step by step by its
+//! RolloutPolicy, and a canary that starts failing and is rolled back.
 //!
 //! The examples put each pod on its own loopback address (127.0.1.1, ...),
 //! as a cluster would put them on their own pod IPs. Where the system does
@@ -29,10 +31,14 @@ use tokio::net::TcpStream;
 
 use crate::cli::check::format_share;
 use crate::echo::{self, EchoIdentity, EchoResponse, EchoServer};
-use crate::serve::{self, ServeConfig};
+use crate::serve::{self, RunningGateway, ServeConfig};
+
+mod rollouts;
+
+pub use rollouts::{RolloutAct, RolloutStepReport};
 
 /// The manifests the demo serves: the files of `examples/`, embedded.
-pub const EXAMPLES: [(&str, &str); 4] = [
+pub const EXAMPLES: [(&str, &str); 5] = [
     ("gateway.yaml", include_str!("../../examples/gateway.yaml")),
     ("canary.yaml", include_str!("../../examples/canary.yaml")),
     (
@@ -43,6 +49,7 @@ pub const EXAMPLES: [(&str, &str); 4] = [
         "blue-green.yaml",
         include_str!("../../examples/blue-green.yaml"),
     ),
+    ("rollout.yaml", include_str!("../../examples/rollout.yaml")),
 ];
 
 const AUTOCOMPLETE_HOST: &str = "autocomplete.example.com";
@@ -98,11 +105,20 @@ pub struct ServiceCount {
 #[derive(Debug, Clone, Default)]
 pub struct DemoReport {
     pub phases: Vec<PhaseReport>,
+    /// The promotion, then the rollback.
+    pub rollouts: Vec<RolloutAct>,
 }
 
 impl DemoReport {
+    /// Requests that failed without being meant to (the failing canary's
+    /// answers are meant to).
     pub fn failed(&self) -> usize {
-        self.phases.iter().map(|p| p.failed).sum()
+        self.phases.iter().map(|p| p.failed).sum::<usize>()
+            + self
+                .rollouts
+                .iter()
+                .map(RolloutAct::unexpected_failures)
+                .sum::<usize>()
     }
 }
 
@@ -124,6 +140,7 @@ pub async fn run_with_output(
 ) -> anyhow::Result<DemoReport> {
     let dir = TempDir::create()?;
     let mut files = parse_examples()?;
+    rollouts::for_the_demo(&mut files);
     let listener_port = free_port()?;
     set_listener_ports(&mut files, listener_port);
     let pods = start_pods(&mut files).await?;
@@ -139,16 +156,7 @@ pub async fn run_with_output(
     .await
     .context("cannot start the gateway")?;
     let gateway_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, listener_port));
-    let result = demo_phases(
-        &opts,
-        out,
-        &dir,
-        &mut files,
-        &pods,
-        gateway_addr,
-        gateway.admin_addr(),
-    )
-    .await;
+    let result = demo_phases(&opts, out, &dir, &mut files, &pods, gateway_addr, &gateway).await;
     gateway.shutdown().await;
     for pod in pods.into_values().flatten() {
         pod.shutdown().await;
@@ -163,8 +171,9 @@ async fn demo_phases(
     files: &mut [(String, Vec<Value>)],
     pods: &BTreeMap<String, Vec<EchoServer>>,
     gateway: SocketAddr,
-    admin: SocketAddr,
+    running: &RunningGateway,
 ) -> anyhow::Result<DemoReport> {
+    let admin = running.admin_addr();
     wait_ready(admin).await?;
     wait_for_backend(gateway, AUTOCOMPLETE_HOST, &[], "autocomplete-stable").await?;
     let pod_count: usize = pods.values().map(Vec::len).sum();
@@ -255,10 +264,30 @@ async fn demo_phases(
     print_weighted(out, &phase, &weights, pods, opts.verbose)?;
     report.phases.push(phase);
 
+    let mut stage = rollouts::Stage {
+        out: &mut *out,
+        dir,
+        files: &mut *files,
+        pods,
+        gateway,
+        running,
+    };
+    report.rollouts.push(rollouts::promotion(&mut stage).await?);
+    report.rollouts.push(rollouts::rollback(&mut stage).await?);
+
     let failed = report.failed();
-    let sent: usize = report.phases.iter().map(|p| p.sent).sum();
+    let sent: usize = report.phases.iter().map(|p| p.sent).sum::<usize>()
+        + report.rollouts.iter().map(RolloutAct::sent).sum::<usize>();
+    let meant: usize = report
+        .rollouts
+        .iter()
+        .map(RolloutAct::expected_failures)
+        .sum();
     if failed == 0 {
-        writeln!(out, "All {sent} requests answered 200.")?;
+        writeln!(
+            out,
+            "All {sent} requests answered 200, except the {meant} the failing canary answered 500 before it was rolled back."
+        )?;
     } else {
         writeln!(out, "{failed} of {sent} requests FAILED.")?;
     }
@@ -721,6 +750,22 @@ async fn request_once(
     headers: &[(String, String)],
     path: &str,
 ) -> Result<Bytes, String> {
+    let (status, body) = request_raw(sender, addr, host, headers, path).await?;
+    if status != StatusCode::OK {
+        return Err(format!("{host}{path}: answered {status}"));
+    }
+    Ok(body)
+}
+
+/// One request on the kept-alive connection (opened if needed): its status
+/// and body, whatever the status.
+async fn request_raw(
+    sender: &mut Option<SendRequest<Empty<Bytes>>>,
+    addr: SocketAddr,
+    host: &str,
+    headers: &[(String, String)],
+    path: &str,
+) -> Result<(StatusCode, Bytes), String> {
     if sender.as_ref().is_none_or(SendRequest::is_closed) {
         *sender = Some(connect(addr).await?);
     }
@@ -744,10 +789,7 @@ async fn request_once(
         .await
         .map_err(|e| format!("{host}{path}: reading the body: {e}"))?
         .to_bytes();
-    if status != StatusCode::OK {
-        return Err(format!("{host}{path}: answered {status}"));
-    }
-    Ok(body)
+    Ok((status, body))
 }
 
 /// Poll the admin listener's `/readyz` until it answers 200.

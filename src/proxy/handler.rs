@@ -27,7 +27,7 @@ use super::{cors, grpc, h1, retry, tls};
 use crate::metrics::{Rejection, RequestKey};
 use crate::route::{
     Backend, BackendChoice, BackendTarget, EndpointSet, Failure, Filter, Lookup, Mirror, PathMatch,
-    RouteKind, RouteTable, Rule, normalize_host,
+    RouteTable, Rule, normalize_host,
 };
 
 /// How long a mirrored request may take before it is abandoned.
@@ -97,10 +97,7 @@ pub(super) async fn handle(
     };
     // Labels borrowed from the table: no allocation per request.
     let key = RequestKey {
-        kind: match outcome.rule.map(|r| r.id.kind) {
-            Some(RouteKind::Grpc) => "GRPCRoute ",
-            _ => "",
-        },
+        kind: outcome.rule.map_or("", |r| r.id.kind.metrics_prefix()),
         namespace: outcome.rule.map_or("", |r| r.id.namespace.as_str()),
         route: outcome.rule.map_or("", |r| r.id.route.as_str()),
         rule: outcome.rule.map(|r| r.id.index),
@@ -383,9 +380,9 @@ impl<'t> Forwarding<'_, 't> {
             body = self.spawn_mirrors(&mirrors, &parts, path.as_deref(), body);
         }
 
-        // A valid session skips the weighted choice (sessionPersistence);
-        // a rollout's consistentBy placement belongs after it, in place of
-        // the weighted choice (docs/sessions.md).
+        // A valid session wins (sessionPersistence), then a rollout's
+        // consistentBy key, then the exact weighted split of the served
+        // shares: `choose_for` does the last two (docs/sessions.md).
         let sticky = self
             .rule
             .session
@@ -393,7 +390,7 @@ impl<'t> Forwarding<'_, 't> {
             .map(|policy| Sticky::read(policy, &parts.headers));
         let (backend, pinned) = match sticky.as_ref().and_then(|s| s.pinned(&self.rule.backends)) {
             Some((_, backend, endpoint)) => (backend, endpoint),
-            None => match self.rule.backends.choose() {
+            None => match self.rule.backends.choose_for(&parts.headers) {
                 BackendChoice::Backend(b) => (b, None),
                 BackendChoice::AllWeightsZero => return Err(ProxyError::AllWeightsZero),
                 BackendChoice::NoBackends => return Err(ProxyError::NoBackends),

@@ -318,6 +318,9 @@ fn load_document(mut value: Value, file: &str, line: usize, prefix: &str, out: &
                 typed(value).map(Object::BackendTlsPolicy)
             }
             ("ConfigMap", "v1") => typed(value).map(Object::ConfigMap),
+            ("RolloutPolicy", super::ROLLOUT_POLICY_API_VERSION) => {
+                typed(value).map(Object::RolloutPolicy)
+            }
             ("Service", "v1") => typed(value).map(Object::Service),
             ("Namespace", "v1") => typed(value).map(Object::Namespace),
             ("Secret", "v1") => typed(value).map(Object::Secret),

@@ -13,12 +13,17 @@
 mod duration;
 pub mod generations;
 pub mod load;
+pub mod rollout_policy;
 mod routes;
 mod validate;
 
 pub use duration::parse_gateway_duration;
 pub use generations::Generations;
 pub use load::{LoadError, LoadedObject, ParsedFile, parse_manifests};
+pub use rollout_policy::{
+    ConsistentKey, OnFailure, Percent, ROLLOUT_POLICY_API_VERSION, RolloutPolicy, RolloutSettings,
+    SLUICE_GROUP,
+};
 pub use routes::{grpc_rule_as_http, tls_backend_refs_as_http};
 pub(crate) use validate::filter_type_name;
 
@@ -72,6 +77,9 @@ pub struct Snapshot {
     /// ConfigMaps, for CA certificates (`ca.crt`): frontend client
     /// certificate validation and BackendTLSPolicy validation.
     pub config_maps: Vec<ConfigMap>,
+    /// RolloutPolicies (`sluice.dev/v1alpha1`): how weight changes of the
+    /// HTTPRoutes they target are served.
+    pub rollout_policies: Vec<RolloutPolicy>,
 }
 
 impl Snapshot {
@@ -93,6 +101,7 @@ impl Snapshot {
                 Object::ListenerSet(o) => s.listener_sets.push(o),
                 Object::BackendTlsPolicy(o) => s.backend_tls_policies.push(o),
                 Object::ConfigMap(o) => s.config_maps.push(o),
+                Object::RolloutPolicy(o) => s.rollout_policies.push(o),
             }
         }
         s
@@ -115,6 +124,7 @@ pub enum Object {
     ListenerSet(ListenerSet),
     BackendTlsPolicy(BackendTlsPolicy),
     ConfigMap(ConfigMap),
+    RolloutPolicy(RolloutPolicy),
 }
 
 impl Object {
@@ -134,6 +144,7 @@ impl Object {
             Object::ListenerSet(_) => "ListenerSet",
             Object::BackendTlsPolicy(_) => "BackendTLSPolicy",
             Object::ConfigMap(_) => "ConfigMap",
+            Object::RolloutPolicy(_) => "RolloutPolicy",
         }
     }
 
@@ -157,6 +168,7 @@ impl Object {
             Object::ListenerSet(o) => &o.metadata,
             Object::BackendTlsPolicy(o) => &o.metadata,
             Object::ConfigMap(o) => &o.metadata,
+            Object::RolloutPolicy(o) => &o.metadata,
         }
     }
 
@@ -175,6 +187,7 @@ impl Object {
             Object::ListenerSet(o) => &mut o.metadata,
             Object::BackendTlsPolicy(o) => &mut o.metadata,
             Object::ConfigMap(o) => &mut o.metadata,
+            Object::RolloutPolicy(o) => &mut o.metadata,
         }
     }
 
@@ -230,6 +243,7 @@ impl Object {
                 "data": o.data,
                 "binaryData": o.binary_data,
             })),
+            Object::RolloutPolicy(o) => serde_json::to_value(&o.spec),
         };
         // Serializing these plain data types cannot fail (no maps with
         // non-string keys); a null spec only makes generations coarser.

@@ -37,6 +37,11 @@ pub(crate) fn validate(object: &Object) -> Problems {
         Object::GrpcRoute(o) => grpc_route(o, &mut p),
         Object::TlsRoute(o) => tls_route(o, &mut p),
         Object::Service(o) => service(o, &mut p),
+        Object::RolloutPolicy(o) => {
+            if let Err(problems) = o.settings() {
+                p.extend(problems);
+            }
+        }
         Object::ReferenceGrant(_)
         | Object::EndpointSlice(_)
         | Object::Namespace(_)

@@ -8,6 +8,7 @@
 //! A table is immutable once built and is swapped in whole (`arc_swap`), so a
 //! request always finishes on the table it started with.
 
+mod consistent;
 mod cors;
 mod grpc;
 mod hostname;
@@ -19,6 +20,7 @@ mod stream;
 mod table;
 mod weighted;
 
+pub use consistent::{Consistent, KeySource};
 pub use cors::{CorsList, CorsPolicy, OriginHost, OriginPattern};
 pub use grpc::{GrpcMethodMatch, split_path as grpc_path};
 pub use hostname::{HostPattern, normalize_host};
@@ -61,6 +63,18 @@ impl RouteKind {
             RouteKind::Http => "HTTPRoute",
             RouteKind::Grpc => "GRPCRoute",
             RouteKind::Tls => "TLSRoute",
+        }
+    }
+
+    /// What the route's metrics label starts with before `ns/name`:
+    /// nothing for an HTTPRoute (its labels are as they always were), the
+    /// kind and a space for the others (`GRPCRoute ns/name`), so that
+    /// routes of different kinds sharing a name never share counters.
+    pub const fn metrics_prefix(self) -> &'static str {
+        match self {
+            RouteKind::Http => "",
+            RouteKind::Grpc => "GRPCRoute ",
+            RouteKind::Tls => "TLSRoute ",
         }
     }
 
@@ -129,10 +143,15 @@ pub struct Timeouts {
 
 /// The backendRefs of a rule with their weights and the lock-free picker
 /// that spreads requests over them exactly in proportion to the weights.
+///
+/// The weights are the spec's, or the shares a rollout serves
+/// ([`BackendSplit::served`]); during a rollout with consistent users,
+/// requests carrying the key are placed by its hash instead.
 #[derive(Debug)]
 pub struct BackendSplit {
     backends: Vec<Backend>,
     picker: WeightedPicker,
+    consistent: Option<Consistent>,
 }
 
 /// What a rule with backendRefs decided for one request.
@@ -154,6 +173,18 @@ impl BackendSplit {
         BackendSplit {
             picker: WeightedPicker::new(&weights),
             backends,
+            consistent: None,
+        }
+    }
+
+    /// Backends served with `weights` (one per backend, in order) instead
+    /// of their spec weights, and keyed requests placed by `consistent`.
+    pub fn served(backends: Vec<Backend>, weights: &[u64], consistent: Option<Consistent>) -> Self {
+        debug_assert_eq!(backends.len(), weights.len());
+        BackendSplit {
+            picker: WeightedPicker::new(weights),
+            backends,
+            consistent,
         }
     }
 
@@ -161,13 +192,19 @@ impl BackendSplit {
         &self.backends
     }
 
+    /// The consistent-users placement, when a rollout governs the rule.
+    pub fn consistent(&self) -> Option<&Consistent> {
+        self.consistent.as_ref()
+    }
+
     /// The position of `backend` (one of this split's) in the rule.
     pub fn index_of(&self, backend: &Backend) -> Option<usize> {
         self.backends.iter().position(|b| std::ptr::eq(b, backend))
     }
 
-    /// Choose the backend for one request. Per request, never per
-    /// connection, so a keep-alive client is spread like everyone else.
+    /// Choose the backend for one request (or connection, for TLSRoutes)
+    /// by weight. Per request, never per connection, so a keep-alive
+    /// client is spread like everyone else.
     pub fn choose(&self) -> BackendChoice<'_> {
         if self.backends.is_empty() {
             return BackendChoice::NoBackends;
@@ -176,6 +213,22 @@ impl BackendSplit {
             Some(i) => BackendChoice::Backend(&self.backends[i]),
             None => BackendChoice::AllWeightsZero,
         }
+    }
+
+    /// [`choose`](Self::choose) for a request with these headers: one
+    /// carrying the consistent-users key of a rollout goes where its hash
+    /// places it; others get the weighted choice.
+    pub fn choose_for(&self, headers: &http::HeaderMap) -> BackendChoice<'_> {
+        if let Some(c) = &self.consistent
+            && let Some(value) = c.key.value(headers)
+            && !self.backends.is_empty()
+        {
+            return match c.place(stable_hash(value)) {
+                Some(i) => BackendChoice::Backend(&self.backends[i]),
+                None => BackendChoice::AllWeightsZero,
+            };
+        }
+        self.choose()
     }
 }
 

@@ -91,16 +91,9 @@ impl SessionPersistence {
     /// (Unix seconds) and names one of the rule's backends.
     pub fn read(&self, headers: &HeaderMap, now: u64) -> Option<SessionToken> {
         match &self.carrier {
-            SessionCarrier::Cookie { name, .. } => headers
-                .get_all(COOKIE)
-                .iter()
-                .flat_map(|h| h.as_bytes().split(|b| *b == b';'))
-                .filter_map(|pair| {
-                    let pair = pair.trim_ascii();
-                    let eq = pair.iter().position(|b| *b == b'=')?;
-                    (&pair[..eq] == name.as_bytes()).then(|| &pair[eq + 1..])
-                })
-                .find_map(|value| self.decode(value, now)),
+            SessionCarrier::Cookie { name, .. } => {
+                cookie_values(headers, name).find_map(|value| self.decode(value, now))
+            }
             SessionCarrier::Header(name) => headers
                 .get_all(name)
                 .iter()
@@ -254,9 +247,28 @@ pub fn cookie_path(m: &PathMatch) -> String {
     }
 }
 
+/// The values of every cookie named `name` in the request's `Cookie`
+/// fields, in order.
+pub(crate) fn cookie_values<'h>(
+    headers: &'h HeaderMap,
+    name: &str,
+) -> impl Iterator<Item = &'h [u8]> {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .flat_map(|h| h.as_bytes().split(|b| *b == b';'))
+        .filter_map(move |pair| {
+            let pair = pair.trim_ascii();
+            let eq = pair.iter().position(|b| *b == b'=')?;
+            (&pair[..eq] == name.as_bytes()).then(|| &pair[eq + 1..])
+        })
+}
+
 /// FNV-1a (64-bit) of `bytes`, finished with MurmurHash3's 64-bit
-/// finalizer. Stable across processes, replicas and versions: session
-/// tokens carry it, so changing it would end every session.
+/// finalizer (so that values differing in their last byte land far
+/// apart). Stable across processes, replicas and versions: session tokens
+/// carry it and a rollout's consistent users are placed by it, so changing
+/// it would end every session and move consistent users.
 pub fn stable_hash(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
@@ -448,8 +460,12 @@ mod tests {
 
     #[test]
     fn the_hash_is_stable() {
-        // Pinned: tokens in clients' hands depend on these values.
+        // Pinned: tokens in clients' hands and where consistent users of
+        // a rollout land depend on these values. Never change them.
         assert_eq!(stable_hash(b"sluice"), PINNED);
+        assert_eq!(stable_hash(b""), 0xefd0_1f60_ba99_2926);
+        assert_eq!(stable_hash(b"alice"), 0x3507_d047_a67c_08f4);
+        assert_eq!(stable_hash(b"user-1"), 0x41a2_fca5_c684_01c5);
         assert_ne!(stable_hash(b"ns/a:80"), stable_hash(b"ns/a:81"));
         assert_eq!(stable_hash(b"ns/a:80"), stable_hash(b"ns/a:80"));
     }

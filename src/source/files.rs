@@ -15,14 +15,18 @@
 //! configured path that does not exist yet is reported on `/errors` and its
 //! parent directory is watched: when it appears as a directory it is read
 //! and watched from then on, and so is a directory deleted and created again.
+//!
+//! [`run`] is the source as a task: it sends each configuration on a
+//! channel to the serve loop, the way the Kubernetes source does, so that
+//! both modes start and reload through one path.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::metrics::Metrics;
 use crate::resources::{Generations, Object, Snapshot};
@@ -142,6 +146,69 @@ impl FileSource {
             }
         }
         Ok(watch)
+    }
+}
+
+/// Run the file source until `shutdown` turns true or `updates` is closed:
+/// send the configuration read now, then a new one after every change
+/// that changes it. Reading happens off the async workers; sending waits
+/// for the serve loop to take the previous update (changes meanwhile are
+/// read at the next one).
+pub async fn run(
+    source: FileSource,
+    mut watch: FileWatch,
+    updates: mpsc::Sender<SourceUpdate>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let source = Arc::new(Mutex::new(source));
+    // The first read always yields a configuration; if reading panicked,
+    // an empty one (nothing was served before), so that the gateway
+    // starts and the next change is read again.
+    let first = read(&source).await.unwrap_or_else(|| SourceUpdate {
+        snapshot: Snapshot::default(),
+        errors: Vec::new(),
+        objects: 0,
+    });
+    let mut next = Some(first);
+    loop {
+        if let Some(update) = next.take() {
+            tokio::select! {
+                sent = updates.send(update) => if sent.is_err() { return },
+                _ = crate::admin::stopped(&mut shutdown) => return,
+            }
+        }
+        let changed = tokio::select! {
+            changed = watch.changed() => changed,
+            _ = crate::admin::stopped(&mut shutdown) => return,
+        };
+        if !changed {
+            tracing::warn!("file watch stopped; configuration is no longer reloaded");
+            return;
+        }
+        next = read(&source).await;
+    }
+}
+
+/// Read the files again (off the async workers). `None` when nothing
+/// changed, or when reading panicked: that is logged, the current table
+/// keeps serving and the next change is tried again.
+async fn read(source: &Arc<Mutex<FileSource>>) -> Option<SourceUpdate> {
+    let source = source.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        // A previous reload that panicked poisoned the lock; the source's
+        // state is still a consistent last-good set, so go on with it.
+        source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .reload()
+    })
+    .await;
+    match result {
+        Ok(update) => update,
+        Err(error) => {
+            tracing::error!(%error, "reading the manifests failed; keeping the current configuration");
+            None
+        }
     }
 }
 

@@ -37,6 +37,19 @@ pub(crate) struct BackendRefFields<'a> {
     pub port: Option<i32>,
 }
 
+impl<'a> BackendRefFields<'a> {
+    /// The fields of one of a rule's backendRefs.
+    pub fn of(b: &'a gateway_api::experimental::httproutes::HttpRouteRulesBackendRefs) -> Self {
+        BackendRefFields {
+            group: b.group.as_deref(),
+            kind: b.kind.as_deref(),
+            name: &b.name,
+            namespace: b.namespace.as_deref(),
+            port: b.port,
+        }
+    }
+}
+
 /// What a backendRef resolved to.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Resolution {
@@ -127,19 +140,10 @@ impl<'a> BackendResolver<'a> {
     }
 
     /// The label of a backendRef in summaries and metrics:
-    /// `<namespace>/<name>:<port>` for a Service, kind-prefixed otherwise.
+    /// `<namespace>/<name>:<port>` for a Service, kind-prefixed otherwise
+    /// (the display of its identity, so rollouts find its counters).
     pub fn label(route_ns: &str, r: &BackendRefFields<'_>) -> String {
-        let ns = r.namespace.unwrap_or(route_ns);
-        let port = r.port.map(|p| format!(":{p}")).unwrap_or_default();
-        if is_service(r) {
-            format!("{ns}/{}{port}", r.name)
-        } else {
-            let kind = r.kind.unwrap_or("Service");
-            match r.group.filter(|g| !g.is_empty()) {
-                Some(g) => format!("{kind}.{g} {ns}/{}{port}", r.name),
-                None => format!("{kind} {ns}/{}{port}", r.name),
-            }
-        }
+        super::rollouts::backend_key(route_ns, r).to_string()
     }
 
     /// Resolve a backendRef of a route of `kind` in `route_ns`. The

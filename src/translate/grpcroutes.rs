@@ -19,6 +19,7 @@ use super::backends::BackendResolver;
 use super::matches::header_matches;
 use super::routes::{self, CompiledRoute};
 use crate::resources::grpc_rule_as_http;
+use crate::rollout::ServedShares;
 use crate::route::{GrpcMethodMatch, PathMatch, RequestMatch, RouteKind, ValueMatch};
 
 /// Compile every rule of a GRPCRoute.
@@ -27,6 +28,7 @@ pub(crate) fn compile_route(
     ns: &str,
     name: &str,
     resolver: &BackendResolver<'_>,
+    served: &ServedShares,
 ) -> CompiledRoute {
     let rules = route.spec.rules.as_deref().unwrap_or_default();
     let mut unsupported = Vec::new();
@@ -40,7 +42,7 @@ pub(crate) fn compile_route(
             })
         })
         .collect();
-    let mut out = routes::compile_rules(RouteKind::Grpc, &http, ns, name, resolver);
+    let mut out = routes::compile_rules(RouteKind::Grpc, &http, ns, name, resolver, served);
     out.unsupported.extend(unsupported);
     for (i, (rule, compiled)) in rules.iter().zip(&mut out.rules).enumerate() {
         let mut matches = Vec::new();

@@ -20,14 +20,16 @@ mod matches;
 mod meta;
 mod output;
 mod references;
+mod rollouts;
 mod routes;
 mod tlsroutes;
 
 pub(crate) use conditions::ConditionType;
 pub use output::{
-    BackendOutcome, BackendSummary, ListenerBind, ObjectStatus, RuleSummary, StatusMetadata,
-    StatusReport, Translation,
+    BackendOutcome, BackendSummary, ListenerBind, ObjectStatus, RuleRollout, RuleSummary,
+    StatusMetadata, StatusReport, Translation,
 };
+pub use rollouts::rollout_inputs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -36,6 +38,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::resources::{CONTROLLER_NAME, Snapshot};
+use crate::rollout::ServedShares;
 use crate::route::{HostPattern, ListenerHandle, RouteKind, RouteOrder, RouteTableBuilder};
 
 use backends::BackendResolver;
@@ -69,6 +72,26 @@ pub fn translate_at(
     options: &TranslateOptions,
     now: Timestamp,
 ) -> Translation {
+    translate_served_at(snapshot, options, &ServedShares::default(), now)
+}
+
+/// [`translate`] with the shares rollouts serve: a governed rule's split
+/// uses its served weights instead of its spec weights.
+pub fn translate_served(
+    snapshot: &Snapshot,
+    options: &TranslateOptions,
+    served: &ServedShares,
+) -> Translation {
+    translate_served_at(snapshot, options, served, Timestamp::now())
+}
+
+/// [`translate_served`] stamped with `now`: the pure form.
+pub fn translate_served_at(
+    snapshot: &Snapshot,
+    options: &TranslateOptions,
+    served: &ServedShares,
+    now: Timestamp,
+) -> Translation {
     let mut warnings = Vec::new();
     let labels = namespace_labels(snapshot);
     let (class_statuses, classes) = gateways::gateway_classes(snapshot, now);
@@ -80,13 +103,18 @@ pub fn translate_at(
         &mut views,
         &mut listeners,
         &resolver,
+        served,
         &labels,
         &mut warnings,
     );
     let route_statuses = attached
         .iter()
         .map(|route| routes::route_status(route, &views, now));
-    let objects = assemble_status(class_statuses, &views, route_statuses, &resolver, now);
+    let mut objects = assemble_status(class_statuses, &views, route_statuses, &resolver, now);
+    if !snapshot.rollout_policies.is_empty() {
+        let route_gateways = rollouts::route_gateways(&attached, &views);
+        objects.extend(rollouts::policy_statuses(snapshot, &route_gateways, now));
+    }
     Translation {
         table: listeners.builder.build(),
         status: StatusReport {
@@ -198,10 +226,11 @@ fn attach_routes<'a>(
     views: &mut [GatewayView],
     listeners: &mut BoundListeners,
     resolver: &BackendResolver<'_>,
+    served: &'a ServedShares,
     labels: &dyn Fn(&str) -> BTreeMap<String, String>,
     warnings: &mut Vec<String>,
 ) -> (Vec<AttachedRoute<'a>>, Vec<RuleSummary>) {
-    let mut routes = all_routes(snapshot);
+    let mut routes = all_routes(snapshot, served);
     routes.sort_by_key(|(head, _)| (sort_key(head.meta), head.kind));
     let mut attached_routes = Vec::new();
     let mut rules = Vec::new();
@@ -290,8 +319,12 @@ fn attach_routes<'a>(
 /// Compiles one route, given the backend resolver.
 type Compile<'a> = Box<dyn FnOnce(&BackendResolver<'_>) -> CompiledRoute + 'a>;
 
-/// Every route of the snapshot, with what compiles it.
-fn all_routes(snapshot: &Snapshot) -> Vec<(RouteHead<'_>, Compile<'_>)> {
+/// Every route of the snapshot, with what compiles it (and the shares
+/// rollouts serve, by route kind, name and rule).
+fn all_routes<'a>(
+    snapshot: &'a Snapshot,
+    served: &'a ServedShares,
+) -> Vec<(RouteHead<'a>, Compile<'a>)> {
     /// A route's head, and its compile step (`compile` given the route's
     /// namespace and name).
     fn entry<'a, P: serde::Serialize>(
@@ -311,7 +344,7 @@ fn all_routes(snapshot: &Snapshot) -> Vec<(RouteHead<'_>, Compile<'_>)> {
             &r.metadata,
             r.spec.hostnames.as_deref().unwrap_or_default(),
             r.spec.parent_refs.as_deref().unwrap_or_default(),
-            move |ns, name, res| routes::compile_route(r, ns, name, res),
+            move |ns, name, res| routes::compile_route(r, ns, name, res, served),
         )
     });
     let grpc = snapshot.grpc_routes.iter().map(|r| {
@@ -320,7 +353,7 @@ fn all_routes(snapshot: &Snapshot) -> Vec<(RouteHead<'_>, Compile<'_>)> {
             &r.metadata,
             r.spec.hostnames.as_deref().unwrap_or_default(),
             r.spec.parent_refs.as_deref().unwrap_or_default(),
-            move |ns, name, res| grpcroutes::compile_route(r, ns, name, res),
+            move |ns, name, res| grpcroutes::compile_route(r, ns, name, res, served),
         )
     });
     let tls = snapshot.tls_routes.iter().map(|r| {
@@ -329,7 +362,7 @@ fn all_routes(snapshot: &Snapshot) -> Vec<(RouteHead<'_>, Compile<'_>)> {
             &r.metadata,
             &r.spec.hostnames,
             r.spec.parent_refs.as_deref().unwrap_or_default(),
-            move |ns, name, res| tlsroutes::compile_route(r, ns, name, res),
+            move |ns, name, res| tlsroutes::compile_route(r, ns, name, res, served),
         )
     });
     http.chain(grpc).chain(tls).collect()
@@ -396,7 +429,8 @@ fn resolve_kind_conflicts(
 /// (their listeners now count the routes attached), ListenerSets,
 /// HTTPRoutes; then what only the compiled routes tell: the Gateways'
 /// `ResolvedRefs` for their backend client certificate, and the
-/// BackendTLSPolicies the attached routes' backends use.
+/// BackendTLSPolicies the attached routes' backends use. (RolloutPolicies
+/// come last, from the attached routes: [`rollouts::policy_statuses`].)
 fn assemble_status(
     class_statuses: Vec<ObjectStatus>,
     views: &[GatewayView],

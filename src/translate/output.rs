@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use serde::Serialize;
 
 use crate::resources::GATEWAY_GROUP;
+use crate::rollout::BackendKey;
 use crate::route::RouteTable;
 
 /// Everything translate produces.
@@ -76,6 +77,20 @@ pub struct RuleSummary {
     pub route: String,
     pub rule: usize,
     pub backends: Vec<BackendSummary>,
+    /// The RolloutPolicy governing the rule, when one does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RuleRollout>,
+}
+
+/// Which rollout governs a rule, and where it is.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleRollout {
+    /// `<namespace>/<name>` of the RolloutPolicy.
+    pub policy: String,
+    pub phase: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -89,6 +104,19 @@ pub struct BackendSummary {
     /// Percentage of the rule's traffic, `100 * weight / sum`.
     pub share_percent: f64,
     pub outcome: BackendOutcome,
+    /// What the backendRef points at (its identity across reorderings).
+    #[serde(skip)]
+    pub key: BackendKey,
+    /// The weight served when a rollout governs the rule (the spec's
+    /// `weight` otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub served_weight: Option<u64>,
+    /// Percentage of the rule's traffic served, when a rollout governs it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub served_percent: Option<f64>,
+    /// The spec no longer lists the backend; a rollout still serves it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub removed_from_spec: bool,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -109,8 +137,9 @@ pub enum BackendOutcome {
     Unresolved { reason: String, message: String },
 }
 
-/// The `apiVersion` of every status translate writes: the objects it
-/// reports on are all of group `gateway.networking.k8s.io`, version `v1`.
+/// The `apiVersion` of every Gateway API status translate writes: those
+/// objects are all of group `gateway.networking.k8s.io`, version `v1`
+/// (RolloutPolicy is sluice's own: `sluice.dev/v1alpha1`).
 pub(crate) fn api_version() -> String {
     format!("{GATEWAY_GROUP}/v1")
 }

@@ -35,11 +35,12 @@ use super::meta::namespace_of;
 use super::output::{
     BackendOutcome, BackendSummary, ObjectStatus, RuleSummary, StatusMetadata, api_version,
 };
+use super::rollouts::{backend_key, served_split};
 use crate::resources::{CONTROLLER_NAME, GATEWAY_GROUP, parse_gateway_duration};
+use crate::rollout::ServedShares;
 use crate::route::{
-    Backend, BackendSplit, DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, Filter, HostPattern,
-    RequestMatch, RetryPolicy, RouteKind, Rule, RuleId, SessionCarrier, SessionPersistence,
-    stable_hash,
+    Backend, DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, Filter, HostPattern, RequestMatch,
+    RetryPolicy, RouteKind, Rule, RuleId, SessionCarrier, SessionPersistence, stable_hash,
 };
 
 /// One rule, compiled, ready to be attached to listeners.
@@ -68,27 +69,46 @@ pub(crate) fn compile_route(
     ns: &str,
     name: &str,
     resolver: &BackendResolver<'_>,
+    served: &ServedShares,
 ) -> CompiledRoute {
     // The CRD's default for an absent `rules`: one rule matching PathPrefix
     // `/` with no backends (which answers 500).
     let default_rules = [HttpRouteRules::default()];
     let rules = route.spec.rules.as_deref().unwrap_or(&default_rules);
-    compile_rules(RouteKind::Http, rules, ns, name, resolver)
+    compile_rules(RouteKind::Http, rules, ns, name, resolver, served)
 }
 
-/// Compile HTTPRoute-shaped rules of a route of `kind`.
+/// Compile HTTPRoute-shaped rules of a route of `kind`; a rule a rollout
+/// governs (`served`, by kind, route and rule) gets the shares it serves.
 pub(crate) fn compile_rules(
     kind: RouteKind,
     rules: &[HttpRouteRules],
     ns: &str,
     name: &str,
     resolver: &BackendResolver<'_>,
+    served: &ServedShares,
 ) -> CompiledRoute {
+    let scope = Scope {
+        kind,
+        ns,
+        name,
+        resolver,
+        served,
+    };
     let mut out = CompiledRoute::default();
     for (i, rule) in rules.iter().enumerate() {
-        compile_rule(kind, rule, i, ns, name, resolver, &mut out);
+        compile_rule(&scope, rule, i, &mut out);
     }
     out
+}
+
+/// The route whose rules are compiled, and what they are compiled with.
+struct Scope<'a, 'r> {
+    kind: RouteKind,
+    ns: &'a str,
+    name: &'a str,
+    resolver: &'a BackendResolver<'r>,
+    served: &'a ServedShares,
 }
 
 /// What the client gets for the share of a backend that cannot take it, in
@@ -102,15 +122,14 @@ fn answer(kind: RouteKind, http: u16) -> String {
     }
 }
 
-fn compile_rule(
-    kind: RouteKind,
-    rule: &HttpRouteRules,
-    i: usize,
-    ns: &str,
-    name: &str,
-    resolver: &BackendResolver<'_>,
-    out: &mut CompiledRoute,
-) {
+fn compile_rule(scope: &Scope<'_, '_>, rule: &HttpRouteRules, i: usize, out: &mut CompiledRoute) {
+    let &Scope {
+        kind,
+        ns,
+        name,
+        resolver,
+        served,
+    } = scope;
     let field = format!("spec.rules[{i}]");
     let route_id = format!("{kind} {ns}/{name}");
     let id_prefix = format!("{}/{ns}/{name}/rule/{i}", kind.id_prefix());
@@ -155,14 +174,10 @@ fn compile_rule(
     let mut summaries = Vec::new();
     for (j, b) in refs.iter().enumerate() {
         let bfield = format!("{field}.backendRefs[{j}]");
-        let fields = BackendRefFields {
-            group: b.group.as_deref(),
-            kind: b.kind.as_deref(),
-            name: &b.name,
-            namespace: b.namespace.as_deref(),
-            port: b.port,
-        };
-        let label = BackendResolver::label(ns, &fields);
+        let fields = BackendRefFields::of(b);
+        // The label is the identity's display (see BackendResolver::label).
+        let key = backend_key(ns, &fields);
+        let label = key.to_string();
         let weight = match b.weight.map(u32::try_from) {
             None => 1,
             Some(Ok(w)) if w <= 1_000_000 => w,
@@ -250,6 +265,10 @@ fn compile_rule(
             weight_omitted: b.weight.is_none(),
             share_percent: 0.0,
             outcome,
+            key,
+            served_weight: None,
+            served_percent: None,
+            removed_from_spec: false,
         });
         backends.push(Backend {
             id: backend_id,
@@ -296,17 +315,26 @@ fn compile_rule(
             })
             .ok()
     });
+    let (split, rollout) = served_split(
+        (kind, ns, name, i),
+        backends,
+        &mut summaries,
+        served,
+        resolver,
+        &id_prefix,
+    );
     out.summaries.push(RuleSummary {
         kind: kind.as_str().to_string(),
         route: format!("{ns}/{name}"),
         rule: i,
         backends: summaries,
+        rollout,
     });
     out.rules.push(CompiledRule {
         rule: Arc::new(Rule {
             id,
             filters: filters.filters,
-            backends: BackendSplit::new(backends),
+            backends: split,
             timeouts,
             retry,
             session,

@@ -12,6 +12,7 @@ use gateway_api::experimental::httproutes::HttpRouteRules;
 use super::backends::BackendResolver;
 use super::routes::{self, CompiledRoute};
 use crate::resources::{TlsRoute, tls_backend_refs_as_http};
+use crate::rollout::ServedShares;
 use crate::route::RouteKind;
 
 /// Compile the rule of a TLSRoute.
@@ -20,6 +21,7 @@ pub(crate) fn compile_route(
     ns: &str,
     name: &str,
     resolver: &BackendResolver<'_>,
+    served: &ServedShares,
 ) -> CompiledRoute {
     let mut unsupported = Vec::new();
     let rules: Vec<HttpRouteRules> = route
@@ -38,7 +40,7 @@ pub(crate) fn compile_route(
             ..HttpRouteRules::default()
         })
         .collect();
-    let mut out = routes::compile_rules(RouteKind::Tls, &rules, ns, name, resolver);
+    let mut out = routes::compile_rules(RouteKind::Tls, &rules, ns, name, resolver, served);
     out.unsupported.extend(unsupported);
     out
 }

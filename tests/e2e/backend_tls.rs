@@ -521,7 +521,7 @@ async fn a_retried_code_is_retried_on_the_next_tls_endpoint() {
     );
     // Outlier ejection off: it would take the failing endpoint out of
     // the rotation after its fifth failure (tests/e2e/outliers.rs).
-    let sluice = Sluice::start_with_args(
+    let sluice = Sluice::start_with(
         &[("all.yaml", manifests)],
         &["--outlier-consecutive-failures", "0"],
     )
@@ -564,7 +564,7 @@ async fn a_failed_tls_handshake_is_retried_on_the_next_endpoint() {
     let manifests = tls_pair(&untrusted, &healthy, "{attempts: 1, backoff: 1ms}", &ca);
     // Outlier ejection off: it would take the failing endpoint out of
     // the rotation after its fifth failure (tests/e2e/outliers.rs).
-    let sluice = Sluice::start_with_args(
+    let sluice = Sluice::start_with(
         &[("all.yaml", manifests)],
         &["--outlier-consecutive-failures", "0"],
     )

@@ -22,6 +22,7 @@ mod precedence;
 mod protocols;
 mod reload;
 mod retry_cors;
+mod rollouts;
 mod sessions;
 mod status;
 mod tls_routes;

@@ -104,7 +104,7 @@ async fn failing_endpoints_are_ejected_within_their_backend_and_its_share_stays(
         + &other.manifests()
         + &r;
     // Ejections last long enough that a slow machine cannot see one end.
-    let gw = Sluice::start_with_args(
+    let gw = Sluice::start_with(
         &[("all.yaml", manifests)],
         &["--outlier-ejection-time", "10m"],
     )
@@ -249,7 +249,7 @@ async fn a_stalled_backend_fills_its_cap_and_the_others_are_served() {
         + &static_service("stalled", None, 8080, None, stalled.addr.port())
         + &app.manifests()
         + &routes;
-    let gw = Sluice::start_with_args(
+    let gw = Sluice::start_with(
         &[("all.yaml", manifests)],
         &[
             "--max-requests-per-backend",

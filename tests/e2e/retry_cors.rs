@@ -225,7 +225,7 @@ async fn refused_connections_are_retried_on_the_next_endpoint() {
     backendRefs: [{name: flaky, port: 8080}]"#;
     // Outlier ejection off: it would take the dead endpoint out of the
     // rotation after its fifth refusal (tests/e2e/outliers.rs).
-    let gw = Sluice::start_with_args(
+    let gw = Sluice::start_with(
         &[(
             "all.yaml",
             gateway() + &flaky.manifests(&[dead]) + &route("default", "retries", routes),
@@ -264,7 +264,7 @@ const BODY_ROUTE: &str = r#"  rules:
 
 /// The gateway with `--retry-buffer-bytes 1024` in front of a flaky backend.
 async fn body_gateway(flaky: &FlakyBackend) -> Sluice {
-    Sluice::start_with_args(
+    Sluice::start_with(
         &[(
             "all.yaml",
             gateway() + &flaky.manifests(&[]) + &route("default", "retries", BODY_ROUTE),

@@ -22,7 +22,7 @@ use crate::support::{
 };
 
 /// `Set-Cookie` values of a response.
-fn set_cookies(r: &Resp) -> Vec<String> {
+pub(crate) fn set_cookies(r: &Resp) -> Vec<String> {
     r.headers
         .get_all(http::header::SET_COOKIE)
         .iter()
@@ -31,7 +31,7 @@ fn set_cookies(r: &Resp) -> Vec<String> {
 }
 
 /// The `name=value` a client sends back for a `Set-Cookie`.
-fn cookie_pair(set_cookie: &str) -> String {
+pub(crate) fn cookie_pair(set_cookie: &str) -> String {
     set_cookie.split(';').next().expect("a pair").to_owned()
 }
 

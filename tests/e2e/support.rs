@@ -157,22 +157,28 @@ endpoints:
 pub struct Sluice {
     child: Child,
     pub dir: tempfile::TempDir,
+    /// The rollout state directory (`--state-dir`), apart from the
+    /// manifests: its `rollouts.json` must not be read as one.
+    pub state: tempfile::TempDir,
     /// The Gateway listener's port (put it in the manifests with [`gateway`]).
     pub port: u16,
     pub admin: SocketAddr,
+    /// Arguments given after the defaults (`--state-dir` among them).
+    args: Vec<String>,
 }
 
 impl Sluice {
     /// Start the gateway on `files` (name, content) after replacing
     /// `{{PORT}}` with the listener port. Waits until `/readyz` answers 200.
     pub async fn start(files: &[(&str, String)]) -> Sluice {
-        Sluice::start_with_args(files, &[]).await
+        Sluice::start_with(files, &[]).await
     }
 
-    /// [`Sluice::start`] with more command-line arguments (short timeouts,
-    /// limits).
-    pub async fn start_with_args(files: &[(&str, String)], args: &[&str]) -> Sluice {
+    /// [`Sluice::start`] with more `sluice serve` arguments (a
+    /// `--state-dir` given here replaces the harness's own).
+    pub async fn start_with(files: &[(&str, String)], args: &[&str]) -> Sluice {
         let dir = tempfile::tempdir().expect("temp dir");
+        let state = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         for (name, content) in files {
@@ -182,27 +188,38 @@ impl Sluice {
             )
             .unwrap();
         }
-        let log = std::fs::File::create(dir.path().join("sluice.log.txt")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .arg("serve")
-            .arg("-f")
-            .arg(dir.path())
-            .args(["--bind", "127.0.0.1", "--admin", &admin.to_string()])
-            .args(args)
-            .env("RUST_LOG", "info")
-            // tracing writes to stdout: both go to the log file.
-            .stdout(log.try_clone().expect("log file handle"))
-            .stderr(log)
-            .spawn()
-            .expect("the sluice binary starts");
+        let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        if !args.contains(&"--state-dir") {
+            all.extend(["--state-dir".into(), state.path().display().to_string()]);
+        }
+        let child = spawn(&dir, admin, &all);
         let sluice = Sluice {
             child,
             dir,
+            state,
             port,
             admin,
+            args: all,
         };
         sluice.wait_ready().await;
         sluice
+    }
+
+    /// Stop the process (SIGKILL: nothing gets to be written on the way
+    /// out) and start it again on the same manifests, ports and state.
+    pub async fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let log = self.log();
+        std::fs::write(self.dir.path().join("sluice.before-restart.log.txt"), log).unwrap();
+        self.child = spawn(&self.dir, self.admin, &self.args);
+        self.wait_ready().await;
+    }
+
+    /// The log of the run before the last [`Sluice::restart`].
+    pub fn log_before_restart(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("sluice.before-restart.log.txt"))
+            .unwrap_or_default()
     }
 
     async fn wait_ready(&self) {
@@ -309,6 +326,24 @@ impl Sluice {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
+}
+
+/// `sluice serve` on `dir` with the harness's defaults and `args`, its log
+/// in `dir/sluice.log.txt`.
+fn spawn(dir: &tempfile::TempDir, admin: SocketAddr, args: &[String]) -> Child {
+    let log = std::fs::File::create(dir.path().join("sluice.log.txt")).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("serve")
+        .arg("-f")
+        .arg(dir.path())
+        .args(["--bind", "127.0.0.1", "--admin", &admin.to_string()])
+        .args(args)
+        .env("RUST_LOG", "info")
+        // tracing writes to stdout: both go to the log file.
+        .stdout(log.try_clone().expect("log file handle"))
+        .stderr(log)
+        .spawn()
+        .expect("the sluice binary starts")
 }
 
 /// Poll `check` until it holds, or panic after 15 s naming `what` with
