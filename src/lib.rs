@@ -27,3 +27,6 @@ pub mod serve;
 pub mod source;
 pub mod status;
 pub mod translate;
+#[doc(hidden)]
+pub mod upstream;
+pub mod yaml;

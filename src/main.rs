@@ -31,10 +31,13 @@ enum Command {
         /// Admin listener: /status, /errors, /metrics, /healthz, /readyz.
         #[arg(long, default_value = "127.0.0.1:9901")]
         admin: SocketAddr,
+        /// CustomResourceDefinitions (files or directories, e.g. the upstream standard-install.yaml): objects of the kinds they define are validated by their schema and CEL rules. CRD documents among the -f manifests count too. Repeatable.
+        #[arg(long = "crds", value_name = "PATH")]
+        crds: Vec<PathBuf>,
         /// Where rollouts are recorded so that a restart resumes them (rollouts.json) [default: $XDG_STATE_HOME/sluice, else ~/.local/state/sluice].
         #[arg(long, conflicts_with = "kubernetes")]
         state_dir: Option<PathBuf>,
-        /// Watch the Kubernetes API server instead of files, and write status back (as leader).
+        /// Watch the Kubernetes API server instead of files, and write status back (as leader). The leader also judges the RolloutPolicies' rollouts and records them in their status; the other replicas serve the recorded steps.
         #[arg(long, conflicts_with = "paths")]
         kubernetes: bool,
         /// Kubeconfig file (default: in-cluster service account, else $KUBECONFIG or ~/.kube/config).
@@ -61,12 +64,14 @@ enum Command {
     },
     /// Print every object's conditions and every rule's backend shares; exit 1 if anything is not accepted or resolved.
     Check {
-        /// Manifest file or directory (read recursively). Repeatable.
-        #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
-        paths: Vec<PathBuf>,
+        #[command(flatten)]
+        manifests: sluice::cli::Manifests,
         /// Rollout state to show served shares from, as `serve --state-dir` records it [default: $XDG_STATE_HOME/sluice, else ~/.local/state/sluice].
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// Report format: the text report (one `file:line: Kind ns/name: field: message` line per problem at its end), or one JSON document.
+        #[arg(long, value_enum, default_value_t)]
+        output: sluice::cli::check::Output,
     },
     /// Run the examples with built-in echo backends and show each backend's share of real traffic.
     Demo {
@@ -258,6 +263,7 @@ fn main() -> ExitCode {
             paths,
             bind,
             admin,
+            crds,
             state_dir,
             kubernetes,
             kubeconfig,
@@ -281,6 +287,7 @@ fn main() -> ExitCode {
                     lease_namespace,
                     lease_name,
                     lease_duration: std::time::Duration::from_secs(lease_duration),
+                    crds,
                 };
                 return runtime.block_on(serve(sluice::serve::start_kubernetes_with_limits(
                     config, limits,
@@ -292,16 +299,27 @@ fn main() -> ExitCode {
                     "no --state-dir and neither $XDG_STATE_HOME nor $HOME is set: rollouts are kept in memory only"
                 );
             }
-            let config = sluice::serve::ServeConfig { paths, bind, admin };
+            let config = sluice::serve::ServeConfig {
+                paths,
+                bind,
+                admin,
+                crds,
+            };
             runtime.block_on(serve(sluice::serve::start_with_state(
                 config, limits, state_dir,
             )))
         }
-        Command::Check { paths, state_dir } => {
+        Command::Check {
+            manifests,
+            state_dir,
+            output,
+        } => {
             let state_dir = state_dir.or_else(sluice::rollout::default_state_dir);
             let code = sluice::cli::check::run(
-                &paths,
+                &manifests.paths,
+                &manifests.crds,
                 state_dir.as_deref(),
+                output,
                 &mut std::io::stdout().lock(),
             );
             ExitCode::from(u8::try_from(code).unwrap_or(2))

@@ -9,6 +9,15 @@
 //! also wakes every [`ROLLOUT_TICK`] to judge it, and translates again when
 //! the served shares change: a step is a table swap like any reload.
 //!
+//! Who judges the rollouts: standalone, this process (its records go to
+//! `--state-dir`). In Kubernetes mode, the Lease leader only: it records
+//! every rollout in its policy's `status.rollouts` (the status writer sends
+//! them with the rest of the policy's status, so the loop hands them over
+//! with each served configuration rather than through a [`RolloutStore`]:
+//! one apply per object, under one field manager); the other replicas
+//! serve the step recorded there ([`Rollouts::served`]), and a replica that
+//! wins the lease continues from it.
+//!
 //! A reload is an atomic table swap in the proxy: requests in flight
 //! finish on the table they started with, a broken file keeps its last good
 //! objects, and nothing a manifest says can make the process exit.
@@ -51,6 +60,9 @@ pub struct ServeConfig {
     pub bind: IpAddr,
     /// Admin listener (`/status`, `/errors`, `/metrics`, `/healthz`, `/readyz`).
     pub admin: SocketAddr,
+    /// CustomResourceDefinition files or directories (`--crds`): objects of
+    /// the kinds they define are validated by them. Watched like `paths`.
+    pub crds: Vec<PathBuf>,
 }
 
 /// A gateway started in this process. Dropping it leaves the gateway
@@ -135,7 +147,8 @@ pub async fn start_with_state(
     state_dir: Option<PathBuf>,
 ) -> anyhow::Result<RunningGateway> {
     let metrics = Metrics::shared();
-    let source = FileSource::new(config.paths.clone(), metrics.clone());
+    let source =
+        FileSource::new(config.paths.clone(), metrics.clone()).with_crds(config.crds.clone());
     // Watch before the first read so that no change in between is missed.
     let watch = source
         .watch()
@@ -160,6 +173,7 @@ pub async fn start_with_state(
         state.clone(),
         metrics.clone(),
         store,
+        Role::Lead,
     )
     .await;
 
@@ -174,6 +188,7 @@ pub async fn start_with_state(
     let serve = tokio::spawn(serve_loop(
         updates,
         server,
+        None,
         None,
         Some(first_tx),
         shutdown_rx,
@@ -211,8 +226,29 @@ struct Current {
     rules: Arc<Vec<RuleSummary>>,
 }
 
+/// Who moves the rollouts along.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// This process judges the steps (standalone, or the Kubernetes leader).
+    Lead,
+    /// This process serves the steps another recorded in the policies'
+    /// status (a Kubernetes replica that is not the leader).
+    Follow,
+}
+
 /// The rollouts, their state machine's inputs and where they are saved.
 struct RolloutDriver {
+    role: Role,
+    /// Took the lead: continue from the rollouts recorded in the policies'
+    /// status as soon as a configuration is in service.
+    resume: bool,
+    /// The rollouts as recorded at their last transition (or as read from
+    /// the policies' status): what Kubernetes mode writes to each policy's
+    /// `status.rollouts`, and what a follower shows. Not rebuilt for every
+    /// count: status is written when a rollout moves, not per request.
+    recorded: Arc<RolloutReport>,
+    /// Problems reading recorded rollouts, as last logged.
+    unreadable: Vec<String>,
     machine: Rollouts,
     store: Arc<Mutex<Box<dyn RolloutStore>>>,
     inputs: RolloutInputs,
@@ -235,13 +271,15 @@ struct Server {
 }
 
 impl Server {
-    /// A server whose rollouts resume what `store` recorded.
+    /// A server whose rollouts resume what `store` recorded, leading them
+    /// or following the records in the policies' status (`role`).
     async fn new(
         bind: IpAddr,
         proxy: Proxy,
         state: Arc<AdminState>,
         metrics: Arc<Metrics>,
         mut store: Box<dyn RolloutStore>,
+        role: Role,
     ) -> Server {
         let location = store.location();
         let (store, loaded) = tokio::task::spawn_blocking(move || {
@@ -279,6 +317,10 @@ impl Server {
             generation: 0,
             current: None,
             rollouts: RolloutDriver {
+                role,
+                resume: false,
+                recorded: Arc::default(),
+                unreadable: Vec::new(),
                 machine,
                 store: Arc::new(Mutex::new(store)),
                 inputs: RolloutInputs::default(),
@@ -318,7 +360,7 @@ impl Server {
             objects,
             rules: rules.unwrap_or_default(),
         });
-        self.evaluate_rollouts().await;
+        self.run_rollouts().await;
         self.translate_and_apply("configuration applied").await;
         self.publish_rollouts();
     }
@@ -329,11 +371,69 @@ impl Server {
             return;
         }
         let before = self.rollouts.served.clone();
-        self.evaluate_rollouts().await;
+        self.run_rollouts().await;
         if self.rollouts.served != before {
             self.translate_and_apply("rollout step applied").await;
         }
         self.publish_rollouts();
+    }
+
+    /// Lead the rollouts (`lead`: the lease was won) or follow the
+    /// records in the policies' status (lost), and serve what that gives.
+    async fn set_role(&mut self, lead: bool) {
+        let role = if lead { Role::Lead } else { Role::Follow };
+        if self.rollouts.role == role {
+            return;
+        }
+        self.rollouts.role = role;
+        // A new leader continues from what the policies' status records,
+        // never from what it judged in an earlier term.
+        self.rollouts.resume = lead;
+        tracing::info!(
+            "{}",
+            if lead {
+                "leading the rollouts: continuing from the steps recorded in the RolloutPolicies' status"
+            } else {
+                "following the rollouts: serving the steps the leader records in the RolloutPolicies' status"
+            }
+        );
+        self.tick().await;
+    }
+
+    /// Lead the rollouts (judge them) or follow the recorded ones.
+    async fn run_rollouts(&mut self) {
+        match self.rollouts.role {
+            Role::Lead => {
+                if std::mem::take(&mut self.rollouts.resume) {
+                    self.read_recorded();
+                }
+                self.evaluate_rollouts().await;
+            }
+            Role::Follow => {
+                self.read_recorded();
+                self.rollouts.served = self.rollouts.machine.served(&self.rollouts.inputs);
+            }
+        }
+    }
+
+    /// Take the rollouts recorded in the policies' status of the
+    /// configuration in service as this process's (Kubernetes mode).
+    fn read_recorded(&mut self) {
+        let Some(current) = &self.current else {
+            return;
+        };
+        let (records, report, problems) =
+            crate::rollout::recorded(&current.snapshot.rollout_policies);
+        if problems != self.rollouts.unreadable {
+            for problem in &problems {
+                tracing::warn!("{problem}; that rule is served as if nothing were recorded");
+            }
+            self.rollouts.unreadable = problems;
+        }
+        self.rollouts.machine = Rollouts::restore(records);
+        if *self.rollouts.recorded != report {
+            self.rollouts.recorded = Arc::new(report);
+        }
     }
 
     /// Run the rollout state machine; log and count its transitions; save
@@ -361,6 +461,7 @@ impl Server {
         }
         driver.served = evaluation.served;
         if evaluation.changed {
+            driver.recorded = Arc::new(RolloutReport::new(&driver.machine, None));
             self.save_rollouts().await;
         }
     }
@@ -400,9 +501,15 @@ impl Server {
         }
     }
 
-    /// Show the rollouts on `/status` and `/metrics`.
+    /// Show the rollouts on `/status` and `/metrics`: the leader's with
+    /// the counts of the moment, a follower's as recorded.
     fn publish_rollouts(&self) {
-        let report = RolloutReport::new(&self.rollouts.machine, self.rollouts.not_saved.clone());
+        let report = match self.rollouts.role {
+            Role::Lead => {
+                RolloutReport::new(&self.rollouts.machine, self.rollouts.not_saved.clone())
+            }
+            Role::Follow => (*self.rollouts.recorded).clone(),
+        };
         let metrics = self.metrics.rollouts();
         let mut shown = Vec::new();
         for (rollout, _, _) in self.rollouts.machine.report() {
@@ -538,21 +645,24 @@ fn keep_transition_times(new: &mut StatusReport, old: &StatusReport) {
 /// The serve loop of both modes: serve each configuration the source
 /// sends, and judge rollouts every [`ROLLOUT_TICK`] while one is at a
 /// step. The first configuration served makes `/readyz` ready (and fires
-/// `first`); each served one goes to `served` (the status writer's
-/// input, in Kubernetes mode).
+/// `first`); each served one, and each rollout that moved, goes to
+/// `served` (the status writer's input, in Kubernetes mode).
+///
+/// `leader` (Kubernetes mode) says whether this replica holds the lease:
+/// only then does it judge the rollouts; otherwise it serves the steps
+/// recorded in the policies' status.
 async fn serve_loop(
     mut updates: mpsc::Receiver<SourceUpdate>,
     mut server: Server,
     served: Option<watch::Sender<Option<Arc<Served>>>>,
+    mut leader: Option<watch::Receiver<bool>>,
     mut first: Option<oneshot::Sender<()>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
         let generation = server.generation;
-        let tick = server
-            .rollouts
-            .machine
-            .in_flight()
+        let recorded = server.rollouts.recorded.clone();
+        let tick = (server.rollouts.role == Role::Lead && server.rollouts.machine.in_flight())
             .then(|| tokio::time::Instant::now() + ROLLOUT_TICK);
         tokio::select! {
             update = updates.recv() => {
@@ -567,16 +677,33 @@ async fn serve_loop(
                 }
             }
             _ = sleep_until(tick) => server.tick().await,
+            lead = leadership(&mut leader) => match lead {
+                Some(lead) => server.set_role(lead).await,
+                None => leader = None,
+            },
             _ = crate::admin::stopped(&mut shutdown) => return,
         }
         if let (Some(served), Some(current)) = (&served, &server.current)
-            && server.generation != generation
+            && (server.generation != generation
+                || !Arc::ptr_eq(&server.rollouts.recorded, &recorded))
         {
             served.send_replace(Some(Arc::new(Served {
                 snapshot: current.snapshot.clone(),
                 published: server.state.published(),
+                rollouts: server.rollouts.recorded.clone(),
             })));
         }
+    }
+}
+
+/// The next change of `leader`: `None` when it can no longer change.
+async fn leadership(leader: &mut Option<watch::Receiver<bool>>) -> Option<bool> {
+    match leader {
+        Some(rx) => match rx.changed().await {
+            Ok(()) => Some(*rx.borrow_and_update()),
+            Err(_) => None,
+        },
+        None => std::future::pending().await,
     }
 }
 
@@ -606,13 +733,20 @@ pub struct KubernetesConfig {
     pub lease_namespace: Option<String>,
     pub lease_name: String,
     pub lease_duration: std::time::Duration,
+    /// CustomResourceDefinition files or directories (`--crds`), read once
+    /// at start: objects of the kinds they define are validated by them
+    /// (the API server already did; this makes refusals the same in both
+    /// modes).
+    pub crds: Vec<PathBuf>,
 }
 
 /// What the serve loop last served: the snapshot and the status translate
-/// computed for it (after the proxy swapped in its table).
+/// computed for it (after the proxy swapped in its table), and the
+/// rollouts as recorded (each RolloutPolicy's `status.rollouts`).
 struct Served {
     snapshot: Arc<Snapshot>,
     published: Arc<Published>,
+    rollouts: Arc<RolloutReport>,
 }
 
 /// Watch the API server, serve what it holds, and (as leader) write status
@@ -647,9 +781,16 @@ pub async fn start_kubernetes_with_limits(
     state.show_endpoints_of(proxy.clone());
 
     let (updates_tx, updates) = mpsc::channel(1);
+    let crds = crate::source::files::read_crds(&config.crds);
+    for error in &crds.1 {
+        tracing::warn!("--crds: {error}");
+    }
     let source = tokio::spawn(kube_source::run(
         kube_source::watch_all(&client),
-        SourceOptions::default(),
+        SourceOptions {
+            crds: crds.0,
+            ..SourceOptions::default()
+        },
         updates_tx,
         shutdown_rx.clone(),
     ));
@@ -670,6 +811,7 @@ pub async fn start_kubernetes_with_limits(
     tracing::info!(lease = %lease_config.name, namespace = %lease_config.namespace,
         identity = %lease_config.identity, "running for leader (the leader writes status)");
     let (leader_tx, leader) = watch::channel(false);
+    let leader_for_rollouts = leader.clone();
     let elector = tokio::spawn(lease::run(
         LeaderElector::new(client.clone(), lease_config),
         leader_tx,
@@ -686,20 +828,24 @@ pub async fn start_kubernetes_with_limits(
         shutdown_rx.clone(),
     ));
 
-    // Rollouts are kept in memory here (recording them in each policy's
-    // status is the leader's job).
+    // The rollouts are recorded in each policy's status, by the leader
+    // (the status writer writes them with the rest of the policy's status:
+    // one apply per object), and every replica serves what is recorded
+    // there; so no store here. A replica follows until it wins the lease.
     let server = Server::new(
         config.bind,
         proxy.clone(),
         state.clone(),
         metrics.clone(),
         Box::new(MemoryStore::default()),
+        Role::Follow,
     )
     .await;
     let serve = tokio::spawn(serve_loop(
         updates,
         server,
         Some(served_tx),
+        Some(leader_for_rollouts),
         None,
         shutdown_rx,
     ));
@@ -784,6 +930,7 @@ async fn status_loop(
                 &current.snapshot,
                 &current.published.status,
                 addresses.as_deref(),
+                &current.rollouts,
             )
             .await;
         if outcome.written > 0 {

@@ -6,15 +6,17 @@
 use std::path::Path;
 use std::process::Command;
 
-use serde_yaml::Value;
+use serde_json::Value;
 
 fn documents(file: &str) -> Vec<Value> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("deploy")
         .join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{file}: {e}")))
+    sluice::yaml::documents(&text)
+        .unwrap_or_else(|e| panic!("{file}: {e}"))
+        .into_iter()
+        .map(|d| d.value)
         .collect()
 }
 
@@ -26,7 +28,7 @@ fn of_kind(file: &str, kind: &str) -> Vec<Value> {
 }
 
 fn strings(v: &Value) -> Vec<String> {
-    v.as_sequence()
+    v.as_array()
         .map(|s| {
             s.iter()
                 .filter_map(|x| x.as_str().map(str::to_string))
@@ -91,7 +93,7 @@ fn deployment_runs_kubernetes_mode_safely_with_probes_on_the_admin_port() {
 fn rbac_grants_reads_status_patches_and_the_lease_only() {
     let role = &of_kind("rbac.yaml", "ClusterRole")[0];
     let mut grants = Vec::new();
-    for rule in role["rules"].as_sequence().expect("rules") {
+    for rule in role["rules"].as_array().expect("rules") {
         for resource in strings(&rule["resources"]) {
             for verb in strings(&rule["verbs"]) {
                 grants.push(format!("{resource}:{verb}"));
@@ -178,7 +180,7 @@ fn rollout_policy_crd_agrees_with_sluice() {
         ),
         ROLLOUT_POLICY_API_VERSION
     );
-    assert!(version["subresources"]["status"].is_mapping());
+    assert!(version["subresources"]["status"].is_object());
     let schema = &version["schema"]["openAPIV3Schema"]["properties"]["spec"];
     assert_eq!(
         strings(&schema["required"]),
@@ -236,7 +238,7 @@ fn rollout_policy_crd_agrees_with_sluice() {
 
     let role = &of_kind("rbac.yaml", "ClusterRole")[0];
     let grants: Vec<String> = role["rules"]
-        .as_sequence()
+        .as_array()
         .expect("rules")
         .iter()
         .filter(|r| strings(&r["apiGroups"]) == [SLUICE_GROUP])

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use http::{HeaderMap, HeaderName, Method};
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
-use sluice::resources::{Generations, Object, Snapshot, parse_manifests};
+use sluice::resources::{Generations, Snapshot, parse_manifests};
 use sluice::route::{
     Backend, BackendTarget, CorsList, Filter, HeaderModifier, Lookup, PathMatch, PathModifier,
     RouteTable, SessionCarrier, SessionPersistence, StreamLookup, ValueMatch,
@@ -96,9 +96,9 @@ fn run_case(input: &Path) -> String {
         .to_string_lossy()
         .to_string();
     let parsed = parse_manifests(&text, &file);
-    let mut objects: Vec<Object> = parsed.objects.into_iter().map(|o| o.object).collect();
-    Generations::new().assign(&mut objects, Timestamp::UNIX_EPOCH);
-    let snapshot = Snapshot::from_objects(objects);
+    let snapshot = Snapshot::from_loaded(parsed.objects, |objects| {
+        Generations::new().assign(objects, Timestamp::UNIX_EPOCH);
+    });
     let options = TranslateOptions {
         default_bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
     };
@@ -132,13 +132,16 @@ fn run_case(input: &Path) -> String {
         warnings: t.warnings,
         probes: probes(&text).iter().map(|p| probe(&t.table, p)).collect(),
     };
-    serde_yaml::to_string(&golden).expect("golden output serializes")
+    sluice::yaml::to_string(&golden).expect("golden output serializes")
 }
 
 fn probes(text: &str) -> Vec<ProbeRequest> {
     let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        let Ok(d) = ProbesDoc::deserialize(doc) else {
+    let Ok(docs) = sluice::yaml::documents(text) else {
+        return out;
+    };
+    for doc in docs {
+        let Ok(d) = serde_json::from_value::<ProbesDoc>(doc.value) else {
             continue;
         };
         if d.api_version.as_deref() == Some(PROBES_API_VERSION)

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use serde_yaml::Value;
+use serde_json::Value;
 
 use crate::ctx::{APP, Ctx, INFRA};
 use crate::env;
@@ -140,20 +140,16 @@ pub fn server_config(deployment: &Value) -> anyhow::Result<Option<Arc<rustls::Se
     let spec = &deployment["spec"]["template"]["spec"];
     let env_set = |name: &str| {
         spec["containers"]
-            .as_sequence()
+            .as_array()
             .into_iter()
             .flatten()
-            .flat_map(|c| c["env"].as_sequence().into_iter().flatten())
+            .flat_map(|c| c["env"].as_array().into_iter().flatten())
             .any(|e| e["name"].as_str() == Some(name))
     };
     if !env_set("TLS_SERVER_CERT") {
         return Ok(None);
     }
-    let volumes: Vec<&Value> = spec["volumes"]
-        .as_sequence()
-        .into_iter()
-        .flatten()
-        .collect();
+    let volumes: Vec<&Value> = spec["volumes"].as_array().into_iter().flatten().collect();
     let id = env::object_id(deployment);
     let secret = volumes
         .iter()

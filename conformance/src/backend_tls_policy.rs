@@ -151,18 +151,18 @@ async fn reconcile_ca_config_map(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
 
     cx.modify("BackendTLSPolicy", &policy, |p| {
         p["spec"]["validation"]["caCertificateRefs"] =
-            serde_yaml::from_str(&format!("[{{group: '', kind: ConfigMap, name: {COPY}}}]"))
+            sluice::yaml::from_str(&format!("[{{group: '', kind: ConfigMap, name: {COPY}}}]"))
                 .expect("the reference is valid YAML");
     })?;
     no_valid_ca(cx, &policy)
         .await
         .context("the ConfigMap does not exist")?;
 
-    let config_map = |data: serde_yaml::Value| -> anyhow::Result<serde_yaml::Value> {
-        let mut doc: serde_yaml::Value = serde_yaml::from_str(&format!(
+    let config_map = |data: serde_json::Value| -> anyhow::Result<serde_json::Value> {
+        let mut doc: serde_json::Value = sluice::yaml::from_str(&format!(
             "{{apiVersion: v1, kind: ConfigMap, metadata: {{name: {COPY}, namespace: {INFRA}}}}}"
         ))?;
-        doc["data"] = serde_yaml::from_str("{}")?;
+        doc["data"] = sluice::yaml::from_str("{}")?;
         doc["data"]["ca.crt"] = data;
         Ok(doc)
     };

@@ -244,6 +244,7 @@ async fn run_one(
         paths: vec![temp.0.clone()],
         bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
         admin: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        crds: Vec::new(),
     })
     .await
     .context("cannot start sluice")?;

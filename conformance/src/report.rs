@@ -141,7 +141,7 @@ pub fn conformance_report(results: &[TestResult]) -> anyhow::Result<String> {
         "mode": "standalone",
         "profiles": profiles,
     });
-    Ok(serde_yaml::to_string(&report)?)
+    Ok(sluice::yaml::to_string(&report)?)
 }
 
 /// The report of `profile` (its `ProfileReport`), if any of its tests ran.

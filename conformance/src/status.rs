@@ -58,7 +58,8 @@ pub fn route_parent<'a>(
         let ns = r["namespace"].as_str().unwrap_or(route_ns);
         let id = format!("{ns}/{}", r["name"].as_str().unwrap_or(""));
         id == gateway
-            && r["kind"].as_str().unwrap_or("Gateway") == "Gateway"
+            && r["group"] == GATEWAY_GROUP
+            && r["kind"] == "Gateway"
             && p["controllerName"] == sluice::resources::CONTROLLER_NAME
             && section.is_none_or(|s| r["sectionName"] == s)
     })
@@ -288,8 +289,9 @@ impl Ctx<'_> {
             .await
     }
 
-    /// `HTTPRouteMustHaveParents`: exactly these parents, each with at
-    /// least the given conditions.
+    /// `HTTPRouteMustHaveParents`: exactly these parents (Gateways: group
+    /// and kind compared by value, as `parentsForRouteMatch` does), each
+    /// with at least the given conditions.
     pub async fn route_parents(&self, route: &str, want: &[ParentExpect]) -> anyhow::Result<()> {
         self.eventually(&format!("HTTPRoute {route} parents"), |cx| {
             let r = cx.require("HTTPRoute", route)?;
@@ -319,6 +321,8 @@ impl Ctx<'_> {
                         }
                     };
                     id == w.gateway
+                        && rf["group"] == GATEWAY_GROUP
+                        && rf["kind"] == "Gateway"
                         && p["controllerName"] == sluice::resources::CONTROLLER_NAME
                         && rf["sectionName"].as_str() == w.section.as_deref()
                         && port_ok
@@ -673,10 +677,11 @@ fn missing_condition(conditions: &Json, conds: &[Cond]) -> Option<String> {
 }
 
 /// Whether a route status `parentRef` names `kind` `parent` (`ns/name`) as
-/// the suite's `parentsForRouteMatch` compares them: group and kind (an
-/// omitted one is the API default, which the API server would have filled
-/// in), name, and namespace; an omitted namespace matches only when
-/// `namespace_required` is false. The sectionName is not compared.
+/// the suite's `parentsForRouteMatch` compares them: group and kind by
+/// value (the suite's expected parents spell them out, and a cluster's
+/// stored parentRefs carry them: the CRD defaults them, so an omitted one
+/// does not match), name, and namespace; an omitted namespace matches only
+/// when `namespace_required` is false. The sectionName is not compared.
 pub fn parent_ref_is(
     parent_ref: &Json,
     kind: &str,
@@ -684,13 +689,14 @@ pub fn parent_ref_is(
     namespace_required: bool,
 ) -> bool {
     let (ns, name) = parent.split_once('/').unwrap_or(("", parent));
-    let group = parent_ref["group"].as_str().unwrap_or(GATEWAY_GROUP);
-    let actual_kind = parent_ref["kind"].as_str().unwrap_or("Gateway");
     let ns_ok = match parent_ref["namespace"].as_str() {
         Some(actual) => actual == ns,
         None => !namespace_required,
     };
-    group == GATEWAY_GROUP && actual_kind == kind && parent_ref["name"] == name && ns_ok
+    parent_ref["group"] == GATEWAY_GROUP
+        && parent_ref["kind"] == kind
+        && parent_ref["name"] == name
+        && ns_ok
 }
 
 impl Ctx<'_> {
@@ -944,11 +950,16 @@ mod tests {
     fn parent_refs_compare_group_kind_and_namespace_like_the_suite() {
         let omitted = serde_json::json!({"name": "gw"});
         assert!(
-            parent_ref_is(&omitted, "Gateway", "infra/gw", false),
-            "omitted group and kind are the API defaults, an omitted namespace matches when not required"
+            !parent_ref_is(&omitted, "Gateway", "infra/gw", false),
+            "group and kind compare by value: omitted ones do not match"
         );
-        assert!(!parent_ref_is(&omitted, "Gateway", "infra/gw", true));
-        assert!(!parent_ref_is(&omitted, "ListenerSet", "infra/gw", false));
+        let gateway = serde_json::json!({"group": GATEWAY_GROUP, "kind": "Gateway", "name": "gw"});
+        assert!(
+            parent_ref_is(&gateway, "Gateway", "infra/gw", false),
+            "an omitted namespace matches when not required"
+        );
+        assert!(!parent_ref_is(&gateway, "Gateway", "infra/gw", true));
+        assert!(!parent_ref_is(&gateway, "ListenerSet", "infra/gw", false));
         let ls = serde_json::json!({
             "group": GATEWAY_GROUP, "kind": "ListenerSet", "name": "ls", "namespace": "infra",
             "sectionName": "any",

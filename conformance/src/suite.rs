@@ -788,15 +788,15 @@ pub async fn route_generation_bump(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
 }
 
 /// A listener as the suite appends it in the generation and modify tests.
-fn appended_listener(name: &str, hostname: &str) -> serde_yaml::Value {
-    serde_yaml::from_str(&format!(
+fn appended_listener(name: &str, hostname: &str) -> serde_json::Value {
+    sluice::yaml::from_str(&format!(
         "{{name: {name}, hostname: {hostname}, port: 80, protocol: HTTP, allowedRoutes: {{namespaces: {{from: All}}}}}}"
     ))
     .expect("the listener template is valid YAML")
 }
 
-fn push_listener(gateway: &mut serde_yaml::Value, listener: serde_yaml::Value) {
-    if let Some(listeners) = gateway["spec"]["listeners"].as_sequence_mut() {
+fn push_listener(gateway: &mut serde_json::Value, listener: serde_json::Value) {
+    if let Some(listeners) = gateway["spec"]["listeners"].as_array_mut() {
         listeners.push(listener);
     }
 }
@@ -926,7 +926,7 @@ pub async fn modify_listeners(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     cx.latest_conditions("Gateway", &remove, None).await?;
     let before = cx.generation("Gateway", &remove)?;
     cx.modify("Gateway", &remove, |g| {
-        if let Some(listeners) = g["spec"]["listeners"].as_sequence_mut() {
+        if let Some(listeners) = g["spec"]["listeners"].as_array_mut() {
             listeners.retain(|l| l["name"] == "http");
         }
     })?;
@@ -1388,8 +1388,8 @@ pub async fn static_addresses(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
         .await?;
 
     let remove = |value: &'static str| {
-        move |g: &mut serde_yaml::Value| {
-            if let Some(a) = g["spec"]["addresses"].as_sequence_mut() {
+        move |g: &mut serde_json::Value| {
+            if let Some(a) = g["spec"]["addresses"].as_array_mut() {
                 a.retain(|a| a["value"].as_str() != Some(value));
             }
         }

@@ -25,8 +25,7 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use serde::Deserialize as _;
-use serde_yaml::{Mapping, Value};
+use serde_json::{Map as Mapping, Value};
 use tokio::net::TcpStream;
 
 use crate::cli::check::format_share;
@@ -152,6 +151,7 @@ pub async fn run_with_output(
         paths: vec![dir.path.clone()],
         bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
         admin: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        crds: Vec::new(),
     })
     .await
     .context("cannot start the gateway")?;
@@ -302,11 +302,11 @@ fn parse_examples() -> anyhow::Result<Vec<(String, Vec<Value>)>> {
     EXAMPLES
         .iter()
         .map(|(name, text)| {
-            let documents = serde_yaml::Deserializer::from_str(text)
-                .map(Value::deserialize)
-                .filter(|d| !matches!(d, Ok(Value::Null)))
-                .collect::<Result<Vec<_>, _>>()
-                .with_context(|| format!("examples/{name} is not valid YAML"))?;
+            let documents = crate::yaml::documents(text)
+                .with_context(|| format!("examples/{name} is not valid YAML"))?
+                .into_iter()
+                .map(|d| d.value)
+                .collect();
             Ok(((*name).to_owned(), documents))
         })
         .collect()
@@ -316,7 +316,7 @@ fn write_documents(path: &Path, documents: &[Value]) -> anyhow::Result<()> {
     let mut text = String::new();
     for document in documents {
         text.push_str("---\n");
-        text.push_str(&serde_yaml::to_string(document)?);
+        text.push_str(&crate::yaml::to_string(document)?);
     }
     // Write then rename, so the watcher never reads half a file.
     let partial = path.with_extension("yaml.partial");
@@ -346,9 +346,9 @@ fn set_listener_ports(files: &mut [(String, Vec<Value>)], port: u16) {
         let listeners = document
             .get_mut("spec")
             .and_then(|s| s.get_mut("listeners"))
-            .and_then(Value::as_sequence_mut);
+            .and_then(Value::as_array_mut);
         for listener in listeners.into_iter().flatten() {
-            if let Some(listener) = listener.as_mapping_mut() {
+            if let Some(listener) = listener.as_object_mut() {
                 listener.insert("port".into(), u64::from(port).into());
             }
         }
@@ -367,10 +367,10 @@ fn backend_refs_mut(route: &mut Value) -> anyhow::Result<&mut Vec<Value>> {
     route
         .get_mut("spec")
         .and_then(|s| s.get_mut("rules"))
-        .and_then(Value::as_sequence_mut)
+        .and_then(Value::as_array_mut)
         .and_then(|rules| rules.first_mut())
         .and_then(|rule| rule.get_mut("backendRefs"))
-        .and_then(Value::as_sequence_mut)
+        .and_then(Value::as_array_mut)
         .ok_or_else(|| anyhow!("HTTPRoute {name} has no spec.rules[0].backendRefs"))
 }
 
@@ -409,7 +409,7 @@ fn swap_weights(route: &mut Value) -> anyhow::Result<()> {
     let weight = |b: &Value| b.get("weight").cloned().unwrap_or(Value::from(1u64));
     let (first, second) = (weight(&refs[0]), weight(&refs[1]));
     for (backend, weight) in refs.iter_mut().zip([second, first]) {
-        if let Some(backend) = backend.as_mapping_mut() {
+        if let Some(backend) = backend.as_object_mut() {
             backend.insert("weight".into(), weight);
         }
     }
@@ -453,13 +453,13 @@ fn slice_pods(slice: &Value) -> anyhow::Result<(String, Vec<PodSpec>)> {
         })?;
     let endpoints = slice
         .get("endpoints")
-        .and_then(Value::as_sequence)
+        .and_then(Value::as_array)
         .map_or(&[][..], Vec::as_slice);
     let mut pods = Vec::new();
     for (index, endpoint) in endpoints.iter().enumerate() {
         let address = endpoint
             .get("addresses")
-            .and_then(Value::as_sequence)
+            .and_then(Value::as_array)
             .and_then(|a| a.first())
             .and_then(Value::as_str)
             .ok_or_else(|| {
@@ -579,26 +579,23 @@ async fn start_pods_on_own_ports(
                     .await
                     .context("cannot start an echo pod on 127.0.0.1")?;
                 let mut slice = document.clone();
-                if let Some(metadata) = slice.get_mut("metadata").and_then(Value::as_mapping_mut) {
+                if let Some(metadata) = slice.get_mut("metadata").and_then(Value::as_object_mut) {
                     metadata.insert(
                         "name".into(),
                         format!("{}-{index}", name_of(&document)).into(),
                     );
                 }
-                if let Some(slice_map) = slice.as_mapping_mut() {
+                if let Some(slice_map) = slice.as_object_mut() {
                     let mut endpoint = document
                         .get("endpoints")
-                        .and_then(Value::as_sequence)
+                        .and_then(Value::as_array)
                         .and_then(|e| e.get(index))
                         .cloned()
-                        .unwrap_or(Value::Mapping(Mapping::new()));
-                    if let Some(endpoint) = endpoint.as_mapping_mut() {
-                        endpoint.insert(
-                            "addresses".into(),
-                            Value::Sequence(vec!["127.0.0.1".into()]),
-                        );
+                        .unwrap_or(Value::Object(Mapping::new()));
+                    if let Some(endpoint) = endpoint.as_object_mut() {
+                        endpoint.insert("addresses".into(), Value::Array(vec!["127.0.0.1".into()]));
                     }
-                    slice_map.insert("endpoints".into(), Value::Sequence(vec![endpoint]));
+                    slice_map.insert("endpoints".into(), Value::Array(vec![endpoint]));
                 }
                 set_slice_port(&mut slice, server.local_addr().port());
                 all.entry(service.clone()).or_default().push(server);
@@ -611,9 +608,9 @@ async fn start_pods_on_own_ports(
 }
 
 fn set_slice_port(slice: &mut Value, port: u16) {
-    let ports = slice.get_mut("ports").and_then(Value::as_sequence_mut);
+    let ports = slice.get_mut("ports").and_then(Value::as_array_mut);
     for slice_port in ports.into_iter().flatten() {
-        if let Some(slice_port) = slice_port.as_mapping_mut() {
+        if let Some(slice_port) = slice_port.as_object_mut() {
             slice_port.insert("port".into(), u64::from(port).into());
         }
     }
@@ -1056,7 +1053,7 @@ mod tests {
         assert_eq!(slices.len(), total);
         let mut ports: Vec<u64> = Vec::new();
         for slice in &slices {
-            assert_eq!(slice["endpoints"].as_sequence().map(Vec::len), Some(1));
+            assert_eq!(slice["endpoints"].as_array().map(Vec::len), Some(1));
             assert_eq!(
                 slice["endpoints"][0]["addresses"][0].as_str(),
                 Some("127.0.0.1")

@@ -10,6 +10,8 @@
 //! the API server's CRD schema would refuse, with errors that name the file,
 //! line, object and field.
 
+pub mod crd;
+pub mod defaults;
 mod duration;
 pub mod generations;
 pub mod load;
@@ -17,9 +19,13 @@ pub mod rollout_policy;
 mod routes;
 mod validate;
 
+pub use defaults::apply_defaults;
 pub use duration::parse_gateway_duration;
 pub use generations::Generations;
-pub use load::{LoadError, LoadedObject, ParsedFile, parse_manifests};
+pub use load::{
+    LoadError, LoadedObject, ParsedFile, load_documents, parse_manifests, parse_manifests_with,
+    read_documents,
+};
 pub use rollout_policy::{
     ConsistentKey, OnFailure, Percent, ROLLOUT_POLICY_API_VERSION, RolloutPolicy, RolloutSettings,
     SLUICE_GROUP,
@@ -37,6 +43,8 @@ pub use gateway_api::experimental::referencegrants::ReferenceGrant;
 pub use gateway_api::experimental::tlsroutes::TlsRoute;
 pub use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 pub use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use std::collections::BTreeSet;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -80,6 +88,11 @@ pub struct Snapshot {
     /// RolloutPolicies (`sluice.dev/v1alpha1`): how weight changes of the
     /// HTTPRoutes they target are served.
     pub rollout_policies: Vec<RolloutPolicy>,
+    /// `(Kind namespace/name, rule, backendRef)` of the routes' backendRefs whose
+    /// weight the manifest omitted before the CRD default made it 1, so that
+    /// an omitted weight next to explicit ones is still pointed out. Only
+    /// files know it: a cluster's objects arrive defaulted.
+    pub omitted_weights: BTreeSet<(String, usize, usize)>,
 }
 
 impl Snapshot {
@@ -105,6 +118,31 @@ impl Snapshot {
             }
         }
         s
+    }
+
+    /// Sort loaded objects into a snapshot, keeping what their manifests
+    /// omitted before defaults; `assign` fills in generations (see
+    /// [`Generations`]) between loading and sorting.
+    pub fn from_loaded(
+        loaded: impl IntoIterator<Item = LoadedObject>,
+        assign: impl FnOnce(&mut Vec<Object>),
+    ) -> Snapshot {
+        let mut omitted_weights = BTreeSet::new();
+        let mut objects = Vec::new();
+        for l in loaded {
+            let route = l.object.id();
+            omitted_weights.extend(
+                l.omitted_weights
+                    .iter()
+                    .map(|&(i, j)| (route.clone(), i, j)),
+            );
+            objects.push(l.object);
+        }
+        assign(&mut objects);
+        Snapshot {
+            omitted_weights,
+            ..Snapshot::from_objects(objects)
+        }
     }
 }
 

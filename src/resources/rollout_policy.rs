@@ -393,7 +393,7 @@ mod tests {
     use super::*;
 
     fn policy(spec: &str) -> RolloutPolicy {
-        serde_yaml::from_str(&format!("metadata: {{name: p}}\nspec:\n{spec}"))
+        crate::yaml::from_str(&format!("metadata: {{name: p}}\nspec:\n{spec}"))
             .expect("test policy parses")
     }
 
@@ -601,7 +601,7 @@ mod tests {
             format!("{VALID}  surprise: true\n"),
         ] {
             let parsed: Result<RolloutPolicy, _> =
-                serde_yaml::from_str(&format!("metadata: {{name: p}}\nspec:\n{spec}"));
+                crate::yaml::from_str(&format!("metadata: {{name: p}}\nspec:\n{spec}"));
             assert!(parsed.is_err(), "{spec}");
         }
     }

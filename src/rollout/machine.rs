@@ -284,15 +284,40 @@ impl Rollouts {
 
     /// What the recorded rollouts serve for the governed rules of
     /// `inputs`, without moving anything along: what a replica that
-    /// follows another's records serves. A rule without a record serves
-    /// its spec shares (no entry).
+    /// follows another's records serves (Kubernetes mode: the leader's, in
+    /// each policy's status).
+    ///
+    /// Never ahead of the record: a rule whose spec weights changed since
+    /// its record serves what the record serves (the shares served before,
+    /// [`Rollout::served`]); a rule without a record whose table served
+    /// other shares than its spec (the weights changed, or the policy came,
+    /// before the leader recorded anything) keeps serving those
+    /// (`previously_served`). Otherwise a rule without a record serves its
+    /// spec shares (no entry): a first start, or nothing changed.
     pub fn served(&self, inputs: &RolloutInputs) -> ServedShares {
         let rules = inputs
             .rules
             .iter()
             .filter_map(|g| {
-                let live = self.live.get(&(g.policy.clone(), g.rule.clone()))?;
-                Some((g.rule.clone(), served_rule(g, &live.rollout)))
+                let rule = match self.live.get(&(g.policy.clone(), g.rule.clone())) {
+                    Some(live) => served_rule(g, &live.rollout),
+                    None => {
+                        let before = g.previously_served.as_ref()?;
+                        if before.same_shares(&g.spec) {
+                            return None;
+                        }
+                        ServedRule {
+                            policy: g.policy.clone(),
+                            phase: Phase::Waiting,
+                            step: None,
+                            weights: before.clone(),
+                            from: before.clone(),
+                            to: g.spec.clone(),
+                            consistent_by: g.settings.consistent_by.clone(),
+                        }
+                    }
+                };
+                Some((g.rule.clone(), rule))
             })
             .collect();
         ServedShares { rules }
@@ -1261,8 +1286,29 @@ mod tests {
         assert_eq!((w.get(&key("stable")), w.get(&key("canary"))), (19, 1));
         assert!(
             Rollouts::new().served(&inputs).rules.is_empty(),
-            "no record: the spec"
+            "no record and no table before (a first start): the spec"
         );
+    }
+
+    #[test]
+    fn a_follower_without_a_record_keeps_what_its_table_served() {
+        let mut rule = Rig::new(&[("stable", 0), ("canary", 1000)]).rule;
+        rule.previously_served = Some(weights(&[("stable", 1000), ("canary", 0)]));
+        let inputs = RolloutInputs {
+            rules: vec![rule.clone()],
+        };
+        let served = Rollouts::new().served(&inputs);
+        let r = &served.rules[&rule.rule];
+        assert_eq!(
+            (r.weights.get(&key("stable")), r.weights.get(&key("canary"))),
+            (1000, 0),
+            "the weights changed before the leader recorded a rollout"
+        );
+        assert_eq!(r.phase, Phase::Waiting);
+        // Nothing changed: the spec, no entry.
+        rule.previously_served = Some(weights(&[("stable", 0), ("canary", 1)]));
+        let inputs = RolloutInputs { rules: vec![rule] };
+        assert!(Rollouts::new().served(&inputs).rules.is_empty());
     }
 
     #[test]

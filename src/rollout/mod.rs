@@ -14,7 +14,10 @@
 //! - [`status`]: the status shape of a rollout (`status.rollouts[]` of
 //!   the policy), which is also what is persisted;
 //! - [`store`]: where records are kept across restarts (standalone: a
-//!   file in `--state-dir`), behind the [`RolloutStore`] trait.
+//!   file in `--state-dir`), behind the [`RolloutStore`] trait. Kubernetes
+//!   mode keeps them in each policy's `status.rollouts` instead, written by
+//!   the leader with the rest of the policy's status (the status writer,
+//!   `crate::status`) and read back by every replica ([`recorded`]).
 //!
 //! The serve loop drives them: on every configuration and every tick while
 //! a rollout is in flight it evaluates the machine and, when the served
@@ -31,5 +34,5 @@ pub use machine::{
     RuleKey, ServedRule, ServedShares, StepCounts, Transition, duration_text,
 };
 pub use shares::{BackendKey, BackendShare, Weights};
-pub use status::{RolloutReport, RolloutStatus};
+pub use status::{RolloutReport, RolloutStatus, recorded};
 pub use store::{FileStore, MemoryStore, RolloutStore, default_state_dir};

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use super::machine::{Phase, PolicyKey, Rollout, Rollouts, RuleKey, StepCounts, duration_text};
 use super::shares::{BackendShare, Weights};
-use crate::resources::Percent;
+use crate::resources::{Percent, RolloutPolicy};
 use crate::route::RouteKind;
 
 /// One entry of a RolloutPolicy's `status.rollouts`: one governed rule.
@@ -194,6 +194,46 @@ impl RolloutReport {
     }
 }
 
+/// The rollouts recorded in the policies' `status.rollouts` (Kubernetes
+/// mode: written by the leader): as records (what a replica serves, and a
+/// new leader continues from) and as the status shows them. Entries that
+/// cannot be read are left out and named in the third value.
+pub fn recorded(policies: &[RolloutPolicy]) -> (Vec<Rollout>, RolloutReport, Vec<String>) {
+    let mut records = Vec::new();
+    let mut report = RolloutReport::default();
+    let mut problems = Vec::new();
+    for policy in policies {
+        let key = PolicyKey {
+            namespace: policy
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| crate::resources::DEFAULT_NAMESPACE.into()),
+            name: policy.metadata.name.clone().unwrap_or_default(),
+        };
+        let entries = policy
+            .status
+            .as_ref()
+            .and_then(|s| s.get("rollouts"))
+            .and_then(Value::as_array);
+        for (i, entry) in entries.into_iter().flatten().enumerate() {
+            let read = serde_json::from_value::<RolloutStatus>(entry.clone())
+                .map_err(|e| e.to_string())
+                .and_then(|status| Ok((status.rollout(&key)?, status)));
+            match read {
+                Ok((rollout, status)) => {
+                    records.push(rollout);
+                    report.policies.entry(key.clone()).or_default().push(status);
+                }
+                Err(e) => problems.push(format!(
+                    "RolloutPolicy {key} status.rollouts[{i}] cannot be read: {e}"
+                )),
+            }
+        }
+    }
+    (records, report, problems)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,6 +291,28 @@ mod tests {
         assert_eq!(json["latencyP99"], "12ms");
         let back: RolloutStatus = serde_json::from_value(json).expect("parses");
         assert_eq!(back.rollout(&r.policy), Ok(r));
+    }
+
+    #[test]
+    fn the_recorded_rollouts_are_read_from_the_policies_status() {
+        let r = rollout();
+        let entry = RolloutStatus::new(&r, Some(1), StepCounts::default());
+        let policy: RolloutPolicy = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "shop"},
+            "spec": {"targetRefs": [{"group": "gateway.networking.k8s.io",
+                "kind": "HTTPRoute", "name": "r"}], "steps": ["100%"], "interval": "1s"},
+            "status": {"ancestors": [], "rollouts": [entry, {"route": "r", "rule": 0,
+                "phase": "Sideways", "from": [], "to": [], "message": ""}]},
+        }))
+        .expect("a policy");
+        let (records, report, problems) = recorded(&[policy]);
+        assert_eq!(records, std::slice::from_ref(&r));
+        assert_eq!(report.policies[&r.policy][0].step.as_deref(), Some("5%"));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].contains("RolloutPolicy shop/p status.rollouts[1]"),
+            "{problems:?}"
+        );
     }
 
     #[test]

@@ -29,7 +29,8 @@ use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
 
 use crate::metrics::Metrics;
-use crate::resources::{Generations, Object, Snapshot};
+use crate::resources::crd::Crds;
+use crate::resources::{Generations, Snapshot};
 
 use super::merge::{FileRead, FileSet};
 use super::{ConfigError, SourceUpdate};
@@ -51,6 +52,8 @@ const MANIFEST_EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
 /// Manifests read from files, with each file's last good objects.
 pub struct FileSource {
     paths: Vec<PathBuf>,
+    /// `--crds`: only their CustomResourceDefinitions are read.
+    crd_paths: Vec<PathBuf>,
     files: FileSet,
     generations: Generations,
     metrics: Arc<Metrics>,
@@ -65,6 +68,7 @@ impl FileSource {
     pub fn new(paths: Vec<PathBuf>, metrics: Arc<Metrics>) -> Self {
         FileSource {
             paths,
+            crd_paths: Vec::new(),
             files: FileSet::new(),
             generations: Generations::default(),
             metrics,
@@ -74,13 +78,24 @@ impl FileSource {
         }
     }
 
+    /// Also read the CustomResourceDefinitions of `crd_paths` (files or
+    /// directories, watched like the manifests): objects of the kinds they
+    /// define are validated by them.
+    pub fn with_crds(mut self, crd_paths: Vec<PathBuf>) -> Self {
+        self.crd_paths = crd_paths;
+        self
+    }
+
     /// Read every file again. Returns the new configuration, or `None` when
     /// nothing changed since the previous call (the first call always
     /// returns one). Blocking: call it off the async workers.
     pub fn reload(&mut self) -> Option<SourceUpdate> {
+        let crd_listing = read_all(&self.crd_paths);
         let listing = read_all(&self.paths);
-        let changed = self.files.update(listing.reads);
-        let mut errors = listing.problems;
+        let crds_changed = self.files.update_crd_files(crd_listing.reads);
+        let changed = self.files.update(listing.reads) || crds_changed;
+        let mut errors = crd_listing.problems;
+        errors.extend(listing.problems);
         if !changed && self.loaded_once && errors == self.path_problems {
             return None;
         }
@@ -95,12 +110,13 @@ impl FileSource {
         }
         self.reported = errors.clone();
 
-        let mut objects: Vec<Object> = loaded.into_iter().map(|l| l.object).collect();
-        self.generations
-            .assign(&mut objects, k8s_openapi::jiff::Timestamp::now());
-        let count = objects.len();
+        let count = loaded.len();
+        let generations = &mut self.generations;
+        let snapshot = Snapshot::from_loaded(loaded, |objects| {
+            generations.assign(objects, k8s_openapi::jiff::Timestamp::now());
+        });
         Some(SourceUpdate {
-            snapshot: Snapshot::from_objects(objects),
+            snapshot,
             errors,
             objects: count,
         })
@@ -124,14 +140,15 @@ impl FileSource {
                 let _ = tx.send(complete);
             }
         })?;
+        let paths: Vec<PathBuf> = self.paths.iter().chain(&self.crd_paths).cloned().collect();
         let mut watch = FileWatch {
             watcher,
             events: rx,
-            paths: self.paths.clone(),
-            watched_dirs: vec![None; self.paths.len()],
+            paths: paths.clone(),
+            watched_dirs: vec![None; paths.len()],
             watched_parents: Vec::new(),
         };
-        for (i, path) in self.paths.iter().enumerate() {
+        for (i, path) in paths.iter().enumerate() {
             match dir_identity(path) {
                 Some(identity) => {
                     watch.watcher.watch(path, RecursiveMode::Recursive)?;
@@ -438,6 +455,19 @@ fn is_manifest(path: &Path) -> bool {
             .iter()
             .any(|m| e.eq_ignore_ascii_case(m))
     })
+}
+
+/// The CustomResourceDefinitions of `paths` (files or directories; other
+/// documents are ignored), once (`serve --kubernetes --crds`), and what
+/// could not be read.
+pub fn read_crds(paths: &[PathBuf]) -> (Arc<Crds>, Vec<ConfigError>) {
+    let mut set = FileSet::new();
+    let listing = read_all(paths);
+    set.update_crd_files(listing.reads);
+    set.update(Vec::new());
+    let mut errors = listing.problems;
+    errors.extend(set.merged().1);
+    (set.crds(), errors)
 }
 
 #[cfg(test)]

@@ -110,6 +110,14 @@ pub(crate) struct BackendResolver<'a> {
 }
 
 impl<'a> BackendResolver<'a> {
+    /// Whether the manifest of route `Kind namespace/name` omitted the weight of
+    /// its rule `rule`'s backendRef `backend` (see `Snapshot::omitted_weights`).
+    pub fn weight_omitted(&self, route: &str, rule: usize, backend: usize) -> bool {
+        self.snapshot
+            .omitted_weights
+            .contains(&(route.to_string(), rule, backend))
+    }
+
     pub fn new(snapshot: &'a Snapshot) -> Self {
         let mut services = BTreeMap::new();
         for s in &snapshot.services {

@@ -364,7 +364,7 @@ mod tests {
 
     fn compile(yaml: &str) -> CompiledFilters {
         let filters: Vec<HttpRouteRulesFilters> =
-            serde_yaml::from_str(yaml).expect("test filters parse");
+            crate::yaml::from_str(yaml).expect("test filters parse");
         let snapshot = Snapshot::default();
         let resolver = BackendResolver::new(&snapshot);
         compile_filters(

@@ -130,7 +130,7 @@ mod tests {
     use std::time::Duration;
 
     fn m(yaml: &str) -> HttpRouteRulesMatches {
-        serde_yaml::from_str(yaml).expect("test match parses")
+        crate::yaml::from_str(yaml).expect("test match parses")
     }
 
     #[test]
@@ -170,7 +170,7 @@ mod tests {
     #[test]
     fn timeouts_parse_and_zero_is_none() {
         let t: HttpRouteRulesTimeouts =
-            serde_yaml::from_str("{request: 1m30s, backendRequest: 0s}").expect("parses");
+            crate::yaml::from_str("{request: 1m30s, backendRequest: 0s}").expect("parses");
         assert_eq!(
             compile_timeouts(Some(&t)),
             Ok(Timeouts {
@@ -178,7 +178,7 @@ mod tests {
                 backend_request: None
             })
         );
-        let bad: HttpRouteRulesTimeouts = serde_yaml::from_str("{request: soon}").expect("parses");
+        let bad: HttpRouteRulesTimeouts = crate::yaml::from_str("{request: soon}").expect("parses");
         assert!(compile_timeouts(Some(&bad)).is_err());
     }
 }

@@ -99,8 +99,6 @@ pub struct BackendSummary {
     /// `<namespace>/<name>:<port>` (kind prefixed when not a Service).
     pub name: String,
     pub weight: u32,
-    /// The weight was omitted in the manifest (so it is 1).
-    pub weight_omitted: bool,
     /// Percentage of the rule's traffic, `100 * weight / sum`.
     pub share_percent: f64,
     pub outcome: BackendOutcome,

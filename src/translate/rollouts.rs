@@ -294,7 +294,6 @@ pub(crate) fn served_split(
         summaries.push(BackendSummary {
             name: key.to_string(),
             weight: 0,
-            weight_omitted: false,
             share_percent: 0.0,
             outcome,
             key: key.clone(),

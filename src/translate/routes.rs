@@ -169,7 +169,9 @@ fn compile_rule(scope: &Scope<'_, '_>, rule: &HttpRouteRules, i: usize, out: &mu
     );
 
     let refs = rule.backend_refs.as_deref().unwrap_or_default();
-    let explicit_weights = refs.iter().any(|b| b.weight.is_some());
+    // Omitted by the manifest (the CRD default made it 1), or not defaulted.
+    let omitted = |j: usize| refs[j].weight.is_none() || resolver.weight_omitted(&route_id, i, j);
+    let explicit_weights = (0..refs.len()).any(|j| !omitted(j));
     let mut backends = Vec::new();
     let mut summaries = Vec::new();
     for (j, b) in refs.iter().enumerate() {
@@ -189,7 +191,7 @@ fn compile_rule(scope: &Scope<'_, '_>, rule: &HttpRouteRules, i: usize, out: &mu
                 0
             }
         };
-        if b.weight.is_none() && explicit_weights {
+        if omitted(j) && explicit_weights {
             out.warnings.push(format!(
                 "{route_id}: {bfield} ({label}) has no weight, so it weighs 1, next to explicit weights"
             ));
@@ -262,7 +264,6 @@ fn compile_rule(scope: &Scope<'_, '_>, rule: &HttpRouteRules, i: usize, out: &mu
         summaries.push(BackendSummary {
             name: label.clone(),
             weight,
-            weight_omitted: b.weight.is_none(),
             share_percent: 0.0,
             outcome,
             key,
@@ -810,7 +811,7 @@ mod tests {
     use std::time::Duration;
 
     fn retry(yaml: &str) -> Result<RetryPolicy, String> {
-        compile_retry(&serde_yaml::from_str(yaml).expect("test retry parses"))
+        compile_retry(&crate::yaml::from_str(yaml).expect("test retry parses"))
     }
 
     #[test]

@@ -7,6 +7,7 @@ mod support;
 mod backend_errors;
 mod backend_tls;
 mod client_cert;
+mod crds;
 mod edge;
 mod filters;
 mod forwarding;

@@ -8,14 +8,17 @@
 //!   as the real server sends it) for versions older than the last
 //!   [`FakeApiServer::expire_watches`];
 //! - `PATCH .../status` with `application/apply-patch+yaml` for
-//!   GatewayClasses, Gateways, ListenerSets, HTTPRoutes and
-//!   BackendTLSPolicies, recorded with the caller's bearer token so tests can
-//!   tell replicas apart; the patch's `status` replaces the object's (no
-//!   field ownership is tracked); a `metadata.resourceVersion` in the patch
-//!   is a precondition, as the real server has it (409 Conflict when the
-//!   object's differs); another writer's write can be slipped in just
-//!   before the next status patch of an object
-//!   ([`FakeApiServer::write_before_next_status_patch`]);
+//!   GatewayClasses, Gateways, ListenerSets, HTTPRoutes, BackendTLSPolicies
+//!   and RolloutPolicies (`sluice.dev/v1alpha1`), recorded with the
+//!   caller's bearer token so tests can tell replicas apart; the patch's
+//!   `status` replaces the object's (no field ownership is tracked); a
+//!   `metadata.resourceVersion` in the patch is a precondition, as the real
+//!   server has it (409 Conflict when the object's differs); another
+//!   writer's write can be slipped in just before the next status patch of
+//!   an object ([`FakeApiServer::write_before_next_status_patch`]); the
+//!   status patches of a resource can be refused for a while
+//!   ([`FakeApiServer::refuse_status`]: 500, as an API server that cannot
+//!   reach etcd answers);
 //! - CRDs that are not installed ([`FakeApiServer::uninstall`]): every
 //!   request for that resource gets the `404 NotFound` Status the real
 //!   server sends for a resource it does not serve;
@@ -89,6 +92,8 @@ struct Store {
     not_found: BTreeMap<String, usize>,
     /// Made when the next status patch of its object arrives.
     interleaved: Vec<Interleaved>,
+    /// Plurals whose status patches get 500 (and are not recorded).
+    refused: Vec<String>,
 }
 
 struct Shared {
@@ -123,6 +128,7 @@ fn type_of(plural: &str) -> Option<(&'static str, &'static str)> {
         "configmaps" => ("v1", "ConfigMap"),
         "listenersets" => ("gateway.networking.k8s.io/v1", "ListenerSet"),
         "backendtlspolicies" => ("gateway.networking.k8s.io/v1", "BackendTLSPolicy"),
+        "rolloutpolicies" => ("sluice.dev/v1alpha1", "RolloutPolicy"),
         "leases" => ("coordination.k8s.io/v1", "Lease"),
         _ => return None,
     })
@@ -143,6 +149,7 @@ fn plural_of(kind: &str) -> &'static str {
         "ConfigMap" => "configmaps",
         "ListenerSet" => "listenersets",
         "BackendTLSPolicy" => "backendtlspolicies",
+        "RolloutPolicy" => "rolloutpolicies",
         other => panic!("the fake does not serve {other}"),
     }
 }
@@ -374,6 +381,15 @@ impl FakeApiServer {
         self.store().uninstalled.retain(|p| p != plural);
     }
 
+    /// Status patches of `plural` get 500 until [`FakeApiServer::accept_status`].
+    pub fn refuse_status(&self, plural: &str) {
+        self.store().refused.push(plural.to_string());
+    }
+
+    pub fn accept_status(&self) {
+        self.store().refused.clear();
+    }
+
     /// How many requests for `plural` got 404 because its CRD is not
     /// installed.
     pub fn not_found(&self, plural: &str) -> usize {
@@ -476,6 +492,7 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
                     | "grpcroutes"
                     | "tlsroutes"
                     | "backendtlspolicies"
+                    | "rolloutpolicies"
             ) =>
         {
             patch_status(shared, target, q, req).await
@@ -639,6 +656,9 @@ async fn patch_status(
     };
     let key = (target.plural.clone(), namespace.clone(), name.clone());
     let mut store = shared.store.lock().expect("store lock");
+    if store.refused.contains(&target.plural) {
+        return status(500, "InternalError", "the status write is refused (test)");
+    }
     if let Some(i) = store.interleaved.iter().position(|(k, _)| *k == key)
         && let Some(mut object) = store.objects.get(&key).cloned()
     {

@@ -2,6 +2,7 @@
 //! API server ([`fake_apiserver`]) and echo backends on loopback.
 
 mod fake_apiserver;
+mod rollouts;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

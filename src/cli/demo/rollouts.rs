@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail};
 use http::StatusCode;
-use serde_yaml::Value;
+use serde_json::Value;
 
 use super::{TempDir, find_route, kind_of, name_of, request_raw, write_documents};
 use crate::echo::{EchoResponse, EchoServer};
@@ -110,12 +110,12 @@ pub(super) fn for_the_demo(files: &mut [(String, Vec<Value>)]) {
         } else {
             PROMOTION_MIN_REQUESTS
         };
-        if let Some(spec) = document.get_mut("spec").and_then(Value::as_mapping_mut) {
+        if let Some(spec) = document.get_mut("spec").and_then(Value::as_object_mut) {
             spec.insert("interval".into(), DEMO_INTERVAL.into());
             let analysis = spec
-                .entry("analysis".into())
-                .or_insert_with(|| Value::Mapping(Default::default()));
-            if let Some(analysis) = analysis.as_mapping_mut() {
+                .entry("analysis")
+                .or_insert_with(|| Value::Object(Default::default()));
+            if let Some(analysis) = analysis.as_object_mut() {
                 analysis.insert("minRequests".into(), min.into());
                 analysis.insert("maxErrorRate".into(), "1%".into());
             }
@@ -144,7 +144,7 @@ impl Stage<'_> {
         let route = find_route(documents, route)?;
         let refs = super::backend_refs_mut(route)?;
         for (backend, weight) in refs.iter_mut().zip(weights) {
-            if let Some(backend) = backend.as_mapping_mut() {
+            if let Some(backend) = backend.as_object_mut() {
                 backend.insert("weight".into(), weight.into());
             }
         }
