@@ -7,6 +7,9 @@
 //!   `status` in the shape the object's Kubernetes status has;
 //! - `GET /errors`: JSON array of the current configuration errors
 //!   (`{file, line, object, field, message}`);
+//! - `GET /endpoints`: JSON array of the endpoints ejected from their
+//!   backend's rotation now or lately, or failing now (outlier ejection:
+//!   which, since when, why);
 //! - `GET /metrics`: Prometheus text;
 //! - `GET /explain?method=GET&url=http://host/path&header=Name:%20value`:
 //!   which listener and rule take that request and why, as `sluice
@@ -28,8 +31,8 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -44,8 +47,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::metrics::Metrics;
+use crate::proxy::Proxy;
 use crate::rollout::{PolicyKey, RolloutReport};
-use crate::route::RouteTable;
+use crate::route::EndpointReport;
 use crate::source::ConfigError;
 use crate::translate::{ObjectStatus, RuleSummary, StatusReport};
 
@@ -69,9 +73,6 @@ pub struct Published {
     pub generation: u64,
 }
 
-/// Gives the route table in service (the proxy's).
-pub type TableSource = Box<dyn Fn() -> Arc<RouteTable> + Send + Sync>;
-
 /// State shared between the serve loop (writer) and the admin listener
 /// (reader).
 pub struct AdminState {
@@ -80,7 +81,9 @@ pub struct AdminState {
     gates: ArcSwap<overview::GateLimits>,
     ready: AtomicBool,
     metrics: Arc<Metrics>,
-    table: std::sync::OnceLock<TableSource>,
+    /// The proxy in service: its route table for `/explain`, its endpoints
+    /// for `/endpoints`.
+    proxy: OnceLock<Proxy>,
 }
 
 impl AdminState {
@@ -91,13 +94,14 @@ impl AdminState {
             gates: ArcSwap::from_pointee(overview::GateLimits::default()),
             ready: AtomicBool::new(false),
             metrics,
-            table: std::sync::OnceLock::new(),
+            proxy: OnceLock::new(),
         }
     }
 
-    /// Where `/explain` finds the route table in service (set once).
-    pub fn set_table_source(&self, source: TableSource) {
-        let _ = self.table.set(source);
+    /// The proxy in service, whose table `/explain` reads and whose
+    /// endpoints `/endpoints` shows (set once).
+    pub fn show_proxy(&self, proxy: Proxy) {
+        let _ = self.proxy.set(proxy);
     }
 
     /// Show `report` as the rollouts' status from now on.
@@ -166,6 +170,9 @@ impl AdminState {
                 rollouts: &self.rollouts.load(),
             }),
             "/errors" => json(&self.published.load().errors),
+            "/endpoints" => json(&self.proxy.get().map_or_else(Vec::new, |p| {
+                p.endpoint_report().iter().map(endpoint_json).collect()
+            })),
             "/metrics" => body(StatusCode::OK, PROMETHEUS_TEXT, self.metrics.encode()),
             "/healthz" => text(StatusCode::OK, "ok\n"),
             "/readyz" if self.is_ready() => match &self.rollouts.load().not_saved {
@@ -205,7 +212,7 @@ impl AdminState {
         let Some(url) = url else {
             return text(StatusCode::BAD_REQUEST, "missing url= parameter\n");
         };
-        let Some(table) = self.table.get().map(|source| source()) else {
+        let Some(table) = self.proxy.get().map(Proxy::table) else {
             return text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "no configuration applied yet\n",
@@ -223,6 +230,33 @@ impl AdminState {
             ),
         }
     }
+}
+
+/// One endpoint of `/endpoints`.
+fn endpoint_json(e: &EndpointReport) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "backend": e.backend,
+        "endpoint": e.endpoint.to_string(),
+        "ejected": e.ejected,
+        "ejections": e.ejections,
+        "consecutiveFailures": e.consecutive_failures,
+    });
+    if let Some(since) = e.since {
+        let secs = since
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if let Ok(t) = k8s_openapi::jiff::Timestamp::from_second(secs as i64) {
+            v["since"] = t.to_string().into();
+        }
+    }
+    if let Some(left) = e.remaining {
+        v["remainingSeconds"] = (left.as_millis().div_ceil(1000) as u64).into();
+    }
+    if let Some(reason) = e.reason {
+        v["reason"] = format!("{} failed tries in a row, the last {reason}", e.failures).into();
+        v["lastFailure"] = reason.label().into();
+    }
+    v
 }
 
 /// `/status`: the objects of `status`, RolloutPolicies completed by

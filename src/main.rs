@@ -110,9 +110,18 @@ enum Command {
 /// seconds, or take a unit: `500ms`, `10s`, `5m`, `1h`.
 #[derive(clap::Args)]
 struct LimitArgs {
-    /// Time a client may take to send a request head; also how long an HTTP/1 connection may idle between requests [default: 60s].
+    /// Time a client may take to send a request head: from the accept for a connection's first, from its first byte for the next ones [default: 10s].
     #[arg(long, value_parser = parse_duration, help_heading = "Limits")]
     request_header_timeout: Option<Duration>,
+    /// HTTP/1.1: time a keep-alive connection may wait for the next request to start [default: 60s].
+    #[arg(long, value_parser = parse_duration, help_heading = "Limits")]
+    keepalive_timeout: Option<Duration>,
+    /// Time a client may send nothing of a request body the gateway waits for; then 408 and the connection closed [default: 60s].
+    #[arg(long, value_parser = parse_duration, help_heading = "Limits")]
+    request_body_timeout: Option<Duration>,
+    /// Open connections per client address; more are closed on accept; 0 is no limit [default: 0].
+    #[arg(long, value_parser = clap::value_parser!(u64), help_heading = "Limits")]
+    max_connections_per_client: Option<u64>,
     /// Time a connection may have no request in flight before it is closed [default: 1h].
     #[arg(long, value_parser = parse_duration, help_heading = "Limits")]
     idle_timeout: Option<Duration>,
@@ -146,6 +155,21 @@ struct LimitArgs {
     /// A proxy in front of the gateway (address or CIDR) whose X-Forwarded-For entries are believed. Repeatable.
     #[arg(long, help_heading = "Limits")]
     trusted_proxy: Vec<sluice::proxy::Cidr>,
+    /// Requests in flight to one backend (Service port) until its response head; more get 503 at once; 0 is no cap [default: 1024].
+    #[arg(long, value_parser = clap::value_parser!(u64), help_heading = "Backends")]
+    max_requests_per_backend: Option<u64>,
+    /// Request body bytes kept so a retry policy can send a request again; larger bodies are sent once; 0 never retries requests with a body [default: 65536].
+    #[arg(long, value_parser = clap::value_parser!(u64), help_heading = "Backends")]
+    retry_buffer_bytes: Option<u64>,
+    /// Failed tries in a row (5xx, refused or reset connection, timeout) that eject an endpoint from its backend's rotation; 0 turns ejection off [default: 5].
+    #[arg(long, value_parser = clap::value_parser!(u32), help_heading = "Backends")]
+    outlier_consecutive_failures: Option<u32>,
+    /// How long a first ejection lasts; the n-th lasts n times as long [default: 30s].
+    #[arg(long, value_parser = parse_duration, help_heading = "Backends")]
+    outlier_ejection_time: Option<Duration>,
+    /// The longest an ejection lasts [default: 300s].
+    #[arg(long, value_parser = parse_duration, help_heading = "Backends")]
+    outlier_max_ejection_time: Option<Duration>,
     /// TLS listeners: time a client may take to send its ClientHello [default: 15s].
     #[arg(long, value_parser = parse_duration, help_heading = "Limits")]
     client_hello_timeout: Option<Duration>,
@@ -163,6 +187,30 @@ impl LimitArgs {
         }
         if let Some(v) = self.idle_timeout {
             l.idle_timeout = v;
+        }
+        if let Some(v) = self.keepalive_timeout {
+            l.keepalive_timeout = v;
+        }
+        if let Some(v) = self.request_body_timeout {
+            l.request_body_timeout = v;
+        }
+        if let Some(v) = self.max_connections_per_client {
+            l.max_connections_per_client = size(v);
+        }
+        if let Some(v) = self.max_requests_per_backend {
+            l.max_requests_per_backend = size(v);
+        }
+        if let Some(v) = self.retry_buffer_bytes {
+            l.retry_buffer_bytes = size(v);
+        }
+        if let Some(v) = self.outlier_consecutive_failures {
+            l.outliers.consecutive_failures = v;
+        }
+        if let Some(v) = self.outlier_ejection_time {
+            l.outliers.base_ejection = v;
+        }
+        if let Some(v) = self.outlier_max_ejection_time {
+            l.outliers.max_ejection = v;
         }
         if let Some(v) = self.max_request_header_bytes {
             l.max_request_header_bytes = size(v);

@@ -378,6 +378,33 @@ struct TlsLabels {
     outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendLabel {
+    backend: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendReason {
+    backend: String,
+    reason: &'static str,
+}
+
+/// Why the proxy answered a request itself instead of sending it to the
+/// backend it chose.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Rejection {
+    /// The backend has as many requests in flight as its cap allows.
+    BackendOverloaded,
+}
+
+impl Rejection {
+    fn as_str(self) -> &'static str {
+        match self {
+            Rejection::BackendOverloaded => "backend_overloaded",
+        }
+    }
+}
+
 /// All of sluice's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -389,6 +416,9 @@ pub struct Metrics {
     mirror_failures: Counter,
     config_generation: Gauge,
     tls_connections: Family<TlsLabels, Counter>,
+    ejections: Family<BackendReason, Counter>,
+    ejected: Family<BackendLabel, Gauge>,
+    rejected: Family<BackendReason, Counter>,
     /// Label-set hash -> the series with that hash (collisions share a bucket).
     series: RwLock<HashMap<u64, Vec<CachedSeries>>>,
     /// Outcome counters per backend of each rule, and their shares.
@@ -477,12 +507,35 @@ impl Metrics {
         );
         let backends = Arc::new(shares::Backends::default());
         registry.register_collector(Box::new(shares::BackendCollector(backends.clone())));
+        // Outlier ejection and overload (docs/hardening.md, "Backends
+        // misbehaving").
+        let ejections = Family::<BackendReason, Counter>::default();
+        registry.register(
+            "outlier_ejections",
+            "Endpoints ejected from their backend's rotation after failed tries in a row, by backend and the last failure (5xx, connect_failure, reset, timeout)",
+            ejections.clone(),
+        );
+        let ejected = Family::<BackendLabel, Gauge>::default();
+        registry.register(
+            "endpoints_ejected",
+            "Endpoints out of their backend's rotation now, by backend",
+            ejected.clone(),
+        );
+        let rejected = Family::<BackendReason, Counter>::default();
+        registry.register(
+            "requests_rejected",
+            "Requests answered by the gateway instead of the backend it chose, by backend and reason (backend_overloaded: 503, the backend's cap on requests in flight was reached)",
+            rejected.clone(),
+        );
         let rollouts = RolloutMetrics::register(&mut registry);
         Metrics {
             refusals,
             retries,
             retried,
             registry,
+            ejections,
+            ejected,
+            rejected,
             requests,
             latency,
             config_errors,
@@ -505,6 +558,37 @@ impl Metrics {
                 route: route.to_owned(),
                 backend: backend.to_owned(),
                 outcome: outcome.as_str(),
+            })
+            .inc();
+    }
+
+    /// Count an endpoint of `backend` ejected for `reason`; `ejected_now`
+    /// of its endpoints are out.
+    pub fn record_ejection(&self, backend: &str, reason: &'static str, ejected_now: usize) {
+        self.ejections
+            .get_or_create(&BackendReason {
+                backend: backend.to_owned(),
+                reason,
+            })
+            .inc();
+        self.set_ejected(backend, ejected_now);
+    }
+
+    /// `ejected_now` endpoints of `backend` are out of rotation.
+    pub fn set_ejected(&self, backend: &str, ejected_now: usize) {
+        self.ejected
+            .get_or_create(&BackendLabel {
+                backend: backend.to_owned(),
+            })
+            .set(ejected_now as i64);
+    }
+
+    /// Count a request to `backend` the gateway answered itself.
+    pub fn record_rejected(&self, backend: &str, why: Rejection) {
+        self.rejected
+            .get_or_create(&BackendReason {
+                backend: backend.to_owned(),
+                reason: why.as_str(),
             })
             .inc();
     }
@@ -653,12 +737,6 @@ impl Metrics {
         let outcome = if recovered { "recovered" } else { "failed" };
         self.retried.get_or_create(&OutcomeLabels { outcome }).inc();
     }
-
-    // The hook for outlier ejection and overload refusals per backend
-    // (issue #15): count them here as `sluice_backend_ejections_total` and
-    // `sluice_backend_overload_refusals_total`, labelled as the share
-    // gauges are (`shares::BackendLabels`: route, rule, backend,
-    // backend_namespace, backend_name, backend_port).
 
     /// Set the shares each backend of each rule is given and served (after
     /// every table swap); the observed shares are read against them.

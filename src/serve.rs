@@ -162,10 +162,7 @@ pub async fn start_with_state(
     tracing::info!(addr = %admin.addr(), "admin listener started");
 
     let proxy = Proxy::with_limits(metrics.clone(), limits);
-    state.set_table_source(Box::new({
-        let proxy = proxy.clone();
-        move || proxy.table()
-    }));
+    state.show_proxy(proxy.clone());
     let store: Box<dyn RolloutStore> = match &state_dir {
         Some(dir) => Box::new(FileStore::new(dir)),
         None => Box::new(MemoryStore::default()),
@@ -810,10 +807,7 @@ pub async fn start_kubernetes_with_limits(
         .with_context(|| format!("cannot bind the admin listener on {}", config.admin))?;
     tracing::info!(addr = %admin.addr(), "admin listener started");
     let proxy = Proxy::with_limits(metrics.clone(), limits);
-    state.set_table_source(Box::new({
-        let proxy = proxy.clone();
-        move || proxy.table()
-    }));
+    state.show_proxy(proxy.clone());
 
     let (updates_tx, updates) = mpsc::channel(1);
     let crds = crate::source::files::read_crds(&config.crds);
@@ -971,7 +965,9 @@ async fn status_loop(
         if outcome.written > 0 {
             tracing::info!(written = outcome.written, "status written");
         }
-        if outcome.failed > 0 {
+        // A conflict is computed again when the watch delivers the object
+        // that caused it; the retry covers a watch that is slow to.
+        if outcome.failed > 0 || outcome.conflicts > 0 {
             retry = Some(tokio::time::Instant::now() + retry_after);
         }
     }

@@ -7,12 +7,15 @@
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::sync::mpsc;
+use tokio::time::Sleep;
 
+use super::error::ProxyError;
 use super::pool::PooledBody;
 
 /// The error type of bodies sent upstream.
@@ -134,6 +137,34 @@ impl LeanBody {
 pub struct ClientBody {
     first: Option<Frame<Bytes>>,
     inner: RequestBody,
+    /// HTTP/2 (hyper's bodies): how long the client may send nothing
+    /// while the body is waited for. The lean HTTP/1.1 path times its
+    /// reads itself. Boxed: every request's future holds this body.
+    idle: Option<Box<IdleTimer>>,
+}
+
+/// How long a body may wait for the client: armed when a wait starts,
+/// disarmed when a frame comes (one timer per body, reset for each wait).
+#[derive(Debug)]
+struct IdleTimer {
+    limit: Duration,
+    sleep: Option<Pin<Box<Sleep>>>,
+    armed: bool,
+}
+
+impl IdleTimer {
+    /// The body is waiting for the client: has it waited too long?
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let deadline = tokio::time::Instant::now() + self.limit;
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if !self.armed {
+            sleep.as_mut().reset(deadline);
+            self.armed = true;
+        }
+        sleep.as_mut().poll(cx).is_ready()
+    }
 }
 
 /// The client's request body failed (malformed chunked encoding, a reset).
@@ -142,8 +173,21 @@ pub struct ClientBody {
 pub struct ClientBodyError(#[source] pub BoxError);
 
 impl ClientBody {
-    pub fn new(inner: RequestBody) -> Self {
-        ClientBody { first: None, inner }
+    /// The client's body; a hyper body fails with [`BodyTimedOut`] once
+    /// the client sent nothing of it for `idle` while it was waited for.
+    pub fn new(inner: RequestBody, idle: Duration) -> Self {
+        let idle = matches!(inner, RequestBody::Hyper(_)).then(|| {
+            Box::new(IdleTimer {
+                limit: idle,
+                sleep: None,
+                armed: false,
+            })
+        });
+        ClientBody {
+            first: None,
+            inner,
+            idle,
+        }
     }
 
     /// Read the first frame now (it is sent first when the body is polled).
@@ -168,9 +212,16 @@ impl Body for ClientBody {
         if let Some(frame) = this.first.take() {
             return Poll::Ready(Some(Ok(frame)));
         }
-        Pin::new(&mut this.inner)
-            .poll_frame(cx)
-            .map_err(ClientBodyError)
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Some(idle) = &mut this.idle {
+            if polled.is_ready() {
+                idle.armed = false;
+            } else if idle.expired(cx) {
+                this.idle = None;
+                return Poll::Ready(Some(Err(ClientBodyError(Box::new(BodyTimedOut)))));
+            }
+        }
+        polled.map_err(ClientBodyError)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -185,16 +236,25 @@ impl Body for ClientBody {
     }
 }
 
-/// Is `err`, or anything it was caused by, a failure of the client's body?
-pub fn caused_by_client_body(err: &(dyn std::error::Error + 'static)) -> bool {
+/// The client sent nothing of its request body for the body timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("the client sent nothing of its request body for too long")]
+pub struct BodyTimedOut;
+
+/// How the client's body failed, when `err` or anything it was caused by
+/// is a failure of it: it stalled past the body timeout (408), or it broke
+/// (400).
+pub fn client_body_failure(err: &(dyn std::error::Error + 'static)) -> Option<ProxyError> {
     let mut cur = Some(err);
+    let mut client = false;
     while let Some(e) = cur {
-        if e.is::<ClientBodyError>() {
-            return true;
+        if e.is::<BodyTimedOut>() {
+            return Some(ProxyError::BodyTimeout);
         }
+        client |= e.is::<ClientBodyError>();
         cur = e.source();
     }
-    false
+    client.then_some(ProxyError::BadRequest("malformed request body"))
 }
 
 /// A response body sent to the client: the backend's, streamed, or a short
@@ -260,6 +320,9 @@ pub enum UpstreamBody {
     Tee(Tee),
     /// A mirror's copy of the client's body.
     Mirror(MirrorCopy),
+    /// The client's body as one try of several sends it (a retry policy;
+    /// see [`super::replay`]).
+    Replay(super::replay::ReplayBody),
 }
 
 impl Body for UpstreamBody {
@@ -275,6 +338,7 @@ impl Body for UpstreamBody {
             UpstreamBody::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
             UpstreamBody::Tee(t) => t.poll_frame(cx),
             UpstreamBody::Mirror(m) => m.poll_frame(cx),
+            UpstreamBody::Replay(r) => Pin::new(r).poll_frame(cx),
         }
     }
 
@@ -284,6 +348,7 @@ impl Body for UpstreamBody {
             UpstreamBody::Incoming(b) => b.is_end_stream(),
             UpstreamBody::Tee(t) => t.inner.is_end_stream(),
             UpstreamBody::Mirror(m) => m.done,
+            UpstreamBody::Replay(r) => r.is_end_stream(),
         }
     }
 
@@ -293,6 +358,7 @@ impl Body for UpstreamBody {
             UpstreamBody::Incoming(b) => b.size_hint(),
             UpstreamBody::Tee(t) => t.inner.size_hint(),
             UpstreamBody::Mirror(m) => m.size,
+            UpstreamBody::Replay(r) => r.size_hint(),
         }
     }
 }

@@ -32,10 +32,10 @@ use http::{HeaderMap, Method, Request, StatusCode, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::body::{BoxError, LeanBody, RequestBody, ResponseBody};
+use super::body::{BodyTimedOut, BoxError, LeanBody, RequestBody, ResponseBody};
 use super::error::ProxyError;
 use super::h1::{self, ChunkedWalker, Framing, HeadLimits, RequestHead};
 use super::upgrade::{LeanUpgrade, Upgraded};
@@ -55,14 +55,16 @@ const WRITE_BATCH: usize = 64 * 1024;
 
 /// Serve the HTTP/1.1 requests of one client connection until it closes,
 /// idles past its timeout, or the proxy drains. `_permits` hold its places
-/// under the connection limits.
+/// under the connection limits; the first request head is due by
+/// `first_head_by`.
 pub(super) async fn serve<S>(
     shared: Arc<Shared>,
     mut io: S,
     tls: Option<TlsConnection>,
     client: SocketAddr,
     bind: SocketAddr,
-    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    _permits: super::Permits,
+    first_head_by: Instant,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -74,9 +76,10 @@ pub(super) async fn serve<S>(
         out: Vec::new(),
         released: false,
     };
+    let mut head_by = Some(first_head_by);
     loop {
         let head = match conn
-            .read_head(&shared, &mut io, &limits, &mut draining)
+            .read_head(&shared, &mut io, &limits, &mut draining, head_by.take())
             .await
         {
             Ok(Some(head)) => head,
@@ -150,7 +153,8 @@ impl Exchange<'_> {
         let keep_alive = head.keep_alive;
         let minor = head.minor;
         let is_head = head.method == Method::HEAD;
-        let (body, mut pump) = Pump::for_framing(head.framing);
+        let (body, mut pump) =
+            Pump::for_framing(head.framing, self.shared.limits.request_body_timeout);
         let expect_continue = head.expect_continue && pump.is_some() && conn.buf.is_empty();
         let upgrade = head.upgrade;
         let mut req = match build_request(head, &head_bytes, body) {
@@ -188,7 +192,16 @@ impl Exchange<'_> {
                         () = p.step(io, &mut conn.buf) => {}
                     }
                 }
-                _ => break (&mut handling).await,
+                // No body to read: watch the connection, so that a client
+                // that goes away ends its request (and gives its place
+                // under the backend's cap back) as hyper does.
+                _ => {
+                    let limit = self.shared.limits.max_request_header_bytes;
+                    tokio::select! {
+                        resp = &mut handling => break resp,
+                        () = closed_by_client(io, &mut conn.buf, limit) => return Next::Gone,
+                    }
+                }
             }
         };
 
@@ -215,6 +228,19 @@ impl Exchange<'_> {
     }
 }
 
+/// Wait until the client closes its connection (or it fails), keeping
+/// what it sends meanwhile (a pipelined request) in `buf`; once `buf`
+/// holds `limit` bytes, wait no more.
+async fn closed_by_client<S: AsyncRead + Unpin>(io: &mut S, buf: &mut BytesMut, limit: usize) {
+    while buf.len() < limit {
+        match io.read_buf(buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+    std::future::pending().await
+}
+
 /// A connection's buffers.
 struct Conn {
     /// Bytes read and not yet used (the next head, body bytes).
@@ -230,19 +256,30 @@ impl Conn {
     /// Wait for and parse the next request head. `Ok(None)`: the connection
     /// is to close without an answer (closed by the client, timed out,
     /// draining while idle).
+    ///
+    /// The head is due by `head_by` (the connection's first), or, on a
+    /// keep-alive connection, within the request-head timeout of its first
+    /// byte, which may take the keep-alive timeout to come.
     async fn read_head<S: AsyncRead + Unpin>(
         &mut self,
         shared: &Shared,
         io: &mut S,
         limits: &HeadLimits,
         draining: &mut watch::Receiver<bool>,
+        head_by: Option<Instant>,
     ) -> Result<Option<RequestHead>, ProxyError> {
-        let wait = shared
-            .limits
-            .request_header_timeout
-            .min(shared.limits.idle_timeout);
-        let deadline = Instant::now() + wait;
-        let mut release_at = Some(Instant::now() + RELEASE_AFTER).filter(|at| *at < deadline);
+        let l = &shared.limits;
+        let head_timeout = l.request_header_timeout.min(l.idle_timeout);
+        let now = Instant::now();
+        // Waiting for the first byte of the next request on a kept-alive
+        // connection (pipelined bytes start the head at once).
+        let mut between = head_by.is_none() && self.buf.is_empty();
+        let mut deadline = match head_by {
+            Some(by) => by,
+            None if between => now + l.keepalive_timeout.min(l.idle_timeout),
+            None => now + head_timeout,
+        };
+        let mut release_at = Some(now + RELEASE_AFTER).filter(|at| *at < deadline);
         loop {
             if !self.buf.is_empty() {
                 if let Some(head) = h1::parse_request(&self.buf, limits)? {
@@ -259,7 +296,13 @@ impl Conn {
             tokio::select! {
                 read = io.read_buf(&mut self.buf) => match read {
                     Ok(0) | Err(_) => return Ok(None),
-                    Ok(_) => self.released = false,
+                    Ok(_) => {
+                        self.released = false;
+                        if between {
+                            between = false;
+                            deadline = Instant::now() + head_timeout;
+                        }
+                    }
                 },
                 () = tokio::time::sleep_until(timer) => {
                     if release_at.take().is_none() {
@@ -498,6 +541,10 @@ struct Pump {
     tx: Option<mpsc::Sender<Result<Bytes, BoxError>>>,
     framing: PumpFraming,
     failed: bool,
+    /// How long the client may send nothing while the pump waits for it.
+    idle_limit: Duration,
+    /// Since when the pump has waited for the client's next bytes.
+    waiting_since: Option<Instant>,
 }
 
 enum PumpFraming {
@@ -508,7 +555,7 @@ enum PumpFraming {
 
 impl Pump {
     /// The handler's body and, for a request that has one, its pump.
-    fn for_framing(framing: Framing) -> (LeanBody, Option<Pump>) {
+    fn for_framing(framing: Framing, idle_limit: Duration) -> (LeanBody, Option<Pump>) {
         let (framing, length) = match framing {
             Framing::None => return (LeanBody::empty(), None),
             Framing::Length(n) => (PumpFraming::Length(n), Some(n)),
@@ -519,6 +566,8 @@ impl Pump {
             tx: Some(tx),
             framing,
             failed: false,
+            idle_limit,
+            waiting_since: None,
         };
         (LeanBody::new(rx, length), Some(pump))
     }
@@ -554,9 +603,15 @@ impl Pump {
             if buf.capacity() < 1024 {
                 buf.reserve(READ_CHUNK);
             }
-            match io.read_buf(buf).await {
-                Ok(0) | Err(_) => self.fail("the client closed its connection in the body".into()),
-                Ok(_) => {}
+            // The wait for the client survives this future being dropped
+            // and made again (it is raced against the handler).
+            let since = *self.waiting_since.get_or_insert_with(Instant::now);
+            match tokio::time::timeout_at(since + self.idle_limit, io.read_buf(buf)).await {
+                Err(_) => self.fail(Box::new(BodyTimedOut)),
+                Ok(Ok(0) | Err(_)) => {
+                    self.fail("the client closed its connection in the body".into())
+                }
+                Ok(Ok(_)) => self.waiting_since = None,
             }
             return;
         }

@@ -13,18 +13,20 @@ use http_body::Body;
 use http_body_util::BodyExt;
 
 use super::Shared;
-use super::body::{ClientBody, RequestBody, ResponseBody, Tee, UpstreamBody};
+use super::body::{BodyTimedOut, ClientBody, RequestBody, ResponseBody, Tee, UpstreamBody};
 use super::error::ProxyError;
 use super::filters::{
     add_forwarded, modify_headers, modify_path, redirect_location, strip_hop_by_hop,
 };
+use super::replay::Replay;
+use super::retry::{Endpoints, Trying};
 use super::session::Sticky;
 use super::upgrade::UpgradeRequest;
 use super::upstream::{ClientUpstream, Upstream, origin_uri};
-use super::{cors, grpc, retry, tls};
-use crate::metrics::RequestKey;
+use super::{cors, grpc, h1, retry, tls};
+use crate::metrics::{Rejection, RequestKey};
 use crate::route::{
-    Backend, BackendChoice, BackendTarget, EndpointSet, Filter, Lookup, Mirror, PathMatch,
+    Backend, BackendChoice, BackendTarget, EndpointSet, Failure, Filter, Lookup, Mirror, PathMatch,
     RouteTable, Rule, normalize_host,
 };
 
@@ -57,6 +59,9 @@ impl Peer {
 struct Outcome<'t> {
     rule: Option<&'t Rule>,
     backend: Option<&'t Backend>,
+    /// The endpoint a try is waiting for: the request's own timeout
+    /// cutting it counts against that endpoint.
+    trying: Trying<'t>,
 }
 
 /// Serve one request that arrived on the socket bound at `bind` from
@@ -71,7 +76,7 @@ pub(super) async fn handle(
     // One atomic load: the request finishes on this table whatever reloads.
     let table = shared.table.load_full();
     let mut outcome = Outcome::default();
-    let grpc = grpc::is_grpc(req.headers());
+    let (req, grpc) = is_grpc(req);
     let (resp, code) = match route(shared, &table, req, client, bind, &mut outcome).await {
         Ok(resp) => {
             let code = resp.status().as_u16();
@@ -160,9 +165,15 @@ async fn route<'t>(
         (limit, _) => limit,
     };
     match limit {
-        Some(limit) => tokio::time::timeout(limit, request.run(req, outcome))
-            .await
-            .unwrap_or(Err(ProxyError::Timeout)),
+        Some(limit) => match tokio::time::timeout(limit, request.run(req, outcome)).await {
+            Ok(result) => result,
+            Err(_) => {
+                if let Some((health, index)) = outcome.trying.take() {
+                    shared.health.record(health, index, Some(Failure::Timeout));
+                }
+                Err(ProxyError::Timeout)
+            }
+        },
         None => request.run(req, outcome).await,
     }
 }
@@ -192,6 +203,21 @@ pub(super) fn check_request_head<B>(req: &Request<B>) -> Result<(), ProxyError> 
             }
             0 | 1 => {}
             _ => return Err(ProxyError::BadRequest("more than one Host")),
+        }
+    } else {
+        // HTTP/2: `:authority` and a Host field are `host[:port]` (RFC
+        // 3986), as the HTTP/1.1 parser checks Host and an absolute-form
+        // target; hyper takes `user@a` and a Host of any bytes.
+        if req
+            .uri()
+            .authority()
+            .is_some_and(|a| !h1::valid_host(a.as_str().as_bytes()))
+            || headers
+                .get_all(HOST)
+                .iter()
+                .any(|h| !h1::valid_host(h.as_bytes()))
+        {
+            return Err(ProxyError::BadRequest("malformed :authority or Host"));
         }
     }
     Ok(())
@@ -335,16 +361,21 @@ impl<'t> Forwarding<'_, 't> {
             }
         }
 
-        let mut body = if body.is_end_stream() {
+        let (body, body_length, no_body) = measure(body);
+        let mut body = if no_body {
             UpstreamBody::Empty
         } else {
-            let mut body = ClientBody::new(body);
+            let mut body = ClientBody::new(body, self.shared.limits.request_body_timeout);
             if chunked {
                 // A chunked body is refused before any backend sees the
                 // request when its first chunk is malformed.
-                body.read_ahead()
-                    .await
-                    .map_err(|_| ProxyError::BadRequest("malformed chunked body"))?;
+                body.read_ahead().await.map_err(|e| {
+                    if e.is::<BodyTimedOut>() {
+                        ProxyError::BodyTimeout
+                    } else {
+                        ProxyError::BadRequest("malformed chunked body")
+                    }
+                })?;
             }
             UpstreamBody::Incoming(body)
         };
@@ -383,6 +414,20 @@ impl<'t> Forwarding<'_, 't> {
                 });
             }
         };
+        let health = self.shared.health.of(&backend.service, endpoints);
+        // Counted against the backend's cap until the response head is
+        // here: a stalled backend gets 503s at once instead of a pile-up.
+        let Some(_in_flight) = health
+            .backend
+            .begin(self.shared.limits.max_requests_per_backend)
+        else {
+            self.shared
+                .metrics
+                .record_rejected(&backend.service, Rejection::BackendOverloaded);
+            return Err(ProxyError::Overloaded {
+                backend: backend.id.clone(),
+            });
+        };
         // Backend filters come after the rule's. Redirects and mirrors
         // are rule-level only and are ignored here.
         for filter in &backend.filters {
@@ -401,7 +446,11 @@ impl<'t> Forwarding<'_, 't> {
             }
         }
 
-        let endpoint = pinned.unwrap_or_else(|| endpoints.pick());
+        // The session's endpoint, unless it is gone or ejected: then
+        // another of the same backend, as when its pod goes away.
+        let index = pinned
+            .filter(|i| !self.shared.health.is_ejected(health, *i))
+            .unwrap_or_else(|| self.shared.health.pick(endpoints, health));
         parts.uri = origin_uri(path.as_deref(), &parts.uri)?;
         // Upgrades (WebSocket) are HTTP/1.1 whatever the appProtocol.
         let h2 = endpoints.protocol.is_http2(endpoints.tls.is_some()) && upgrade.is_none();
@@ -414,33 +463,59 @@ impl<'t> Forwarding<'_, 't> {
             grpc::restore_te(&mut parts.headers);
         }
         let upstream = self.upstream(endpoints, h2, upgrade.is_some());
-        // Only a request without a body can be sent again (bodies stream).
-        let retry = (upgrade.is_none() && matches!(body, UpstreamBody::Empty))
+        let per_try = self.rule.timeouts.backend_request;
+        // A request with a body can be sent again when it fits the replay
+        // buffer; a larger one is streamed once.
+        let buffer = self.shared.limits.retry_buffer_bytes;
+        let replayable =
+            matches!(body, UpstreamBody::Empty) || (buffer > 0 && body_length <= buffer as u64);
+        let retry = (upgrade.is_none() && replayable)
             .then_some(self.rule.retry.as_ref())
             .flatten();
-        let per_try = self.rule.timeouts.backend_request;
-        let resp = if let Some(policy) = retry {
+        let (index, resp) = match retry {
             // Boxed: the retry loop is large and only rules with a retry
             // policy take it; the common path's future stays small.
-            Box::pin(retry::send_with_retries(
-                &upstream,
-                policy,
-                endpoints,
-                endpoint,
-                &parts,
-                per_try,
-                &self.shared.metrics,
-            ))
-            .await?
-        } else {
-            let pending = upstream.send(endpoint, Request::from_parts(parts, body));
-            match per_try {
-                Some(limit) => tokio::time::timeout(limit, pending)
-                    .await
-                    .map_err(|_| ProxyError::Timeout)?,
-                None => pending.await,
-            }?
+            Some(policy) => {
+                let replay = match body {
+                    UpstreamBody::Empty => None,
+                    body => Some(Replay::new(body, buffer)),
+                };
+                let to = Endpoints {
+                    health: &self.shared.health,
+                    set: endpoints,
+                    state: health,
+                    upstream,
+                    per_try,
+                };
+                Box::pin(retry::send_with_retries(
+                    &to,
+                    policy,
+                    index,
+                    &parts,
+                    replay,
+                    &mut outcome.trying,
+                    &self.shared.metrics,
+                ))
+                .await
+            }
+            // One try, written out rather than through `Endpoints::send`:
+            // this future is part of every request's and is moved whole.
+            None => {
+                outcome.trying = Some((health, index));
+                let req = Request::from_parts(parts, body);
+                let pending = upstream.send(endpoints.addrs()[index], req);
+                let result = match per_try {
+                    Some(limit) => tokio::time::timeout(limit, pending)
+                        .await
+                        .unwrap_or(Err(ProxyError::Timeout)),
+                    None => pending.await,
+                };
+                outcome.trying = None;
+                retry::record_try(&self.shared.health, health, index, &result);
+                (index, result)
+            }
         };
+        let resp = resp?;
 
         let (mut parts, body) = resp.into_parts();
         parts.version = Version::HTTP_11;
@@ -455,12 +530,12 @@ impl<'t> Forwarding<'_, 't> {
             cors::add_response_headers(policy, origin, resp.headers_mut());
         }
         if let Some(sticky) = &sticky
-            && let Some(index) = self.rule.backends.index_of(backend)
+            && let Some(backend_index) = self.rule.backends.index_of(backend)
         {
             sticky.answer(
                 &mut resp,
-                index,
-                endpoint,
+                backend_index,
+                endpoints.addrs()[index],
                 self.matched_path,
                 scheme == "https",
             );
@@ -512,7 +587,8 @@ impl<'t> Forwarding<'_, 't> {
                 metrics.record_mirror(false);
                 continue;
             };
-            let endpoint = set.pick();
+            let health = self.shared.health.of(&mirror.backend.service, set);
+            let endpoint = set.addrs()[self.shared.health.pick(set, health)];
             let Ok(uri) = origin_uri(path, &parts.uri) else {
                 metrics.record_mirror(false);
                 continue;
@@ -554,6 +630,24 @@ impl<'t> Forwarding<'_, 't> {
             None => UpstreamBody::Empty,
         }
     }
+}
+
+/// The request, and whether it is a gRPC call. A function rather than a
+/// borrow of `req` in [`handle`], which would keep a copy of the request
+/// in every request's future until its end.
+fn is_grpc(req: Request<RequestBody>) -> (Request<RequestBody>, bool) {
+    let grpc = grpc::is_grpc(req.headers());
+    (req, grpc)
+}
+
+/// The client's body, the least number of bytes it has, and whether it is
+/// empty. A function rather than borrows of `body` in
+/// [`Forwarding::run`]: a local borrowed once is kept in that future (part
+/// of every request's, moved whole) until its end, even once moved out.
+fn measure(body: RequestBody) -> (RequestBody, u64, bool) {
+    let length = body.size_hint().lower();
+    let empty = body.is_end_stream();
+    (body, length, empty)
 }
 
 fn set_host(parts: &mut Parts, host: &str) -> Result<(), ProxyError> {

@@ -39,8 +39,10 @@ mod h1_conn;
 mod h2;
 mod handler;
 mod limits;
+mod outliers;
 mod passthrough;
 mod pool;
+mod replay;
 mod retry;
 mod session;
 mod tls;
@@ -72,9 +74,17 @@ use tokio::task::AbortHandle;
 use tokio_rustls::TlsAcceptor;
 
 use crate::metrics::Metrics;
-use crate::route::RouteTable;
+use crate::route::{EndpointReport, Outliers, RouteTable};
 use body::{RequestBody, UpstreamBody};
-use conn::{FloodLimits, InFlight, TrackedBody, Watched};
+use conn::{ClientSlot, FloodLimits, InFlight, PerClient, TrackedBody, Watched};
+
+/// What holds a client connection's places under the connection limits:
+/// per socket, in total, and per client address (when limited).
+type Permits = (
+    OwnedSemaphorePermit,
+    OwnedSemaphorePermit,
+    Option<ClientSlot>,
+);
 
 /// Whether the proxy refuses a request hyper's HTTP/1 server parsed, before
 /// routing it: the limits (target length, `_` in names) and the framing and
@@ -116,6 +126,11 @@ pub(crate) struct Shared {
     limits: ProxyLimits,
     /// One permit per open client connection, across all sockets.
     connections: Arc<Semaphore>,
+    /// Open connections per client address (when limited).
+    per_client: Arc<PerClient>,
+    /// Outlier ejection and the overload cap: per backend and endpoint,
+    /// outlives tables.
+    health: Arc<outliers::Health>,
     /// Set once on shutdown: every connection finishes what it is doing
     /// and closes.
     draining: watch::Sender<bool>,
@@ -170,13 +185,15 @@ impl Proxy {
             shared: Arc::new(Shared {
                 server,
                 table: ArcSwap::from_pointee(RouteTable::default()),
-                metrics,
+                metrics: metrics.clone(),
                 pool: pool::Pool::new(POOL_IDLE_TIMEOUT),
                 client,
                 h2: Default::default(),
                 backend_tls: Default::default(),
                 listeners: Mutex::new(BTreeMap::new()),
                 connections: Arc::new(Semaphore::new(limits.max_connections)),
+                per_client: Arc::default(),
+                health: outliers::Health::new(Outliers::new(limits.outliers), metrics.clone()),
                 limits,
                 draining: watch::Sender::new(false),
             }),
@@ -224,7 +241,16 @@ impl Proxy {
     pub async fn apply(&self, table: RouteTable) -> Vec<BindFailure> {
         let wanted: Vec<SocketAddr> = table.binds().collect();
         self.shared.table.store(Arc::new(table));
+        // Endpoint state of backends and endpoints gone from the tables
+        // is forgotten, unless an ejection is still worth remembering.
+        self.shared.health.sweep();
         self.sync_listeners(&wanted)
+    }
+
+    /// The endpoints ejected now or not long ago, and those failing
+    /// (admin `/endpoints`).
+    pub fn endpoint_report(&self) -> Vec<EndpointReport> {
+        self.shared.health.outliers.report()
     }
 
     /// The table requests are served from now.
@@ -327,7 +353,17 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAdd
             tracing::debug!(%bind, %client, "connection limit reached; closing");
             continue;
         };
-        let permits = (listener_permit, total_permit);
+        let per_client = match shared.limits.max_connections_per_client {
+            0 => None,
+            max => match shared.per_client.admit(client.ip(), max) {
+                Some(slot) => Some(slot),
+                None => {
+                    tracing::debug!(%bind, %client, "connection limit per client reached; closing");
+                    continue;
+                }
+            },
+        };
+        let permits = (listener_permit, total_permit, per_client);
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         // Whether the socket terminates TLS is read per connection: a
@@ -369,7 +405,8 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAdd
                 // Boxed: HTTP/1.1 connections' tasks are not sized for it.
                 Box::pin(serve(shared, stream, tls, client, bind, permits)).await;
             } else {
-                h1_conn::serve(shared, stream, tls, client, bind, permits).await;
+                let head_by = tokio::time::Instant::now() + shared.limits.request_header_timeout;
+                h1_conn::serve(shared, stream, tls, client, bind, permits, head_by).await;
             }
         });
     }
@@ -383,7 +420,7 @@ async fn serve_cleartext(
     stream: tokio::net::TcpStream,
     client: SocketAddr,
     bind: SocketAddr,
-    permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    permits: Permits,
 ) {
     let deadline = tokio::time::Instant::now() + shared.limits.request_header_timeout;
     let mut draining = shared.draining.subscribe();
@@ -396,7 +433,8 @@ async fn serve_cleartext(
         // Boxed: HTTP/1.1 connections' tasks are not sized for it.
         Box::pin(serve(shared, stream, None, client, bind, permits)).await;
     } else {
-        h1_conn::serve(shared, stream, None, client, bind, permits).await;
+        // The first head is due by the same deadline as the first bytes.
+        h1_conn::serve(shared, stream, None, client, bind, permits, deadline).await;
     }
 }
 
@@ -438,7 +476,7 @@ async fn serve<S>(
     tls: Option<TlsConnection>,
     client: SocketAddr,
     bind: SocketAddr,
-    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    _permits: Permits,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {

@@ -38,14 +38,14 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use super::{Shared, tls};
 use crate::metrics::TlsOutcome;
 use crate::route::{
-    BackendChoice, BackendTarget, EndpointSet, StreamLookup, TlsMode, normalize_host,
+    Backend, BackendChoice, BackendTarget, EndpointSet, Failure, StreamLookup, TlsMode,
+    normalize_host,
 };
 
 /// How long the connection to an endpoint may take (Envoy's cluster
@@ -59,7 +59,7 @@ pub(super) async fn serve(
     mut stream: TcpStream,
     client: SocketAddr,
     bind: SocketAddr,
-    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    _permits: super::Permits,
 ) {
     let limits = &shared.limits;
     let hello = match tokio::time::timeout(
@@ -124,11 +124,11 @@ pub(super) async fn serve(
             };
             let acceptor = TlsAcceptor::from(tls::stream_server_config(shared.clone(), bind));
             match tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, acceptor.accept(prefixed)).await {
-                Ok(Ok(client_tls)) => forward(&shared, client_tls, endpoints, &[]).await,
+                Ok(Ok(client_tls)) => forward(&shared, client_tls, backend, endpoints, &[]).await,
                 _ => TlsOutcome::BadClientHello,
             }
         }
-        _ => forward(&shared, stream, endpoints, &hello.bytes).await,
+        _ => forward(&shared, stream, backend, endpoints, &hello.bytes).await,
     };
     shared.metrics.record_tls(&route, &backend.service, outcome);
 }
@@ -136,17 +136,28 @@ pub(super) async fn serve(
 /// Connect to an endpoint of `endpoints` (over TLS when they have a
 /// BackendTLSPolicy and the client's TLS was terminated here), send
 /// `first` (the ClientHello in passthrough), and relay until both sides
-/// are done.
-async fn forward<S>(shared: &Shared, client: S, endpoints: &EndpointSet, first: &[u8]) -> TlsOutcome
+/// are done. Endpoints ejected as outliers are skipped, and whether the
+/// connection could be made counts towards ejection.
+async fn forward<S>(
+    shared: &Shared,
+    client: S,
+    backend: &Backend,
+    endpoints: &EndpointSet,
+    first: &[u8],
+) -> TlsOutcome
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let endpoint = endpoints.pick();
+    let health = shared.health.of(&backend.service, endpoints);
+    let index = shared.health.pick(endpoints, health);
+    let endpoint = endpoints.addrs()[index];
     let connected = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(endpoint)).await;
     let Ok(Ok(backend)) = connected else {
         tracing::debug!(%endpoint, "endpoint unreachable; closing");
+        shared.health.record(health, index, Some(Failure::Connect));
         return TlsOutcome::Unreachable;
     };
+    shared.health.record(health, index, None);
     let _ = backend.set_nodelay(true);
     let idle = shared.limits.idle_timeout;
     // Re-encrypt to the backend when a BackendTLSPolicy says so (only in

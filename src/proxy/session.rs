@@ -38,21 +38,18 @@ impl<'t> Sticky<'t> {
     /// endpoint, when the backend can still take the request: weight 0 or
     /// not ("the persistence to a single backend MUST be maintained across
     /// services, even if the weight is set to 0"), as long as it resolves
-    /// to ready endpoints. The endpoint is the session's when it is still
-    /// one of them.
+    /// to ready endpoints. The endpoint (its index in the backend's
+    /// endpoints) is the session's when it is still one of them.
     pub fn pinned<'s>(
         &self,
         split: &'s BackendSplit,
-    ) -> Option<(usize, &'s Backend, Option<SocketAddr>)> {
+    ) -> Option<(usize, &'s Backend, Option<usize>)> {
         let token = self.carried?;
         let backend = split.backends().get(token.backend)?;
         let BackendTarget::Endpoints(set) = &backend.target else {
             return None;
         };
-        let endpoint = set
-            .addrs()
-            .contains(&token.endpoint)
-            .then_some(token.endpoint);
+        let endpoint = set.addrs().iter().position(|a| *a == token.endpoint);
         Some((token.backend, backend, endpoint))
     }
 

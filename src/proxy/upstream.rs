@@ -25,7 +25,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::backend_tls::BackendTlsConnector;
-use super::body::{ResponseBody, UpstreamBody, caused_by_client_body};
+use super::body::{ResponseBody, UpstreamBody, client_body_failure};
 use super::error::{ProxyError, UpstreamError};
 use super::h2::H2Clients;
 use super::pool::Pool;
@@ -83,10 +83,7 @@ impl Upstream {
         // `pending` twice.
         pending.map(|result| {
             result.map_err(|e| match e {
-                Ok(e) if caused_by_client_body(&e) => {
-                    ProxyError::BadRequest("malformed request body")
-                }
-                Ok(e) => ProxyError::Unreachable(e),
+                Ok(e) => client_body_failure(&e).unwrap_or(ProxyError::Unreachable(e)),
                 Err(e) => e,
             })
         })

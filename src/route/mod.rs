@@ -13,6 +13,7 @@ mod cors;
 mod grpc;
 mod hostname;
 mod matching;
+mod outlier;
 mod retry;
 mod session;
 mod stream;
@@ -27,6 +28,10 @@ pub use matching::{
     AnchoredRegex, HeaderMatch, Mismatch, PathMatch, QueryMatch, RegexError, RequestMatch,
     ValueMatch,
 };
+pub use outlier::{
+    BackendHealth, Ejection, EndpointReport, Failure, InFlight, OutlierPolicy, Outliers, Return,
+    SetHealth,
+};
 pub use retry::{DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, RetryPolicy, TryOutcome};
 pub use session::{SessionCarrier, SessionPersistence, SessionToken, cookie_path, stable_hash};
 pub use stream::{StreamRoutes, TlsMode};
@@ -37,8 +42,8 @@ pub use table::{
 pub use weighted::WeightedPicker;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -280,7 +285,8 @@ impl AppProtocol {
     }
 }
 
-/// The ready endpoints of one backend, chosen round robin per request.
+/// The ready endpoints of one backend, chosen round robin per request
+/// (skipping those ejected as outliers, see [`Outliers::pick`]).
 #[derive(Debug)]
 pub struct EndpointSet {
     addrs: Vec<SocketAddr>,
@@ -288,6 +294,9 @@ pub struct EndpointSet {
     pub protocol: AppProtocol,
     /// Speak TLS to the endpoints (a BackendTLSPolicy targets the Service).
     pub tls: Option<Arc<BackendTls>>,
+    /// The backend's and endpoints' state that outlives tables, found
+    /// once per table ([`EndpointSet::health`]).
+    health: OnceLock<SetHealth>,
 }
 
 /// How the gateway speaks TLS to a backend's endpoints, from the
@@ -321,6 +330,7 @@ impl EndpointSet {
             next: AtomicUsize::new(0),
             protocol,
             tls: None,
+            health: OnceLock::new(),
         }
     }
 
@@ -334,10 +344,22 @@ impl EndpointSet {
         &self.addrs
     }
 
-    /// The next endpoint, round robin across all requests on all threads.
+    /// The next endpoint, round robin across all requests on all threads
+    /// (whatever their state; the proxy picks with [`Outliers::pick`]).
     pub fn pick(&self) -> SocketAddr {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        self.addrs[n % self.addrs.len()]
+        self.addrs[self.next_index()]
+    }
+
+    /// The index of the next endpoint in the round robin.
+    fn next_index(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.addrs.len()
+    }
+
+    /// This backend's state in `outliers` (`service` is its identity,
+    /// [`Backend::service`]), looked up on first use.
+    pub fn health(&self, outliers: &Outliers, service: &str) -> &SetHealth {
+        self.health
+            .get_or_init(|| outliers.resolve(service, &self.addrs))
     }
 }
 

@@ -24,7 +24,11 @@
 //!   `status.ancestors` are atomic lists in the CRDs, each entry owned by the controller named in
 //!   its `controllerName`, so an apply would replace other controllers'
 //!   entries: the patch carries theirs as they are, plus ours; a route or
-//!   policy no longer attached to us loses ours only;
+//!   policy no longer attached to us loses ours only. The patch names the
+//!   `resourceVersion` it was computed from, a precondition of the apply:
+//!   when another controller wrote in between, the API server refuses ours
+//!   (409 Conflict) instead of letting it drop their new entries, and it is
+//!   computed again from the object the watch delivers;
 //! - a condition whose status did not change keeps its
 //!   `lastTransitionTime`, which also makes an unchanged status compare
 //!   equal, so nothing is written for it.
@@ -329,6 +333,12 @@ fn patch(
     if let Some(ns) = &object.metadata.namespace {
         metadata["namespace"] = json!(ns);
     }
+    // Lists other controllers write too: only over the version read.
+    if shared_list(kind).is_some()
+        && let Some(rv) = &resource_version
+    {
+        metadata["resourceVersion"] = json!(rv);
+    }
     StatusPatch {
         kind,
         namespace: object.metadata.namespace.clone(),
@@ -449,6 +459,9 @@ pub struct StatusWriter {
 pub struct SyncOutcome {
     pub written: usize,
     pub failed: usize,
+    /// Refused because the object changed since it was read (409): written
+    /// again from the object the watch delivers.
+    pub conflicts: usize,
 }
 
 impl StatusWriter {
@@ -489,6 +502,10 @@ impl StatusWriter {
                 }
                 Err(kube::Error::Api(status)) if status.code == 404 => {
                     tracing::debug!(object = %id, "object deleted before its status was written");
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    tracing::info!(object = %id, "status changed by another writer since it was read; computed again from the new version");
+                    outcome.conflicts += 1;
                 }
                 Err(error) => {
                     tracing::warn!(object = %id, %error, "cannot write status");

@@ -125,9 +125,15 @@ fn plan_writes_our_status_and_keeps_other_controllers_parents() {
     assert_eq!(route.resource_version.as_deref(), Some("12"));
     assert_eq!(route.body["apiVersion"], "gateway.networking.k8s.io/v1");
     assert_eq!(route.body["kind"], "HTTPRoute");
+    // Other controllers write the route's parents too: the apply holds
+    // only over the version read (a precondition), the Gateway's needs none.
     assert_eq!(
         route.body["metadata"],
-        json!({"name": "web", "namespace": "default"})
+        json!({"name": "web", "namespace": "default", "resourceVersion": "12"})
+    );
+    assert_eq!(
+        patches[1].body["metadata"],
+        json!({"name": "gw", "namespace": "default"})
     );
     let parents = route.body["status"]["parents"]
         .as_array()
@@ -451,6 +457,22 @@ fn mock_client() -> (Client, Handle) {
     (Client::new(service, "default"), handle)
 }
 
+/// Answer a request of the mocked API server with `code` and `body`.
+fn answer(respond: tower_test::mock::SendResponse<Response<Body>>, code: u16, body: &Value) {
+    respond.send_response(
+        Response::builder()
+            .status(code)
+            .body(Body::from(serde_json::to_vec(body).expect("json")))
+            .expect("a response"),
+    );
+}
+
+/// The `Status` the API server answers a failure with.
+fn failure(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+           "message": message, "reason": reason, "code": code})
+}
+
 async fn body_json(request: Request<Body>) -> Value {
     let bytes = request
         .into_body()
@@ -503,7 +525,8 @@ async fn status_is_server_side_applied_to_the_status_subresource() {
         outcome,
         SyncOutcome {
             written: 3,
-            failed: 0
+            failed: 0,
+            conflicts: 0,
         }
     );
     let seen = verifier.await.expect("the verifier does not panic");
@@ -537,21 +560,11 @@ async fn failed_writes_are_counted_and_retried() {
             let (request, respond) = handle.next_request().await.expect("a request");
             let body = body_json(request).await;
             // The first round fails everything (a 500 from the API server).
-            let (code, reply) = if i < 3 {
-                (
-                    500,
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                             "message": "etcd is sad", "reason": "InternalError", "code": 500}),
-                )
+            if i < 3 {
+                answer(respond, 500, &failure(500, "InternalError", "etcd is sad"));
             } else {
-                (200, body)
-            };
-            respond.send_response(
-                Response::builder()
-                    .status(code)
-                    .body(Body::from(serde_json::to_vec(&reply).expect("json")))
-                    .expect("a response"),
-            );
+                answer(respond, 200, &body);
+            }
         }
     });
     let mut writer = StatusWriter::new(client);
@@ -561,7 +574,8 @@ async fn failed_writes_are_counted_and_retried() {
             .await,
         SyncOutcome {
             written: 0,
-            failed: 3
+            failed: 3,
+            conflicts: 0,
         }
     );
     assert_eq!(
@@ -570,7 +584,54 @@ async fn failed_writes_are_counted_and_retried() {
             .await,
         SyncOutcome {
             written: 3,
-            failed: 0
+            failed: 0,
+            conflicts: 0,
+        }
+    );
+    server.await.expect("the mock does not panic");
+}
+
+#[tokio::test]
+async fn a_write_refused_for_a_newer_version_is_a_conflict_and_sent_again() {
+    let (client, mut handle) = mock_client();
+    let s = snapshot(CLUSTER);
+    let report = report(&s, 1000);
+    let server = tokio::spawn(async move {
+        for i in 0..4 {
+            let (request, respond) = handle.next_request().await.expect("a request");
+            let uri = request.uri().to_string();
+            let body = body_json(request).await;
+            // The route changed since it was read: 409, as the API server
+            // answers an apply whose resourceVersion is not the object's.
+            if uri.contains("/httproutes/") && i < 3 {
+                let conflict = failure(409, "Conflict", "the object has been modified");
+                answer(respond, 409, &conflict);
+            } else {
+                answer(respond, 200, &body);
+            }
+        }
+    });
+    let mut writer = StatusWriter::new(client);
+    assert_eq!(
+        writer
+            .sync(&s, &report, None, &RolloutReport::default())
+            .await,
+        SyncOutcome {
+            written: 2,
+            failed: 0,
+            conflicts: 1,
+        }
+    );
+    // Not remembered as sent: the next sync (the watch's newer route, or
+    // the retry) writes it.
+    assert_eq!(
+        writer
+            .sync(&s, &report, None, &RolloutReport::default())
+            .await,
+        SyncOutcome {
+            written: 1,
+            failed: 0,
+            conflicts: 0,
         }
     );
     server.await.expect("the mock does not panic");
@@ -646,9 +707,11 @@ fn a_rollout_policy_gets_its_ancestors_and_rollouts_in_one_apply() {
     assert_eq!(policy.resource_version.as_deref(), Some("20"));
     assert_eq!(policy.body["apiVersion"], "sluice.dev/v1alpha1");
     assert_eq!(policy.body["kind"], "RolloutPolicy");
+    // Its ancestors are a list other controllers write too: the apply
+    // holds only over the version read.
     assert_eq!(
         policy.body["metadata"],
-        json!({"name": "web", "namespace": "default"})
+        json!({"name": "web", "namespace": "default", "resourceVersion": "20"})
     );
     let status = &policy.body["status"];
     let ancestors = status["ancestors"].as_array().expect("ancestors");

@@ -519,7 +519,13 @@ async fn a_retried_code_is_retried_on_the_next_tls_endpoint() {
         "{codes: [503], attempts: 2, backoff: 1ms}",
         &ca,
     );
-    let sluice = Sluice::start(&[("all.yaml", manifests)]).await;
+    // Outlier ejection off: it would take the failing endpoint out of
+    // the rotation after its fifth failure (tests/e2e/outliers.rs).
+    let sluice = Sluice::start_with(
+        &[("all.yaml", manifests)],
+        &["--outlier-consecutive-failures", "0"],
+    )
+    .await;
 
     let mut conn = sluice.connect().await;
     let paths: Vec<String> = (0..10).map(|i| format!("/retry/{i}")).collect();
@@ -556,7 +562,13 @@ async fn a_failed_tls_handshake_is_retried_on_the_next_endpoint() {
     let healthy = TlsBackend::start(&ca.issue(&["abc.example.com"]), &ca).await;
     // No codes: only connection failures (the handshake included) retry.
     let manifests = tls_pair(&untrusted, &healthy, "{attempts: 1, backoff: 1ms}", &ca);
-    let sluice = Sluice::start(&[("all.yaml", manifests)]).await;
+    // Outlier ejection off: it would take the failing endpoint out of
+    // the rotation after its fifth failure (tests/e2e/outliers.rs).
+    let sluice = Sluice::start_with(
+        &[("all.yaml", manifests)],
+        &["--outlier-consecutive-failures", "0"],
+    )
+    .await;
 
     let mut conn = sluice.connect().await;
     let paths: Vec<String> = (0..10).map(|i| format!("/retry/{i}")).collect();

@@ -18,6 +18,7 @@ mod https;
 mod inputs;
 mod listenerset;
 mod matching;
+mod outliers;
 mod precedence;
 mod protocols;
 mod reload;

@@ -11,7 +11,11 @@
 //!   GatewayClasses, Gateways, ListenerSets, HTTPRoutes, BackendTLSPolicies
 //!   and RolloutPolicies (`sluice.dev/v1alpha1`), recorded with the
 //!   caller's bearer token so tests can tell replicas apart; the patch's
-//!   `status` replaces the object's (no field ownership is tracked); the
+//!   `status` replaces the object's (no field ownership is tracked); a
+//!   `metadata.resourceVersion` in the patch is a precondition, as the real
+//!   server has it (409 Conflict when the object's differs); another
+//!   writer's write can be slipped in just before the next status patch of
+//!   an object ([`FakeApiServer::write_before_next_status_patch`]); the
 //!   status patches of a resource can be refused for a while
 //!   ([`FakeApiServer::refuse_status`]: 500, as an API server that cannot
 //!   reach etcd answers);
@@ -64,7 +68,12 @@ pub struct StatusPatch {
     pub field_manager: String,
     pub force: bool,
     pub body: Value,
+    /// Refused with 409: its resourceVersion was not the object's.
+    pub conflict: bool,
 }
+
+/// A write of another controller, made just before a status patch.
+type Interleaved = (Key, Box<dyn FnOnce(&mut Value) + Send>);
 
 #[derive(Default)]
 struct Store {
@@ -81,6 +90,8 @@ struct Store {
     uninstalled: Vec<String>,
     /// How many requests got a 404 because their CRD is not installed.
     not_found: BTreeMap<String, usize>,
+    /// Made when the next status patch of its object arrives.
+    interleaved: Vec<Interleaved>,
     /// Plurals whose status patches get 500 (and are not recorded).
     refused: Vec<String>,
 }
@@ -266,6 +277,25 @@ impl FakeApiServer {
         }
         store.objects.insert(key, object.clone());
         self.publish(&mut store, event, &plural, object);
+    }
+
+    /// When the next status patch of `kind namespace/name` arrives, first
+    /// change the object with `write` (another controller writing between
+    /// the patch's read and its write): a new resourceVersion and a
+    /// MODIFIED event, then the patch is handled.
+    pub fn write_before_next_status_patch(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        write: impl FnOnce(&mut Value) + Send + 'static,
+    ) {
+        let key = (
+            plural_of(kind).to_string(),
+            namespace.map(str::to_string),
+            name.to_string(),
+        );
+        self.store().interleaved.push((key, Box::new(write)));
     }
 
     /// Delete an object; returns whether it existed.
@@ -629,6 +659,28 @@ async fn patch_status(
     if store.refused.contains(&target.plural) {
         return status(500, "InternalError", "the status write is refused (test)");
     }
+    if let Some(i) = store.interleaved.iter().position(|(k, _)| *k == key)
+        && let Some(mut object) = store.objects.get(&key).cloned()
+    {
+        let (_, write) = store.interleaved.remove(i);
+        write(&mut object);
+        store.rv += 1;
+        object["metadata"]["resourceVersion"] = json!(store.rv.to_string());
+        store.objects.insert(key.clone(), object.clone());
+        let event = WatchEvent {
+            rv: store.rv,
+            plural: target.plural.clone(),
+            kind: "MODIFIED",
+            object,
+        };
+        store.events.push(event.clone());
+        let _ = shared.events.send(event);
+    }
+    let current = store.objects.get(&key).cloned();
+    let precondition = body["metadata"]["resourceVersion"].as_str();
+    let conflict = current.as_ref().is_some_and(|o| {
+        precondition.is_some_and(|rv| o["metadata"]["resourceVersion"].as_str() != Some(rv))
+    });
     store.patches.push(StatusPatch {
         plural: target.plural.clone(),
         namespace,
@@ -637,10 +689,18 @@ async fn patch_status(
         field_manager,
         force: q.get("force").map(String::as_str) == Some("true"),
         body: body.clone(),
+        conflict,
     });
-    let Some(mut object) = store.objects.get(&key).cloned() else {
+    let Some(mut object) = current else {
         return status(404, "NotFound", "no such object");
     };
+    if conflict {
+        return status(
+            409,
+            "Conflict",
+            "the object has been modified; please apply your changes to the latest version and try again",
+        );
+    }
     store.rv += 1;
     object["metadata"]["resourceVersion"] = json!(store.rv.to_string());
     object["status"] = body["status"].clone();
