@@ -299,43 +299,7 @@ fn sluice_check_args(args: &[&std::ffi::OsStr]) -> (i32, String) {
 
 /// A CRD for HTTPRoute of our own making (the upstream ones are exercised
 /// by tests/crd_validation.rs): weights at most 100.
-const ROUTE_CRD: &str = "\
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: httproutes.gateway.networking.k8s.io}
-spec:
-  group: gateway.networking.k8s.io
-  names: {kind: HTTPRoute, plural: httproutes}
-  scope: Namespaced
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema:
-      openAPIV3Schema:
-        type: object
-        properties:
-          apiVersion: {type: string}
-          kind: {type: string}
-          metadata: {type: object}
-          spec:
-            type: object
-            x-kubernetes-preserve-unknown-fields: true
-            properties:
-              rules:
-                type: array
-                items:
-                  type: object
-                  x-kubernetes-preserve-unknown-fields: true
-                  properties:
-                    backendRefs:
-                      type: array
-                      items:
-                        type: object
-                        x-kubernetes-preserve-unknown-fields: true
-                        properties:
-                          weight: {type: integer, maximum: 100}
-";
+const ROUTE_CRD: &str = include_str!("fixtures/httproute-weights-at-most-100.crd.yaml");
 
 #[test]
 fn crds_validate_and_each_problem_is_one_lint_line_or_json() {

@@ -87,50 +87,11 @@ fn exit_codes_say_matched_404_or_unreadable() {
 /// 995/5 autocomplete route, so the request that route took gets 404.
 #[test]
 fn crds_refuse_objects_before_explaining() {
-    const CAPPED_WEIGHTS: &str = "\
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: httproutes.gateway.networking.k8s.io}
-spec:
-  group: gateway.networking.k8s.io
-  names: {kind: HTTPRoute, plural: httproutes}
-  scope: Namespaced
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema:
-      openAPIV3Schema:
-        type: object
-        properties:
-          apiVersion: {type: string}
-          kind: {type: string}
-          metadata: {type: object}
-          spec:
-            type: object
-            x-kubernetes-preserve-unknown-fields: true
-            properties:
-              rules:
-                type: array
-                items:
-                  type: object
-                  x-kubernetes-preserve-unknown-fields: true
-                  properties:
-                    backendRefs:
-                      type: array
-                      items:
-                        type: object
-                        x-kubernetes-preserve-unknown-fields: true
-                        properties:
-                          weight: {type: integer, maximum: 100}
-";
-    let dir = tempfile::tempdir().expect("temp dir");
-    let crd = dir.path().join("capped.yaml");
-    std::fs::write(&crd, CAPPED_WEIGHTS).expect("write the CRD");
+    // The HTTPRoute CRD check_cli.rs uses too (run from the crate root).
+    let crd = "tests/fixtures/httproute-weights-at-most-100.crd.yaml";
     let url = "http://autocomplete.example.com:8080/suggest?q=sl";
     let (code, out, _) = explain(&["-f", "examples/", "GET", url]);
     assert_eq!(code, 0, "{out}");
-    let crd = crd.to_str().expect("UTF-8 path");
     let (code, out, err) = explain(&["-f", "examples/", "--crds", crd, "GET", url]);
     assert_eq!(code, 1, "{out}{err}");
     assert!(out.contains("outcome: 404"), "{out}");
