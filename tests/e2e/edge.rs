@@ -320,6 +320,7 @@ mod h2raw {
     use super::*;
 
     pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    pub const DATA: u8 = 0x0;
     pub const HEADERS: u8 = 0x1;
     pub const RST_STREAM: u8 = 0x3;
     pub const SETTINGS: u8 = 0x4;
@@ -362,7 +363,18 @@ mod h2raw {
     /// A GET header block: `:method GET`, `:scheme http`, `:path`,
     /// `:authority`, then `extra` as literals without indexing.
     pub fn get(path: &str, authority: &str, extra: &[(&str, &str)]) -> Vec<u8> {
-        let mut b = vec![0x82, 0x86];
+        block(0x82, path, authority, extra)
+    }
+
+    /// A POST header block, as [`get`]'s.
+    pub fn post(path: &str, authority: &str, extra: &[(&str, &str)]) -> Vec<u8> {
+        block(0x83, path, authority, extra)
+    }
+
+    /// `method` (the HPACK static table's indexed `:method`), `:scheme
+    /// http`, `:path`, `:authority`, then `extra`.
+    fn block(method: u8, path: &str, authority: &str, extra: &[(&str, &str)]) -> Vec<u8> {
+        let mut b = vec![method, 0x86];
         int(&mut b, 0, 4, 4); // :path, literal without indexing
         string(&mut b, path.as_bytes());
         int(&mut b, 0, 4, 1); // :authority
@@ -599,6 +611,60 @@ async fn a_client_stalling_in_its_body_gets_408_and_is_closed() {
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     others_are_served(gw.addr(), 5).await;
+}
+
+/// HTTP/2: a stream whose client sends its HEADERS without END_STREAM
+/// and then nothing gets 408 on that stream once the body timeout passes
+/// (a response, not a reset); the connection's other streams are served
+/// meanwhile and after, and the backend never gets the whole request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_a_stream_stalling_in_its_body_gets_408_and_the_others_go_on() {
+    let (gw, app) = app_behind(&["--request-body-timeout", "1s"]).await;
+    let mut h2 = Client::connect(gw.addr()).await;
+    h2.settings().await;
+    let upload = post("/upload", "h", &[("content-length", "10")]);
+    h2.send(&frame(HEADERS, END_HEADERS, 1, &upload)).await;
+    h2.send(&frame(DATA, 0, 1, b"abc")).await;
+    let during = get("/during", "h", &[]);
+    h2.send(&frame(HEADERS, END_STREAM | END_HEADERS, 3, &during))
+        .await;
+    let mut answers = std::collections::HashMap::new();
+    while answers.len() < 2 {
+        let f = h2.next().await.expect("answers for streams 1 and 3");
+        if f.kind == HEADERS || f.kind == RST_STREAM {
+            answers.entry(f.stream).or_insert(f);
+        }
+    }
+    let stalled = &answers[&1];
+    assert_eq!(
+        stalled.kind, HEADERS,
+        "a response, not a reset: {stalled:?}"
+    );
+    assert!(h2_status(&stalled.payload, "408"), "{stalled:?}");
+    let other = &answers[&3];
+    assert!(h2_status(&other.payload, "200"), "{other:?}");
+
+    // The connection goes on.
+    let after = get("/after", "h", &[]);
+    h2.send(&frame(HEADERS, END_STREAM | END_HEADERS, 5, &after))
+        .await;
+    let answer = loop {
+        let f = h2.next().await.expect("an answer for stream 5");
+        if f.stream == 5 && (f.kind == HEADERS || f.kind == RST_STREAM) {
+            break f;
+        }
+    };
+    assert!(h2_status(&answer.payload, "200"), "{answer:?}");
+    let seen: Vec<String> = app.servers[0]
+        .recent()
+        .into_iter()
+        .map(|r| r.path)
+        .collect();
+    assert_eq!(
+        seen,
+        ["/during", "/after"],
+        "the stalled upload never completed"
+    );
 }
 
 /// The request-head timeout runs from a kept-alive connection's next
@@ -875,14 +941,33 @@ async fn connections_beyond_the_limits_are_closed_and_open_ones_keep_working() {
 
 /// Whether an HTTP/2 response header block is `:status` `code` (hyper
 /// sends the statuses HPACK's static table has as an index, others as a
-/// literal).
+/// literal, Huffman-coded or not).
 fn h2_status(block: &[u8], code: &str) -> bool {
     let indexed = match code {
         "200" => 0x88,
         "400" => 0x8c,
         _ => 0,
     };
-    block.first() == Some(&indexed) || block.windows(3).any(|w| w == code.as_bytes())
+    let huffman = huffman_digits(code);
+    block.first() == Some(&indexed)
+        || block.windows(3).any(|w| w == code.as_bytes())
+        || block.windows(huffman.len()).any(|w| w == huffman)
+}
+
+/// `digits` Huffman-coded as HPACK codes them (RFC 7541 Appendix B: '0'
+/// to '2' are 5-bit codes 0-2, '3' to '9' 6-bit codes 0x19-0x1f), padded
+/// with ones.
+fn huffman_digits(digits: &str) -> Vec<u8> {
+    let (mut bits, mut n) = (0u64, 0u32);
+    for d in digits.bytes().map(|c| u64::from(c - b'0')) {
+        let (code, len) = if d < 3 { (d, 5) } else { (0x16 + d, 6) };
+        bits = bits << len | code;
+        n += len;
+    }
+    let pad = (8 - n % 8) % 8;
+    bits = bits << pad | ((1 << pad) - 1);
+    let bytes = (n + pad) / 8;
+    (0..bytes).rev().map(|i| (bits >> (8 * i)) as u8).collect()
 }
 
 /// HTTP/2's `:authority`, and a Host field next to it, are `host[:port]`
