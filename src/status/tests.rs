@@ -550,91 +550,85 @@ async fn status_is_server_side_applied_to_the_status_subresource() {
     assert_eq!(again, SyncOutcome::default());
 }
 
-#[tokio::test]
-async fn failed_writes_are_counted_and_retried() {
+/// CLUSTER's report synced twice against a mock API server that answers
+/// write `i` (of `writes`) to `uri` with `answer_for(i, uri, body)`: what
+/// the two syncs did.
+async fn sync_twice<F>(writes: usize, answer_for: F) -> [SyncOutcome; 2]
+where
+    F: Fn(usize, &str, Value) -> (u16, Value) + Send + 'static,
+{
     let (client, mut handle) = mock_client();
     let s = snapshot(CLUSTER);
     let report = report(&s, 1000);
     let server = tokio::spawn(async move {
-        for i in 0..6 {
+        for i in 0..writes {
             let (request, respond) = handle.next_request().await.expect("a request");
+            let uri = request.uri().to_string();
             let body = body_json(request).await;
-            // The first round fails everything (a 500 from the API server).
-            if i < 3 {
-                answer(respond, 500, &failure(500, "InternalError", "etcd is sad"));
-            } else {
-                answer(respond, 200, &body);
-            }
+            let (code, reply) = answer_for(i, &uri, body);
+            answer(respond, code, &reply);
         }
     });
     let mut writer = StatusWriter::new(client);
-    assert_eq!(
-        writer
+    let mut outcomes = [SyncOutcome::default(); 2];
+    for outcome in &mut outcomes {
+        *outcome = writer
             .sync(&s, &report, None, &RolloutReport::default())
-            .await,
-        SyncOutcome {
-            written: 0,
-            failed: 3,
-            conflicts: 0,
-        }
-    );
-    assert_eq!(
-        writer
-            .sync(&s, &report, None, &RolloutReport::default())
-            .await,
-        SyncOutcome {
-            written: 3,
-            failed: 0,
-            conflicts: 0,
-        }
-    );
+            .await;
+    }
     server.await.expect("the mock does not panic");
+    outcomes
+}
+
+#[tokio::test]
+async fn failed_writes_are_counted_and_retried() {
+    // The first round fails everything (a 500 from the API server).
+    let outcomes = sync_twice(6, |i, _, body| match i {
+        0..3 => (500, failure(500, "InternalError", "etcd is sad")),
+        _ => (200, body),
+    })
+    .await;
+    let failed = SyncOutcome {
+        written: 0,
+        failed: 3,
+        conflicts: 0,
+    };
+    let written = SyncOutcome {
+        written: 3,
+        failed: 0,
+        conflicts: 0,
+    };
+    assert_eq!(outcomes, [failed, written]);
 }
 
 #[tokio::test]
 async fn a_write_refused_for_a_newer_version_is_a_conflict_and_sent_again() {
-    let (client, mut handle) = mock_client();
-    let s = snapshot(CLUSTER);
-    let report = report(&s, 1000);
-    let server = tokio::spawn(async move {
-        for i in 0..4 {
-            let (request, respond) = handle.next_request().await.expect("a request");
-            let uri = request.uri().to_string();
-            let body = body_json(request).await;
-            // The route changed since it was read: 409, as the API server
-            // answers an apply whose resourceVersion is not the object's.
-            if uri.contains("/httproutes/") && i < 3 {
-                let conflict = failure(409, "Conflict", "the object has been modified");
-                answer(respond, 409, &conflict);
-            } else {
-                answer(respond, 200, &body);
-            }
+    // The route changed since it was read: 409, as the API server answers
+    // an apply whose resourceVersion is not the object's.
+    let outcomes = sync_twice(4, |i, uri, body| {
+        if uri.contains("/httproutes/") && i < 3 {
+            (
+                409,
+                failure(409, "Conflict", "the object has been modified"),
+            )
+        } else {
+            (200, body)
         }
-    });
-    let mut writer = StatusWriter::new(client);
-    assert_eq!(
-        writer
-            .sync(&s, &report, None, &RolloutReport::default())
-            .await,
-        SyncOutcome {
-            written: 2,
-            failed: 0,
-            conflicts: 1,
-        }
-    );
+    })
+    .await;
+    let conflict = SyncOutcome {
+        written: 2,
+        failed: 0,
+        conflicts: 1,
+    };
     // Not remembered as sent: the next sync (the watch's newer route, or
     // the retry) writes it.
-    assert_eq!(
-        writer
-            .sync(&s, &report, None, &RolloutReport::default())
-            .await,
-        SyncOutcome {
-            written: 1,
-            failed: 0,
-            conflicts: 0,
-        }
-    );
-    server.await.expect("the mock does not panic");
+    let again = SyncOutcome {
+        written: 1,
+        failed: 0,
+        conflicts: 0,
+    };
+    assert_eq!(outcomes, [conflict, again]);
 }
 
 /// CLUSTER plus a RolloutPolicy on the route, on whose status another
