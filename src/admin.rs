@@ -170,9 +170,12 @@ impl AdminState {
                 rollouts: &self.rollouts.load(),
             }),
             "/errors" => json(&self.published.load().errors),
-            "/endpoints" => json(&self.proxy.get().map_or_else(Vec::new, |p| {
-                p.endpoint_report().iter().map(endpoint_json).collect()
-            })),
+            "/endpoints" => {
+                let report = self.proxy.get().map(Proxy::endpoint_report);
+                let endpoints: Vec<EndpointJson<'_>> =
+                    report.iter().flatten().map(EndpointJson::from).collect();
+                json(&endpoints)
+            }
             "/metrics" => body(StatusCode::OK, PROMETHEUS_TEXT, self.metrics.encode()),
             "/healthz" => text(StatusCode::OK, "ok\n"),
             "/readyz" if self.is_ready() => match &self.rollouts.load().not_saved {
@@ -232,31 +235,52 @@ impl AdminState {
     }
 }
 
-/// One endpoint of `/endpoints`.
-fn endpoint_json(e: &EndpointReport) -> serde_json::Value {
-    let mut v = serde_json::json!({
-        "backend": e.backend,
-        "endpoint": e.endpoint.to_string(),
-        "ejected": e.ejected,
-        "ejections": e.ejections,
-        "consecutiveFailures": e.consecutive_failures,
-    });
-    if let Some(since) = e.since {
-        let secs = since
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        if let Ok(t) = k8s_openapi::jiff::Timestamp::from_second(secs as i64) {
-            v["since"] = t.to_string().into();
+/// One endpoint of `/endpoints` (docs/hardening.md shows one).
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct EndpointJson<'a> {
+    backend: &'a str,
+    endpoint: SocketAddr,
+    ejected: bool,
+    /// When the current or last ejection started (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    since: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remaining_seconds: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_failure: Option<&'static str>,
+    ejections: u32,
+    consecutive_failures: u32,
+}
+
+impl<'a> From<&'a EndpointReport> for EndpointJson<'a> {
+    fn from(e: &'a EndpointReport) -> Self {
+        let since = e.since.and_then(|since| {
+            let secs = since
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            k8s_openapi::jiff::Timestamp::from_second(secs as i64)
+                .ok()
+                .map(|t| t.to_string())
+        });
+        EndpointJson {
+            backend: &e.backend,
+            endpoint: e.endpoint,
+            ejected: e.ejected,
+            since,
+            remaining_seconds: e
+                .remaining
+                .map(|left| left.as_millis().div_ceil(1000) as u64),
+            reason: e
+                .reason
+                .map(|r| format!("{} failed tries in a row, the last {r}", e.failures)),
+            last_failure: e.reason.map(|r| r.label()),
+            ejections: e.ejections,
+            consecutive_failures: e.consecutive_failures,
         }
     }
-    if let Some(left) = e.remaining {
-        v["remainingSeconds"] = (left.as_millis().div_ceil(1000) as u64).into();
-    }
-    if let Some(reason) = e.reason {
-        v["reason"] = format!("{} failed tries in a row, the last {reason}", e.failures).into();
-        v["lastFailure"] = reason.label().into();
-    }
-    v
 }
 
 /// `/status`: the objects of `status`, RolloutPolicies completed by
