@@ -8,7 +8,9 @@ Two figures the CPU-time comparisons cannot give on a shared box:
                 repeat to within a percent or two whatever else runs
   wakeups       `sched:sched_waking` events in the proxy's context per
                 request (perf stat): how often the proxy's writes wake the
-                other side (wrk, the backend), each an IPI under KVM
+                other side (wrk, the backend), each an IPI under KVM;
+                with --event, that perf event instead (e.g.
+                raw_syscalls:sys_enter: system calls per request)
   memory        heap per idle keep-alive client connection by allocation
                 site (valgrind DHAT at the peak, 1,000 connections held
                 after one request each; --mode https or h2c for those)
@@ -78,13 +80,13 @@ def instructions(target, seconds, keep):
             "per_request": total / served if total and served else None}
 
 
-def wakeups(target, seconds):
+def wakeups(target, seconds, event="sched:sched_waking"):
     target.start()
     try:
         load(target, 1)
         target.backends.reset()
         pids = ",".join(str(p) for p in target.pids())
-        perf = subprocess.Popen(["perf", "stat", "-x,", "-e", "sched:sched_waking", "-p", pids],
+        perf = subprocess.Popen(["perf", "stat", "-x,", "-e", event, "-p", pids],
                                 stderr=subprocess.PIPE, text=True)
         load(target, seconds)
         perf.send_signal(signal.SIGINT)
@@ -95,7 +97,7 @@ def wakeups(target, seconds):
     count = None
     for line in err.splitlines():
         fields = line.split(",")
-        if len(fields) > 2 and fields[2] == "sched:sched_waking":
+        if len(fields) > 2 and fields[2] == event:
             count = int(fields[0])
     return {"requests": served, "wakeups": count,
             "per_request": count / served if count is not None and served else None}
@@ -138,6 +140,8 @@ def main():
     p.add_argument("--seconds", type=int, default=5)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--peers", default="", help="nginx,haproxy (wakeups only)")
+    p.add_argument("--event", default="sched:sched_waking",
+                   help="wakeups: count this perf event instead (raw_syscalls:sys_enter: syscalls)")
     p.add_argument("--annotate", help="keep callgrind's output and listing here (one binary)")
     p.add_argument("sluices", nargs="+", metavar="LABEL=PATH")
     a = p.parse_args()
@@ -162,8 +166,8 @@ def main():
                     r = instructions(target, a.seconds, a.annotate)
                     unit = "instructions/req"
                 else:
-                    r = wakeups(target, a.seconds)
-                    unit = "wake-ups/req"
+                    r = wakeups(target, a.seconds, a.event)
+                    unit = "wake-ups/req" if a.event == "sched:sched_waking" else f"{a.event}/req"
                 results.setdefault(label, []).append(r["per_request"])
                 value = "-" if r["per_request"] is None else f"{r['per_request']:,.2f}"
                 print(f"round {round_ + 1} {label:>12}: {value} {unit} "
