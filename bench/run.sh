@@ -7,7 +7,9 @@
 #                                # paired A/B of sluice binaries (bench/ab.py)
 #   bash bench/run.sh --profile instructions before=/tmp/sluice-old after=target/release/sluice
 #                                # callgrind instructions or wake-ups per request (bench/profile.py)
-#   bash bench/run.sh --stalled  # p99 of one backend while another stalls (bench/stalled.py)
+#   bash bench/run.sh --stalled [--baseline /tmp/sluice-old] [--rounds 3]
+#                                # p99 of one backend while another stalls, with a
+#                                # healthy control (bench/stalled.py)
 #   bash bench/run.sh --soak [--minutes 30]   # mixed load for a long time (bench/soak.py)
 #
 # Installs nginx, HAProxy and wrk from Debian's packages when missing (needs
