@@ -184,7 +184,13 @@ def phase(args, tools, label, sluice, name, cap, other):
     perf = None
     try:
         for host in ("ok.example", "control.example"):
-            wait_until(lambda: http_get(port, host=host)[0] == 200, f"sluice to answer {host}")
+            try:
+                wait_until(lambda: http_get(port, host=host)[0] == 200,
+                           f"sluice to answer {host}", 60)
+            except RuntimeError:
+                with open(os.path.join(workdir, "stderr.log")) as f:
+                    log(f"{label} {name}: sluice's log:\n{f.read()[-4000:]}")
+                raise
         background = None
         if other:
             background = loadgen(tools["loadgen"], port, other, args.stalled_rate,
