@@ -13,7 +13,8 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::sync::mpsc;
 
-use super::pool::PooledBody;
+use super::h1::ChunkedWalker;
+use super::h1_client::PooledBody;
 
 /// The error type of bodies sent upstream.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -21,12 +22,41 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Frames a mirror may lag behind the backend before it is dropped.
 pub const MIRROR_BUFFER_FRAMES: usize = 64;
 
-/// A request body as the client connection delivers it: hyper's (HTTP/2,
-/// and HTTP/1.1 before the lean path), or the lean HTTP/1.1 path's.
+/// How a request body goes to an HTTP/1.1 endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFraming {
+    /// No body.
+    Empty,
+    /// This many bytes (Content-Length).
+    Length(u64),
+    /// The chunks an HTTP/1.1 client sent, framing included: passed on as
+    /// they are.
+    Chunked,
+    /// Data of a length not known in advance (HTTP/2 without
+    /// `content-length`): chunked on the way out.
+    Unknown,
+}
+
+/// A request body as the client connection delivers it: hyper's (HTTP/2),
+/// or the lean HTTP/1.1 path's.
 #[derive(Debug)]
 pub enum RequestBody {
     Hyper(Incoming),
     Lean(LeanBody),
+}
+
+impl RequestBody {
+    /// How the body is framed; see [`BodyFraming`].
+    pub fn framing(&self) -> BodyFraming {
+        match self {
+            RequestBody::Lean(b) if b.chunked && !b.is_end_stream() => BodyFraming::Chunked,
+            _ if self.is_end_stream() => BodyFraming::Empty,
+            _ => match self.size_hint().exact() {
+                Some(n) => BodyFraming::Length(n),
+                None => BodyFraming::Unknown,
+            },
+        }
+    }
 }
 
 impl Body for RequestBody {
@@ -61,12 +91,14 @@ impl Body for RequestBody {
 /// A request body read by the lean HTTP/1.1 connection loop
 /// ([`super::h1_conn`]): its frames arrive through a small channel that
 /// the loop fills as the client's bytes come (so a body is read only as
-/// fast as the backend takes it).
+/// fast as the backend takes it). A chunked body's frames are its bytes as
+/// received, chunk framing included (see [`BodyFraming::Chunked`]).
 #[derive(Debug)]
 pub struct LeanBody {
     rx: Option<mpsc::Receiver<Result<Bytes, BoxError>>>,
     /// Bytes still to come, for a Content-Length body.
     remaining: Option<u64>,
+    chunked: bool,
 }
 
 impl LeanBody {
@@ -75,15 +107,17 @@ impl LeanBody {
         LeanBody {
             rx: None,
             remaining: Some(0),
+            chunked: false,
         }
     }
 
-    /// A body whose frames come from `rx`; `length` when Content-Length
-    /// gave it.
+    /// A body whose frames come from `rx`: `length` bytes when
+    /// Content-Length gave it, else chunks as received.
     pub fn new(rx: mpsc::Receiver<Result<Bytes, BoxError>>, length: Option<u64>) -> Self {
         LeanBody {
             rx: Some(rx),
             remaining: length,
+            chunked: length.is_none(),
         }
     }
 
@@ -134,6 +168,8 @@ impl LeanBody {
 pub struct ClientBody {
     first: Option<Frame<Bytes>>,
     inner: RequestBody,
+    /// As it was before anything was read.
+    framing: BodyFraming,
 }
 
 /// The client's request body failed (malformed chunked encoding, a reset).
@@ -143,7 +179,16 @@ pub struct ClientBodyError(#[source] pub BoxError);
 
 impl ClientBody {
     pub fn new(inner: RequestBody) -> Self {
-        ClientBody { first: None, inner }
+        ClientBody {
+            first: None,
+            framing: inner.framing(),
+            inner,
+        }
+    }
+
+    /// Its frames are chunks as an HTTP/1.1 client sent them.
+    pub fn is_chunked(&self) -> bool {
+        self.framing == BodyFraming::Chunked
     }
 
     /// Read the first frame now (it is sent first when the body is polled).
@@ -219,14 +264,14 @@ impl ResponseBody {
 
 impl Body for ResponseBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
-            ResponseBody::Upstream(b) => Pin::new(b).poll_frame(cx),
+            ResponseBody::Upstream(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
             ResponseBody::Pooled(b) => Pin::new(b).poll_frame(cx),
             ResponseBody::Full(b) => Poll::Ready(b.take().map(|d| Ok(Frame::data(d)))),
         }
@@ -260,6 +305,65 @@ pub enum UpstreamBody {
     Tee(Tee),
     /// A mirror's copy of the client's body.
     Mirror(MirrorCopy),
+    /// A chunked body's data without its framing (for HTTP/2 endpoints).
+    Dechunked(Box<Dechunked>),
+}
+
+impl UpstreamBody {
+    /// How the body goes to an HTTP/1.1 endpoint.
+    pub fn framing(&self) -> BodyFraming {
+        match self {
+            UpstreamBody::Empty => BodyFraming::Empty,
+            UpstreamBody::Incoming(b) => b.framing,
+            UpstreamBody::Tee(t) => t.inner.framing,
+            UpstreamBody::Mirror(m) => m.framing,
+            UpstreamBody::Dechunked(_) => BodyFraming::Unknown,
+        }
+    }
+
+    /// The body as data frames only (chunks decoded): what an HTTP/2
+    /// endpoint gets.
+    pub fn dechunked(self) -> Self {
+        if self.framing() == BodyFraming::Chunked {
+            UpstreamBody::Dechunked(Box::new(Dechunked {
+                inner: self,
+                walker: ChunkedWalker::default(),
+            }))
+        } else {
+            self
+        }
+    }
+}
+
+/// A chunked body's data, its framing walked off.
+#[derive(Debug)]
+pub struct Dechunked {
+    inner: UpstreamBody,
+    walker: ChunkedWalker,
+}
+
+impl Dechunked {
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        loop {
+            let raw = match ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(raw) => raw,
+                    Err(_) => continue,
+                },
+                other => return Poll::Ready(other),
+            };
+            let mut data = Vec::new();
+            if let Err(e) = self
+                .walker
+                .walk_with(&raw, |r| data.extend_from_slice(&raw[r]))
+            {
+                return Poll::Ready(Some(Err(Box::new(e))));
+            }
+            if !data.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(data.into()))));
+            }
+        }
+    }
 }
 
 impl Body for UpstreamBody {
@@ -275,6 +379,7 @@ impl Body for UpstreamBody {
             UpstreamBody::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
             UpstreamBody::Tee(t) => t.poll_frame(cx),
             UpstreamBody::Mirror(m) => m.poll_frame(cx),
+            UpstreamBody::Dechunked(d) => d.poll_frame(cx),
         }
     }
 
@@ -284,6 +389,7 @@ impl Body for UpstreamBody {
             UpstreamBody::Incoming(b) => b.is_end_stream(),
             UpstreamBody::Tee(t) => t.inner.is_end_stream(),
             UpstreamBody::Mirror(m) => m.done,
+            UpstreamBody::Dechunked(d) => d.walker.is_done() || d.inner.is_end_stream(),
         }
     }
 
@@ -293,6 +399,7 @@ impl Body for UpstreamBody {
             UpstreamBody::Incoming(b) => b.size_hint(),
             UpstreamBody::Tee(t) => t.inner.size_hint(),
             UpstreamBody::Mirror(m) => m.size,
+            UpstreamBody::Dechunked(_) => SizeHint::default(),
         }
     }
 }
@@ -337,6 +444,7 @@ impl Tee {
         MirrorCopy {
             rx,
             size: self.inner.size_hint(),
+            framing: self.inner.framing,
             done: false,
         }
     }
@@ -398,6 +506,7 @@ impl Tee {
 pub struct MirrorCopy {
     rx: mpsc::Receiver<MirrorFrame>,
     size: SizeHint,
+    framing: BodyFraming,
     done: bool,
 }
 

@@ -24,9 +24,10 @@
 
 use std::ops::Range;
 
-use http::{Method, Uri};
+use http::{Method, StatusCode, Uri};
 
 use super::error::ProxyError;
+use super::head::Field;
 
 /// What a request head may be (from [`ProxyLimits`](super::ProxyLimits)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +75,7 @@ pub struct RequestHead {
     /// 0 for HTTP/1.0, 1 for HTTP/1.1.
     pub minor: u8,
     /// Each header field: name and value.
-    pub headers: Vec<(Range<usize>, Range<usize>)>,
+    pub headers: Vec<Field>,
     /// The Host field's value, if any.
     pub host: Option<Range<usize>>,
     pub framing: Framing,
@@ -168,7 +169,10 @@ pub fn parse_request(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHe
         }
         let start = offset(name);
         let vstart = offset(value);
-        headers.push((start..start + name.len(), vstart..vstart + value.len()));
+        headers.push(Field::new(
+            start..start + name.len(),
+            vstart..vstart + value.len(),
+        ));
         if name.eq_ignore_ascii_case(b"host") {
             hosts += 1;
             host = Some(vstart..vstart + value.len());
@@ -245,6 +249,146 @@ fn parse_length(value: &[u8]) -> Result<u64, ProxyError> {
     Ok(value.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
 }
 
+/// Where a response body ends (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseFraming {
+    /// No body: a response to HEAD, 1xx, 204, 304.
+    None,
+    /// `Content-Length` bytes.
+    Length(u64),
+    /// Chunked.
+    Chunked,
+    /// Until the connection closes (no length given).
+    UntilClose,
+}
+
+/// A parsed response head. Ranges index the buffer it was parsed from.
+#[derive(Debug, Clone)]
+pub struct ResponseHead {
+    /// Length of the head, its final CRLF included.
+    pub len: usize,
+    pub status: StatusCode,
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub minor: u8,
+    pub fields: Vec<Field>,
+    pub framing: ResponseFraming,
+    /// The connection may carry another request after this response.
+    pub keep_alive: bool,
+}
+
+/// Most bytes of a response head.
+pub const MAX_RESPONSE_HEAD_BYTES: usize = 64 * 1024;
+/// Most fields of a response head (hyper's client allowed as many).
+pub const MAX_RESPONSE_FIELDS: usize = 100;
+
+/// Why a response head was refused.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid response head from the backend: {0}")]
+pub struct BadResponse(pub &'static str);
+
+/// Parse the response head at the start of `buf`, the answer to a request
+/// whose method was HEAD when `head_request`. `Ok(None)`: not complete yet.
+///
+/// What the proxy could forward ambiguously is refused (the client gets
+/// 502): line ends other than CRLF, Content-Length together with
+/// Transfer-Encoding, differing or malformed Content-Lengths. A
+/// Transfer-Encoding whose last coding is not chunked means the body ends
+/// with the connection.
+pub fn parse_response(
+    buf: &[u8],
+    head_request: bool,
+) -> Result<Option<ResponseHead>, BadResponse> {
+    let mut on_stack =
+        [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_RESPONSE_FIELDS];
+    let mut resp = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut resp,
+        buf,
+        &mut on_stack,
+    ) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_RESPONSE_HEAD_BYTES => {
+            return Err(BadResponse("head too large"));
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(BadResponse("too many fields")),
+        Err(_) => return Err(BadResponse("malformed head")),
+    };
+    if len > MAX_RESPONSE_HEAD_BYTES {
+        return Err(BadResponse("head too large"));
+    }
+    let head = &buf[..len];
+    if head
+        .iter()
+        .enumerate()
+        .any(|(i, b)| *b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
+    {
+        return Err(BadResponse("bare LF"));
+    }
+    let minor = resp.version.unwrap_or(1);
+    let status = resp
+        .code
+        .and_then(|c| StatusCode::from_u16(c).ok())
+        .ok_or(BadResponse("malformed status"))?;
+    let offset = |s: &[u8]| s.as_ptr() as usize - buf.as_ptr() as usize;
+    let mut fields = Vec::with_capacity(resp.headers.len());
+    let mut length: Option<u64> = None;
+    let mut te_chunked: Option<bool> = None;
+    let mut close = false;
+    let mut keep_alive = false;
+    for h in resp.headers.iter() {
+        let name = h.name.as_bytes();
+        let value = h.value;
+        let start = offset(name);
+        let vstart = offset(value);
+        fields.push(Field::new(
+            start..start + name.len(),
+            vstart..vstart + value.len(),
+        ));
+        if name.eq_ignore_ascii_case(b"content-length") {
+            // `n` or `n, n, ...` (all alike), as often as it comes.
+            for part in value.split(|b| *b == b',') {
+                let n = parse_length(part.trim_ascii())
+                    .map_err(|_| BadResponse("malformed Content-Length"))?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(BadResponse("differing Content-Lengths"));
+                }
+                length = Some(n);
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            // The last coding of the last field decides.
+            let last = value.rsplit(|b| *b == b',').next().unwrap_or(b"");
+            te_chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            close |= has_token(value, b"close");
+            keep_alive |= has_token(value, b"keep-alive");
+        }
+    }
+    let bodiless = head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let framing = match (te_chunked, length) {
+        _ if bodiless => ResponseFraming::None,
+        (Some(_), Some(_)) => return Err(BadResponse("both Content-Length and Transfer-Encoding")),
+        (Some(_), None) if minor == 0 => return Err(BadResponse("Transfer-Encoding on HTTP/1.0")),
+        (Some(true), None) if minor == 1 => ResponseFraming::Chunked,
+        (Some(_), None) => ResponseFraming::UntilClose,
+        (None, Some(0)) => ResponseFraming::None,
+        (None, Some(n)) => ResponseFraming::Length(n),
+        (None, None) => ResponseFraming::UntilClose,
+    };
+    let keep_alive = if minor == 1 { !close } else { keep_alive && !close };
+    Ok(Some(ResponseHead {
+        len,
+        status,
+        minor,
+        fields,
+        framing,
+        keep_alive: keep_alive && framing != ResponseFraming::UntilClose,
+    }))
+}
+
 /// Most hex digits in a chunk size (a `u64`).
 const MAX_CHUNK_SIZE_DIGITS: u8 = 16;
 /// Most bytes of chunk extensions over a whole body.
@@ -287,7 +431,7 @@ enum Chunk {
 
 /// Walks a chunked body as its bytes go by, without changing them: says
 /// where the body ends and refuses malformed chunking.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChunkedWalker {
     state: Chunk,
     extension_bytes: u64,
@@ -506,7 +650,11 @@ mod tests {
         assert_eq!(head.uri.query(), Some("b"));
         assert_eq!(&buf[head.host.clone().unwrap()], b"example.com");
         assert_eq!(head.headers.len(), 2);
-        let (n, v) = head.headers[1].clone();
+        let f = head.headers[1].clone();
+        let (n, v) = (
+            f.name.start as usize..f.name.end as usize,
+            f.value.start as usize..f.value.end as usize,
+        );
         assert_eq!((&buf[n], &buf[v]), (&b"X-A"[..], &b"1"[..]));
         assert_eq!(head.framing, Framing::None);
         assert!(head.keep_alive);

@@ -1,12 +1,15 @@
 //! The lean HTTP/1.1 path's client connections (issue 13): one loop per
 //! connection, cleartext or TLS, instead of hyper's HTTP/1 server.
 //!
-//! Each request head is parsed in place ([`h1::parse_request`]), served by
-//! the same codec-independent [`handler`] as HTTP/2 requests, and the
+//! Each request head is parsed in place ([`h1::parse_request`]) and handed
+//! to the same codec-independent [`handler`] as HTTP/2 requests as the
+//! bytes it arrived in ([`RawFields`]: no header map is built). The
 //! response is written here: head and the body's first bytes in one write
-//! when both are ready, the body by its own framing. A request body is read
-//! by the loop as the handler's upstream exchange takes it (a small channel
-//! of frames), also while the response streams back.
+//! when both are ready, the body by its own framing (a chunked body from a
+//! backend as the chunks it sent). A request body is read by the loop as
+//! the handler's upstream exchange takes it (a small channel of frames; a
+//! chunked body's chunks as received), also while the response streams
+//! back.
 //!
 //! While a connection idles it gives its memory back, as nginx does: the
 //! read and write buffers are freed once no byte has come for
@@ -21,14 +24,13 @@
 //! [`super::upgrade`] after the 101.
 
 use std::net::SocketAddr;
-use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
-use http::header::{CONNECTION, CONTENT_LENGTH, HOST, HeaderName, HeaderValue, TRANSFER_ENCODING};
-use http::{HeaderMap, Method, Request, StatusCode, Version};
+use http::header::{CONNECTION, CONTENT_LENGTH, HOST, HeaderValue};
+use http::{Method, StatusCode, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -38,7 +40,9 @@ use tokio::time::Instant;
 use super::body::{BoxError, LeanBody, RequestBody, ResponseBody};
 use super::error::ProxyError;
 use super::h1::{self, ChunkedWalker, Framing, HeadLimits, RequestHead};
-use super::upgrade::{LeanUpgrade, Upgraded};
+use super::h1_client::{is_framing_field, push_decimal};
+use super::head::{Fields, ProxyRequest, ProxyResponse, RawFields, field_line};
+use super::upgrade::{ClientUpgrade, Upgraded};
 use super::{Shared, TlsConnection, handler};
 
 /// Free space kept in the read buffer while a request body is read.
@@ -153,20 +157,17 @@ impl Exchange<'_> {
         let (body, mut pump) = Pump::for_framing(head.framing);
         let expect_continue = head.expect_continue && pump.is_some() && conn.buf.is_empty();
         let upgrade = head.upgrade;
-        let mut req = match build_request(head, &head_bytes, body) {
+        let mut req = match build_request(head, head_bytes, body) {
             Ok(req) => req,
             Err(refused) => {
                 let _ = conn.write_error(io, refused).await;
                 return Next::Gone;
             }
         };
-        if let Some(tls) = self.tls {
-            req.extensions_mut().insert(tls.clone());
-        }
+        req.tls = self.tls.clone();
         let handover = upgrade.then(|| {
             let (tx, rx) = oneshot::channel();
-            req.extensions_mut()
-                .insert(LeanUpgrade(Arc::new(Mutex::new(Some(rx)))));
+            req.upgrade = Some(ClientUpgrade(rx));
             tx
         });
         if expect_continue
@@ -192,13 +193,18 @@ impl Exchange<'_> {
             }
         };
 
-        let status = resp.status();
+        let ProxyResponse {
+            status,
+            headers,
+            mut body,
+        } = resp;
         let close = !keep_alive
             || *self.draining.borrow()
-            || resp.headers().get(CONNECTION).is_some_and(|v| v == "close");
-        let (parts, body) = resp.into_parts();
-        let framing = encode_head(&mut conn.out, &parts, &body, is_head, minor, close);
-        drop(parts);
+            || headers
+                .get(&CONNECTION)
+                .is_some_and(|v| v.eq_ignore_ascii_case(b"close"));
+        let framing = encode_head(&mut conn.out, status, &headers, &mut body, is_head, minor, close);
+        drop(headers);
         if conn.write_body(io, body, framing, &mut pump).await.is_err() {
             return Next::Gone;
         }
@@ -283,9 +289,12 @@ impl Conn {
         io: &mut S,
         refused: ProxyError,
     ) -> Result<(), ()> {
-        let resp = refused.into_response();
-        let (parts, body) = resp.into_parts();
-        let framing = encode_head(&mut self.out, &parts, &body, false, 1, true);
+        let ProxyResponse {
+            status,
+            headers,
+            mut body,
+        } = refused.into_response().into();
+        let framing = encode_head(&mut self.out, status, &headers, &mut body, false, 1, true);
         let mut none = None;
         self.write_body(io, body, framing, &mut none).await?;
         io.shutdown().await.map_err(drop)
@@ -340,6 +349,7 @@ impl Conn {
                     if data.is_empty() {
                         continue;
                     }
+                    // (Chunks passed through carry their own framing.)
                     if framing == OutFraming::Chunked {
                         self.out
                             .extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
@@ -379,40 +389,34 @@ async fn write_now<S: AsyncWrite + Unpin>(io: &mut S, bytes: &[u8]) -> std::io::
     io.flush().await
 }
 
-/// The request as the handler takes it: the header map is built from the
-/// head's bytes, values shared with them (no copy).
+/// The request as the handler takes it: its fields are the head's bytes,
+/// as received (the parser checked every name and value).
 fn build_request(
     head: RequestHead,
-    bytes: &Bytes,
+    bytes: Bytes,
     body: LeanBody,
-) -> Result<Request<RequestBody>, ProxyError> {
-    // Room for the fields the handler adds (X-Forwarded-*, X-Real-IP, a
-    // filter's): growing the map is a reallocation per request.
-    let mut headers = HeaderMap::with_capacity(head.headers.len() + 8);
-    for (name, value) in &head.headers {
-        let name = HeaderName::from_bytes(&bytes[name.clone()])
-            .map_err(|_| ProxyError::BadRequest("malformed header name"))?;
-        let value = HeaderValue::from_maybe_shared(bytes.slice(value.clone()))
-            .map_err(|_| ProxyError::BadRequest("malformed header value"))?;
-        headers.append(name, value);
-    }
+) -> Result<ProxyRequest, ProxyError> {
+    let mut headers = Fields::Raw(RawFields::new(bytes, head.headers));
     // An absolute-form target names the host, whatever the Host field
     // says (RFC 9112 §3.2.2): the field is replaced by its authority.
     if let Some(authority) = head.uri.authority() {
         let value = HeaderValue::from_str(authority.as_str())
             .map_err(|_| ProxyError::BadRequest("malformed Host"))?;
-        headers.insert(HOST, value);
+        headers.set(HOST, value);
     }
-    let mut req = Request::new(RequestBody::Lean(body));
-    *req.method_mut() = head.method;
-    *req.uri_mut() = head.uri;
-    *req.version_mut() = if head.minor == 0 {
-        Version::HTTP_10
-    } else {
-        Version::HTTP_11
-    };
-    *req.headers_mut() = headers;
-    Ok(req)
+    Ok(ProxyRequest {
+        method: head.method,
+        uri: head.uri,
+        version: if head.minor == 0 {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        },
+        headers,
+        body: RequestBody::Lean(body),
+        tls: None,
+        upgrade: None,
+    })
 }
 
 /// How a response body goes out.
@@ -422,8 +426,10 @@ enum OutFraming {
     None,
     /// As many bytes as the Content-Length says.
     Length,
-    /// Chunked (the length is not known in advance).
+    /// Chunked (the length is not known in advance): chunked here.
     Chunked,
+    /// Chunked, the backend's chunks passed on as they are.
+    ChunksAsReceived,
     /// Until the connection closes (an HTTP/1.0 client, length unknown).
     UntilClose,
 }
@@ -431,65 +437,66 @@ enum OutFraming {
 /// Write the response head into `out` and say how its body goes out.
 fn encode_head(
     out: &mut Vec<u8>,
-    parts: &http::response::Parts,
-    body: &ResponseBody,
+    status: StatusCode,
+    headers: &Fields,
+    body: &mut ResponseBody,
     head_request: bool,
     minor: u8,
     close: bool,
 ) -> OutFraming {
     out.clear();
     out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(parts.status.as_str().as_bytes());
+    out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
-    out.extend_from_slice(parts.status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
-    let mut has_length = false;
-    let mut has_connection = false;
-    for (name, value) in &parts.headers {
-        if name == TRANSFER_ENCODING {
-            continue;
-        }
-        has_length |= name == CONTENT_LENGTH;
-        has_connection |= name == CONNECTION;
-        header_line(out, name.as_str().as_bytes(), value.as_bytes());
-    }
-    let status = parts.status;
     let bodiless = head_request
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
+    let mut has_connection = false;
+    headers.for_each(|name, value| {
+        // A body-less answer keeps the length its body would have had;
+        // otherwise the framing is written from the body below.
+        if is_framing_field(name)
+            && !(bodiless && name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str().as_bytes()))
+        {
+            return;
+        }
+        has_connection |= name.eq_ignore_ascii_case(CONNECTION.as_str().as_bytes());
+        field_line(out, name, value);
+    });
     let framing = if bodiless {
         OutFraming::None
-    } else if has_length {
-        OutFraming::Length
     } else if body.is_end_stream() {
-        header_line(out, b"content-length", b"0");
+        field_line(out, b"content-length", b"0");
         OutFraming::None
     } else if let Some(n) = body.size_hint().exact() {
-        header_line(out, b"content-length", n.to_string().as_bytes());
+        out.extend_from_slice(b"content-length: ");
+        push_decimal(out, n);
+        out.extend_from_slice(b"\r\n");
         OutFraming::Length
     } else if minor == 1 {
-        header_line(out, b"transfer-encoding", b"chunked");
-        OutFraming::Chunked
+        field_line(out, b"transfer-encoding", b"chunked");
+        match body {
+            ResponseBody::Pooled(p) if p.is_chunked() => {
+                p.pass_chunks_through();
+                OutFraming::ChunksAsReceived
+            }
+            _ => OutFraming::Chunked,
+        }
     } else {
         OutFraming::UntilClose
     };
     if !has_connection {
         if close || framing == OutFraming::UntilClose {
-            header_line(out, b"connection", b"close");
+            field_line(out, b"connection", b"close");
         } else if minor == 0 {
-            header_line(out, b"connection", b"keep-alive");
+            field_line(out, b"connection", b"keep-alive");
         }
     }
     out.extend_from_slice(b"\r\n");
     framing
-}
-
-fn header_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
 }
 
 /// Reads a request body from the connection into the handler's
@@ -575,34 +582,21 @@ impl Pump {
                     self.tx = None;
                 }
             }
-            PumpFraming::Chunked(walker) => {
-                let mut ranges: Vec<Range<usize>> = Vec::new();
-                match walker.walk_with(buf, |r| ranges.push(r)) {
-                    Err(e) => {
-                        permit.send(Err(Box::new(e)));
+            // Chunks go on as received: the walker only finds where the
+            // body ends (and refuses malformed chunking).
+            PumpFraming::Chunked(walker) => match walker.walk(buf) {
+                Err(e) => {
+                    permit.send(Err(Box::new(e)));
+                    self.tx = None;
+                    self.failed = true;
+                }
+                Ok(n) => {
+                    permit.send(Ok(buf.split_to(n).freeze()));
+                    if walker.is_done() {
                         self.tx = None;
-                        self.failed = true;
-                    }
-                    Ok(n) => {
-                        let walked = buf.split_to(n).freeze();
-                        match ranges.as_slice() {
-                            [] => drop(permit),
-                            [one] => permit.send(Ok(walked.slice(one.clone()))),
-                            many => {
-                                let mut data =
-                                    BytesMut::with_capacity(many.iter().map(|r| r.len()).sum());
-                                for r in many {
-                                    data.extend_from_slice(&walked[r.clone()]);
-                                }
-                                permit.send(Ok(data.freeze()));
-                            }
-                        }
-                        if walker.is_done() {
-                            self.tx = None;
-                        }
                     }
                 }
-            }
+            },
         }
     }
 }
@@ -611,18 +605,25 @@ impl Pump {
 mod tests {
     use super::*;
 
-    fn head_of(status: u16, headers: &[(&str, &str)], body: ResponseBody, minor: u8) -> String {
-        let mut resp = http::Response::new(());
-        *resp.status_mut() = StatusCode::from_u16(status).unwrap();
+    fn head_of(status: u16, headers: &[(&str, &str)], mut body: ResponseBody, minor: u8) -> String {
+        let mut map = http::HeaderMap::new();
         for (k, v) in headers {
-            resp.headers_mut().append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            map.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
                 HeaderValue::from_str(v).unwrap(),
             );
         }
-        let (parts, ()) = resp.into_parts();
+        let status = StatusCode::from_u16(status).unwrap();
         let mut out = Vec::new();
-        let framing = encode_head(&mut out, &parts, &body, false, minor, false);
+        let framing = encode_head(
+            &mut out,
+            status,
+            &Fields::Map(map),
+            &mut body,
+            false,
+            minor,
+            false,
+        );
         format!("{framing:?} {}", String::from_utf8(out).unwrap())
     }
 

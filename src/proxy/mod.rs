@@ -10,8 +10,11 @@
 //! SNI, ALPN `h2`/`http/1.1`); cleartext sockets serve HTTP/1.1 and h2c
 //! with prior knowledge. HTTP/1.1 is served by sluice's own lean loop
 //! ([`h1_conn`], heads parsed in place by [`h1`]); HTTP/2 by hyper. Both
-//! hand each request to the same codec-independent [`handler`]. HTTP/1.1
-//! upgrades (WebSocket) are passed through ([`upgrade`]).
+//! hand each request to the same codec-independent [`handler`]. Requests
+//! go to endpoints over sluice's own HTTP/1.1 client ([`h1_client`], on
+//! the connections of [`pool`], cleartext or TLS), or hyper's HTTP/2
+//! client for h2c endpoints. HTTP/1.1 upgrades (WebSocket) are passed
+//! through ([`upgrade`]).
 //!
 //! Every connection is held to [`ProxyLimits`]: a connection limit per
 //! socket and in total, a deadline for request heads, an idle timeout,
@@ -22,7 +25,6 @@
 //! Not supported yet: timeouts cover the time to the response headers, not
 //! the streaming of the body after them.
 
-mod backend_tls;
 mod body;
 mod conn;
 mod cors;
@@ -30,8 +32,10 @@ mod error;
 mod filters;
 mod forwarded;
 pub mod h1;
+mod h1_client;
 mod h1_conn;
 mod handler;
+mod head;
 mod limits;
 mod pool;
 mod retry;
@@ -56,6 +60,7 @@ use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use head::{Fields, ProxyRequest};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpSocket};
@@ -90,15 +95,12 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 pub(crate) struct Shared {
     table: ArcSwap<RouteTable>,
     metrics: Arc<Metrics>,
-    /// HTTP/1.1 to cleartext endpoints, pooled per endpoint address;
+    /// HTTP/1.1 connections to endpoints (cleartext, or TLS per a
+    /// BackendTLSPolicy), pooled per endpoint address and TLS setting;
     /// outlives tables.
     pool: Arc<pool::Pool>,
-    /// HTTP/1.1 through hyper-util's pooled client, for upgrades.
-    client: Client<HttpConnector, UpstreamBody>,
     /// HTTP/2 with prior knowledge, for `appProtocol: kubernetes.io/h2c`.
     h2_client: Client<HttpConnector, UpstreamBody>,
-    /// TLS to backends with a BackendTLSPolicy, pooled per TLS setting.
-    backend_tls: backend_tls::BackendTlsClients,
     /// How client connections are served: HTTP/1.1 with keep-alive, or
     /// HTTP/2 with prior knowledge (h2c), detected per connection.
     server: auto::Builder<TokioExecutor>,
@@ -131,10 +133,6 @@ impl Proxy {
             .min(Semaphore::MAX_PERMITS);
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(connector.clone());
         let h2_client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
@@ -169,9 +167,7 @@ impl Proxy {
                 table: ArcSwap::from_pointee(RouteTable::default()),
                 metrics,
                 pool: pool::Pool::new(POOL_IDLE_TIMEOUT),
-                client,
                 h2_client,
-                backend_tls: Default::default(),
                 listeners: Mutex::new(BTreeMap::new()),
                 connections: Arc::new(Semaphore::new(limits.max_connections)),
                 limits,
@@ -434,17 +430,29 @@ async fn serve<S>(
     let for_requests = shared.clone();
     let requests = in_flight.clone();
     let peer = handler::Peer::new(client);
-    let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let guard = requests.begin();
         let shared = for_requests.clone();
         let peer = peer.clone();
-        if let Some(tls) = &tls {
-            req.extensions_mut().insert(tls.clone());
-        }
+        let tls = tls.clone();
         async move {
             let resp = match limits::refuse(&shared.limits, &req) {
                 Some(refused) => refused.into_response(),
-                None => handler::handle(&shared, req.map(RequestBody::Hyper), &peer, bind).await,
+                None => {
+                    let (parts, body) = req.into_parts();
+                    let req = ProxyRequest {
+                        method: parts.method,
+                        uri: parts.uri,
+                        version: parts.version,
+                        headers: Fields::Map(parts.headers),
+                        body: RequestBody::Hyper(body),
+                        tls,
+                        upgrade: None,
+                    };
+                    handler::handle(&shared, req, &peer, bind)
+                        .await
+                        .into_http()
+                }
             };
             Ok::<_, Infallible>(resp.map(|body| TrackedBody::new(body, guard)))
         }

@@ -13,17 +13,17 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use http::request::Parts;
-use http::{Request, Response};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use super::body::{ResponseBody, UpstreamBody};
 use super::error::ProxyError;
+use super::h1_client::{UpstreamHead, UpstreamRequest};
+use super::head::ProxyResponse;
 use super::upstream::Upstream;
 use crate::route::{EndpointSet, RetryPolicy, TryOutcome};
 
-/// Send the bodiless request `head` (origin-form URI) to `first`, then to
+/// Send the bodiless request `head` to `first`, then to
 /// the next endpoints, until a try succeeds or the policy stops retrying;
 /// the last try's response or error is the answer. `per_try` is the rule's
 /// `timeouts.backendRequest`.
@@ -32,18 +32,17 @@ pub(super) async fn send_with_retries(
     policy: &RetryPolicy,
     endpoints: &EndpointSet,
     first: SocketAddr,
-    head: &Parts,
+    head: &UpstreamHead,
     per_try: Option<Duration>,
-) -> Result<Response<ResponseBody>, ProxyError> {
+) -> Result<ProxyResponse, ProxyError> {
     let mut tried = 0;
     loop {
         tried += 1;
         let endpoint = if tried == 1 { first } else { endpoints.pick() };
-        let mut req = Request::new(UpstreamBody::Empty);
-        *req.method_mut() = head.method.clone();
-        *req.uri_mut() = head.uri.clone();
-        *req.version_mut() = head.version;
-        *req.headers_mut() = head.headers.clone();
+        let req = UpstreamRequest {
+            head: head.clone(),
+            body: UpstreamBody::Empty,
+        };
         let pending = upstream.send(endpoint, req);
         let result = match per_try {
             Some(limit) => tokio::time::timeout(limit, pending).await.ok(),
@@ -51,7 +50,7 @@ pub(super) async fn send_with_retries(
         };
         let (outcome, result) = match result {
             None => (TryOutcome::TimedOut, Err(ProxyError::Timeout)),
-            Some(Ok(resp)) => (TryOutcome::Answered(resp.status()), Ok(resp)),
+            Some(Ok(resp)) => (TryOutcome::Answered(resp.status), Ok(resp)),
             Some(Err(ProxyError::Unreachable(e))) if e.is_connect() => {
                 (TryOutcome::ConnectFailed, Err(ProxyError::Unreachable(e)))
             }
@@ -65,7 +64,7 @@ pub(super) async fn send_with_retries(
         if let Ok(resp) = result {
             // Read the failed answer out while waiting, so its connection
             // can go back to the pool; whatever is left is dropped.
-            let _ = tokio::time::timeout_at(deadline, drain(resp.into_body())).await;
+            let _ = tokio::time::timeout_at(deadline, drain(resp.body)).await;
         }
         tokio::time::sleep_until(deadline).await;
     }

@@ -21,7 +21,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Request;
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert, StoresServerSessions};
@@ -245,17 +244,13 @@ impl ResolvesServerCert for ListenerCertificates {
 /// Is the request, on a TLS connection, for a Host that belongs to another
 /// listener than the one its handshake chose (answered 421)? Never on a
 /// cleartext connection.
-pub(super) fn misdirected<B>(
+pub(super) fn misdirected(
     table: &RouteTable,
     bind: SocketAddr,
-    req: &Request<B>,
+    tls: Option<&TlsConnection>,
     host: &str,
 ) -> bool {
-    let Some(sni) = req
-        .extensions()
-        .get::<TlsConnection>()
-        .and_then(|tls| tls.server_name.as_deref())
-    else {
+    let Some(sni) = tls.and_then(|tls| tls.server_name.as_deref()) else {
         return false;
     };
     table
@@ -264,8 +259,8 @@ pub(super) fn misdirected<B>(
 }
 
 /// The scheme a request arrived with, as the client sees it.
-pub(super) fn scheme(extensions: &http::Extensions) -> &'static str {
-    if extensions.get::<TlsConnection>().is_some() {
+pub(super) fn scheme(tls: Option<&TlsConnection>) -> &'static str {
+    if tls.is_some() {
         "https"
     } else {
         "http"

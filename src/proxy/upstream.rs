@@ -1,132 +1,101 @@
-//! Which client carries a request to an endpoint, and the request URI each
-//! one needs.
+//! Which client carries a request to an endpoint, and the request target
+//! each one needs.
 //!
-//! HTTP/1.1 to cleartext endpoints goes through sluice's own pool
-//! ([`Pool`]); h2c endpoints and upgrades (WebSocket) through hyper-util's
-//! pooled client; TLS endpoints through the pooled client of their
-//! BackendTLSPolicy settings. Requests, retries and mirrors all go through
-//! [`Upstream::send`], so each gets the same treatment whatever the client.
+//! HTTP/1.1, cleartext or TLS as a BackendTLSPolicy says, goes through
+//! sluice's own client ([`h1_client`]) on its pool ([`Pool`]); h2c
+//! endpoints through hyper-util's pooled HTTP/2 client. Requests, retries
+//! and mirrors all go through [`Upstream::send`], so each gets the same
+//! treatment whatever the client.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 
-use std::pin::Pin;
-
-use futures_util::FutureExt;
 use futures_util::future::Either;
-use http::uri::{Authority, Scheme};
-use http::{Request, Response, Uri, Version};
+use http::uri::{PathAndQuery, Scheme};
+use http::{Uri, Version};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 
-use super::backend_tls::BackendTlsConnector;
 use super::body::{ResponseBody, UpstreamBody, caused_by_client_body};
 use super::error::{ProxyError, UpstreamError};
-use super::pool::Pool;
+use super::h1_client::{self, UpstreamRequest};
+use super::head::ProxyResponse;
+use super::pool::{Key, Pool};
 use crate::route::BackendTls;
 
-/// The client for one backend's endpoints. hyper-util's clients are
-/// boxed: this is held across the request's awaits, and the common case
-/// (the pool) should not make every request's future a few hundred bytes
-/// larger.
+/// The client for one backend's endpoints.
 #[derive(Clone)]
 pub(super) enum Upstream {
-    /// HTTP/1.1 over cleartext: sluice's pool.
-    Pool(Arc<Pool>),
-    /// One of hyper-util's clients (h2c, upgrades, TLS).
-    Client(Box<ClientUpstream>),
-}
-
-/// The rarer paths, through hyper-util's pooled clients.
-#[derive(Clone)]
-pub(super) enum ClientUpstream {
-    /// Cleartext (h2c, upgrades).
-    Plain(Client<HttpConnector, UpstreamBody>),
-    /// TLS as a BackendTLSPolicy says (HTTP/1.1; ALPN is not offered).
-    Tls(Client<BackendTlsConnector, UpstreamBody>, Arc<BackendTls>),
+    /// HTTP/1.1: sluice's own, over TLS when the endpoints have a
+    /// BackendTLSPolicy.
+    H1 {
+        pool: Arc<Pool>,
+        tls: Option<Arc<BackendTls>>,
+    },
+    /// HTTP/2 with prior knowledge (`appProtocol: kubernetes.io/h2c`).
+    /// Boxed: the common case should not make every request's future
+    /// larger.
+    H2c(Box<Client<HttpConnector, UpstreamBody>>),
 }
 
 impl Upstream {
-    /// Send `req` (origin-form URI) to `endpoint`.
-    ///
-    /// Not an `async fn`: that would keep `req` in the future next to the
-    /// pool's, which holds it already; the future is part of every
-    /// request's and is moved whole.
+    /// Send `req` to `endpoint`.
     pub fn send(
         &self,
         endpoint: SocketAddr,
-        req: Request<UpstreamBody>,
-    ) -> impl Future<Output = Result<Response<ResponseBody>, ProxyError>> + Send + '_ {
-        let pending = match self {
-            Upstream::Pool(pool) => Either::Left(
-                pool.send(endpoint, req)
-                    .map(|r| r.map(|r| r.map(ResponseBody::Pooled)).map_err(Ok)),
-            ),
-            // Boxed: h2c, upgrades and TLS are the rarer paths, and the
-            // future of the common one (the pool) stays small.
-            Upstream::Client(client) => {
-                let client = (**client).clone();
-                Either::Right(
-                    Box::pin(client.send(endpoint, req)) as Pin<Box<dyn Future<Output = _> + Send>>
-                )
-            }
-        };
-        // Combinators rather than an `async` block, which would keep
-        // `pending` twice.
-        pending.map(|result| {
-            result.map_err(|e| match e {
-                Ok(e) if caused_by_client_body(&e) => {
-                    ProxyError::BadRequest("malformed request body")
-                }
-                Ok(e) => ProxyError::Unreachable(e),
-                Err(e) => e,
-            })
-        })
-    }
-}
-
-impl ClientUpstream {
-    /// [`Upstream::send`] through one of hyper-util's clients, which take
-    /// the request with its absolute URI. `Err(Err(_))`: no URI could be
-    /// made; `Err(Ok(_))`: the backend could not be reached.
-    async fn send(
-        self,
-        endpoint: SocketAddr,
-        mut req: Request<UpstreamBody>,
-    ) -> Result<Response<ResponseBody>, Result<UpstreamError, ProxyError>> {
-        *req.uri_mut() = absolute_uri(endpoint, req.uri()).map_err(Err)?;
+        req: UpstreamRequest,
+    ) -> impl Future<Output = Result<ProxyResponse, ProxyError>> + Send + '_ {
         match self {
-            ClientUpstream::Plain(client) => client
-                .request(req)
-                .await
-                .map(|r| r.map(ResponseBody::Upstream))
-                .map_err(|e| Ok(UpstreamError::from(e))),
-            ClientUpstream::Tls(client, tls) => {
-                *req.version_mut() = Version::HTTP_11;
-                client
-                    .request(req)
-                    .await
-                    .map(|r| r.map(ResponseBody::Upstream))
-                    .map_err(|e| {
-                        tracing::debug!(policy = %tls.policy, error = %e, "TLS backend unreachable");
-                        Ok(UpstreamError::from(e))
-                    })
+            Upstream::H1 { pool, tls } => {
+                let key = Key {
+                    endpoint,
+                    tls: tls.as_ref().map(|t| t.key.clone()),
+                };
+                Either::Left(h1_client::send(pool, key, tls.as_ref(), req))
             }
+            // Boxed: h2c is the rarer path, and the future of the common
+            // one stays small.
+            Upstream::H2c(client) => Either::Right(Box::pin(send_h2c(client, endpoint, req))
+                as Pin<Box<dyn Future<Output = _> + Send + '_>>),
         }
     }
 }
 
-pub(super) fn origin_uri(path: Option<&str>, original: &Uri) -> Result<Uri, ProxyError> {
-    // The usual case: the path is not rewritten, so the request's own path
-    // and query are reused as they are (no copy, no parse).
+/// [`Upstream::send`] through hyper-util's HTTP/2 client, which takes the
+/// request with its absolute URI and data frames only.
+async fn send_h2c(
+    client: &Client<HttpConnector, UpstreamBody>,
+    endpoint: SocketAddr,
+    req: UpstreamRequest,
+) -> Result<ProxyResponse, ProxyError> {
+    let UpstreamRequest { head, body } = req;
+    let mut out = http::Request::new(body.dechunked());
+    *out.method_mut() = head.method;
+    *out.uri_mut() = absolute_uri(endpoint, &head.target)?;
+    *out.version_mut() = Version::HTTP_2;
+    *out.headers_mut() = head.headers.into_map();
+    match client.request(out).await {
+        Ok(resp) => Ok(ProxyResponse::from(resp.map(ResponseBody::Upstream))),
+        Err(e) => {
+            let e = UpstreamError::from(e);
+            Err(if caused_by_client_body(&e) {
+                ProxyError::BadRequest("malformed request body")
+            } else {
+                ProxyError::Unreachable(e)
+            })
+        }
+    }
+}
+
+/// The request target a backend gets: the request's own path and query
+/// (no copy) or, after a path rewrite, `path` with the request's query.
+pub(super) fn origin_target(path: Option<&str>, original: &Uri) -> Result<PathAndQuery, ProxyError> {
     if path.is_none()
         && let Some(pq) = original.path_and_query()
         && pq.path().starts_with('/')
     {
-        return Ok(Uri::from(pq.clone()));
+        return Ok(pq.clone());
     }
     let path = path.unwrap_or(original.path());
     let path = if path.is_empty() { "/" } else { path };
@@ -136,57 +105,28 @@ pub(super) fn origin_uri(path: Option<&str>, original: &Uri) -> Result<Uri, Prox
         s.push('?');
         s.push_str(q);
     }
-    Uri::try_from(s).map_err(|_| ProxyError::InvalidFilterResult {
+    PathAndQuery::try_from(s).map_err(|_| ProxyError::InvalidFilterResult {
         what: "request path",
-    })
-}
-
-/// Endpoint addresses as URI authorities, made once per address and
-/// thread (formatting an address is a good part of building the URI).
-const MAX_CACHED_AUTHORITIES: usize = 4096;
-
-thread_local! {
-    static AUTHORITIES: RefCell<HashMap<SocketAddr, Authority>> = RefCell::new(HashMap::new());
-}
-
-fn endpoint_authority(endpoint: SocketAddr) -> Option<Authority> {
-    AUTHORITIES.with(|cache| {
-        let mut cache = cache.borrow_mut();
-        if let Some(a) = cache.get(&endpoint) {
-            return Some(a.clone());
-        }
-        let authority = Authority::try_from(endpoint.to_string()).ok()?;
-        if cache.len() >= MAX_CACHED_AUTHORITIES {
-            // Endpoints come and go over reloads: start afresh.
-            cache.clear();
-        }
-        cache.insert(endpoint, authority.clone());
-        Some(authority)
     })
 }
 
 /// The absolute URI hyper-util's client needs (it connects to the
-/// authority and sends the request in origin-form).
-fn absolute_uri(endpoint: SocketAddr, origin: &Uri) -> Result<Uri, ProxyError> {
-    let invalid = || ProxyError::InvalidFilterResult {
+/// authority).
+fn absolute_uri(endpoint: SocketAddr, target: &PathAndQuery) -> Result<Uri, ProxyError> {
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(Scheme::HTTP);
+    parts.authority = Some(
+        endpoint
+            .to_string()
+            .parse()
+            .map_err(|_| ProxyError::InvalidFilterResult {
+                what: "request path",
+            })?,
+    );
+    parts.path_and_query = Some(target.clone());
+    Uri::from_parts(parts).map_err(|_| ProxyError::InvalidFilterResult {
         what: "request path",
-    };
-    if let Some(authority) = endpoint_authority(endpoint) {
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(Scheme::HTTP);
-        parts.authority = Some(authority);
-        parts.path_and_query = origin.path_and_query().cloned();
-        if let Ok(uri) = Uri::from_parts(parts) {
-            return Ok(uri);
-        }
-    }
-    let mut s = String::with_capacity(64);
-    let _ = write!(s, "http://{endpoint}");
-    match origin.path_and_query() {
-        Some(pq) if pq.as_str().starts_with('/') => s.push_str(pq.as_str()),
-        _ => s.push('/'),
-    }
-    Uri::try_from(s).map_err(|_| invalid())
+    })
 }
 
 #[cfg(test)]
@@ -194,22 +134,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn origin_uri_keeps_or_rewrites_the_path_and_keeps_the_query() {
+    fn origin_target_keeps_or_rewrites_the_path_and_keeps_the_query() {
         let uri: Uri = "http://example.com/a/b?x=1&y".parse().expect("uri");
-        assert_eq!(origin_uri(None, &uri).expect("valid"), "/a/b?x=1&y");
-        assert_eq!(origin_uri(Some("/c"), &uri).expect("valid"), "/c?x=1&y");
-        assert_eq!(origin_uri(Some(""), &uri).expect("valid"), "/?x=1&y");
+        assert_eq!(origin_target(None, &uri).expect("valid"), "/a/b?x=1&y");
+        assert_eq!(origin_target(Some("/c"), &uri).expect("valid"), "/c?x=1&y");
+        assert_eq!(origin_target(Some(""), &uri).expect("valid"), "/?x=1&y");
         let origin: Uri = "/p".parse().expect("uri");
-        assert_eq!(origin_uri(None, &origin).expect("valid"), "/p");
-        assert!(origin_uri(Some("/a b"), &uri).is_err());
+        assert_eq!(origin_target(None, &origin).expect("valid"), "/p");
+        assert!(origin_target(Some("/a b"), &uri).is_err());
     }
 
     #[test]
     fn absolute_uri_names_the_endpoint() {
-        let uri: Uri = "/a/b?x=1&y".parse().expect("uri");
-        let v4 = absolute_uri("127.0.0.1:2".parse().expect("addr"), &uri).expect("valid");
+        let pq: PathAndQuery = "/a/b?x=1&y".parse().expect("target");
+        let v4 = absolute_uri("127.0.0.1:2".parse().expect("addr"), &pq).expect("valid");
         assert_eq!(v4.to_string(), "http://127.0.0.1:2/a/b?x=1&y");
-        let v6 = absolute_uri("[::1]:3".parse().expect("addr"), &uri).expect("valid");
+        let v6 = absolute_uri("[::1]:3".parse().expect("addr"), &pq).expect("valid");
         assert_eq!(v6.to_string(), "http://[::1]:3/a/b?x=1&y");
     }
 }

@@ -8,6 +8,19 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use http::{HeaderMap, HeaderName, Method};
+
+/// A request's header fields as matching reads them. The proxy's own
+/// HTTP/1.1 heads implement it without building a header map.
+pub trait HeaderSource {
+    /// Does any value of `name` satisfy `f`?
+    fn any_value(&self, name: &HeaderName, f: &mut dyn FnMut(&[u8]) -> bool) -> bool;
+}
+
+impl HeaderSource for HeaderMap {
+    fn any_value(&self, name: &HeaderName, f: &mut dyn FnMut(&[u8]) -> bool) -> bool {
+        self.get_all(name).iter().any(|v| f(v.as_bytes()))
+    }
+}
 use regex_automata::meta;
 use regex_automata::nfa::thompson::WhichCaptures;
 use regex_syntax::hir::literal::{ExtractKind, Extractor};
@@ -318,7 +331,7 @@ impl RequestMatch {
         method: &Method,
         path: &str,
         query: Option<&str>,
-        headers: &HeaderMap,
+        headers: &dyn HeaderSource,
     ) -> bool {
         if self.method.as_ref().is_some_and(|m| m != method) {
             return false;
@@ -326,12 +339,10 @@ impl RequestMatch {
         if !self.path.matches(path) {
             return false;
         }
-        let headers_ok = self.headers.iter().all(|h| {
-            headers
-                .get_all(&h.name)
-                .iter()
-                .any(|v| h.value.matches(v.as_bytes()))
-        });
+        let headers_ok = self
+            .headers
+            .iter()
+            .all(|h| headers.any_value(&h.name, &mut |v| h.value.matches(v)));
         if !headers_ok {
             return false;
         }

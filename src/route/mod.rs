@@ -18,7 +18,8 @@ mod weighted;
 pub use cors::{CorsList, CorsPolicy, OriginHost, OriginPattern};
 pub use hostname::{HostPattern, normalize_host};
 pub use matching::{
-    AnchoredRegex, HeaderMatch, PathMatch, QueryMatch, RegexError, RequestMatch, ValueMatch,
+    AnchoredRegex, HeaderMatch, HeaderSource, PathMatch, QueryMatch, RegexError, RequestMatch,
+    ValueMatch,
 };
 pub use retry::{DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, RetryPolicy, TryOutcome};
 pub use table::{
@@ -182,7 +183,7 @@ pub struct BackendTls {
     pub config: Result<Arc<rustls::ClientConfig>, String>,
     /// Equal for equal settings, across route tables: connection pools are
     /// keyed by it, so they survive reloads that keep the settings.
-    pub key: String,
+    pub key: Arc<str>,
 }
 
 impl EndpointSet {

@@ -19,7 +19,11 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, mpsc};
 
-use http::{HeaderMap, Method};
+use http::Method;
+
+use super::matching::HeaderSource;
+#[cfg(test)]
+use http::HeaderMap;
 use rustls::sign::CertifiedKey;
 
 use super::Rule;
@@ -137,7 +141,7 @@ impl HostRoutes {
         method: &Method,
         path: &str,
         query: Option<&str>,
-        headers: &HeaderMap,
+        headers: &dyn HeaderSource,
     ) -> Option<&'a Candidate> {
         let at = |position: u32| &candidates[self.order[position as usize] as usize];
         let matches = |c: &Candidate| c.matcher.matches(method, path, query, headers);
@@ -444,7 +448,7 @@ impl RouteTable {
         method: &Method,
         path: &str,
         query: Option<&str>,
-        headers: &HeaderMap,
+        headers: &dyn HeaderSource,
     ) -> Lookup<'a> {
         let Some(port) = self.binds.get(&bind) else {
             return Lookup::NoListener;

@@ -250,7 +250,8 @@ impl<'a> BackendTlsIndex<'a> {
                 "{id}|{sni}|{presenter}|{}|{:016x}",
                 config.is_ok(),
                 h.finish()
-            ),
+            )
+            .into(),
             policy: id,
             server_name,
             config,
