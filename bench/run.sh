@@ -7,6 +7,8 @@
 #                                # paired A/B of sluice binaries (bench/ab.py)
 #   bash bench/run.sh --profile instructions before=/tmp/sluice-old after=target/release/sluice
 #                                # callgrind instructions or wake-ups per request (bench/profile.py)
+#   bash bench/run.sh --stalled  # p99 of one backend while another stalls (bench/stalled.py)
+#   bash bench/run.sh --soak [--minutes 30]   # mixed load for a long time (bench/soak.py)
 #
 # Installs nginx, HAProxy and wrk from Debian's packages when missing (needs
 # root), builds sluice and the bench tools in release mode in the shared
@@ -65,5 +67,13 @@ if [[ "${1:-}" == --profile ]]; then
     command -v valgrind >/dev/null || { apt-get install -y -qq --no-install-recommends valgrind >/dev/null; }
     command -v perf >/dev/null || { apt-get install -y -qq --no-install-recommends linux-perf >/dev/null; }
     exec "$PYTHON" bench/profile.py --tools "$tools" "$@"
+fi
+if [[ "${1:-}" == --soak ]]; then
+    shift
+    exec "$PYTHON" bench/soak.py --sluice "$target_dir/release/sluice" --tools "$tools" "$@"
+fi
+if [[ "${1:-}" == --stalled ]]; then
+    shift
+    exec "$PYTHON" bench/stalled.py --sluice "$target_dir/release/sluice" --tools "$tools" "$@"
 fi
 exec "$PYTHON" bench/driver.py --sluice "$target_dir/release/sluice" --tools "$tools" "$@"

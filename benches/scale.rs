@@ -14,6 +14,14 @@
 //! resident memory after the first and after the last rebuild. Stops after
 //! `--max-seconds` (150) if the rebuilds take longer than the interval.
 //!
+//! `overview N`: with `N` generated HTTPRoutes translated and one request
+//! counted per backend, the cost of what the dashboard polls (`/overview`,
+//! built and serialized) and of a `/metrics` scrape (every share gauge and
+//! per-backend histogram), median of 20 of each, as one JSON object.
+//!
+//! `manifests N`: print the generated configuration of `N` routes (to
+//! serve it with a `sluice` binary and read its admin listener).
+//!
 //! Built with `cargo bench --no-run`.
 
 use std::io::BufRead;
@@ -34,6 +42,14 @@ fn main() {
     let result = match args.first().map(String::as_str) {
         Some("scale") => scale(&args[1..]),
         Some("reload") => reload(&args[1..]),
+        Some("overview") => overview(&args[1..]),
+        Some("manifests") => count(&args[1..]).map(|n| {
+            print!(
+                "{}{}",
+                routes::infrastructure(&routes::Layout::default()),
+                routes::routes(n, false)
+            )
+        }),
         // `cargo bench` runs every bench target with `--bench`: nothing to do.
         _ => {
             eprintln!(
@@ -167,6 +183,84 @@ fn scale(args: &[String]) -> Result<(), String> {
         lookup_cpu,
     );
     drop(translation);
+    Ok(())
+}
+
+fn overview(args: &[String]) -> Result<(), String> {
+    use sluice::admin::{Published, overview::Limits, overview::Overview};
+    use sluice::metrics::RequestKey;
+    let n = count(args)?;
+    let layout = routes::Layout::default();
+    let text = routes::infrastructure(&layout) + &routes::routes(n, false);
+    let snapshot = routes::snapshot(&text);
+    let translation = translate(
+        &snapshot,
+        &TranslateOptions {
+            default_bind: layout.listen.ip(),
+        },
+    );
+    let metrics = Metrics::new();
+    metrics.set_shares(
+        translation
+            .rules
+            .iter()
+            .flat_map(sluice::translate::RuleSummary::share_rows)
+            .collect(),
+    );
+    let mut backends = 0usize;
+    for rule in &translation.rules {
+        let (namespace, route) = rule.route.split_once('/').unwrap_or(("", &rule.route));
+        for b in &rule.backends {
+            metrics.record(
+                &RequestKey {
+                    kind: "",
+                    namespace,
+                    route,
+                    rule: Some(rule.rule),
+                    backend: &b.name,
+                    code: 200,
+                },
+                Duration::from_millis(1),
+            );
+            backends += 1;
+        }
+    }
+    let published = Published {
+        status: translation.status,
+        errors: Vec::new(),
+        rules: Arc::new(translation.rules),
+        generation: 1,
+    };
+    let rollouts = sluice::rollout::RolloutReport::default();
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (mut overview_ms, mut metrics_ms) = (Vec::new(), Vec::new());
+    let (mut overview_bytes, mut metrics_bytes) = (0, 0);
+    for _ in 0..20 {
+        let t = Instant::now();
+        let body = serde_json::to_vec_pretty(&Overview::build(
+            &published,
+            &rollouts,
+            &Default::default(),
+            &metrics,
+            Limits::default(),
+        ))
+        .map_err(|e| e.to_string())?;
+        overview_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        overview_bytes = body.len();
+        let t = Instant::now();
+        let text = metrics.encode();
+        metrics_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        metrics_bytes = text.len();
+    }
+    println!(
+        "{{\"routes\":{n},\"backends\":{backends},\"overview_ms\":{:.2},\"overview_bytes\":{overview_bytes},\
+         \"metrics_ms\":{:.2},\"metrics_bytes\":{metrics_bytes}}}",
+        median(overview_ms),
+        median(metrics_ms),
+    );
     Ok(())
 }
 

@@ -7,17 +7,32 @@
 //!   `status` in the shape the object's Kubernetes status has;
 //! - `GET /errors`: JSON array of the current configuration errors
 //!   (`{file, line, object, field, message}`);
+//! - `GET /endpoints`: JSON array of the endpoints ejected from their
+//!   backend's rotation now or lately, or failing now (outlier ejection:
+//!   which, since when, why);
 //! - `GET /metrics`: Prometheus text;
+//! - `GET /explain?method=GET&url=http://host/path&header=Name:%20value`:
+//!   which listener and rule take that request and why, as `sluice
+//!   explain` prints it, in JSON (`header` repeatable, `gateway=ns/name`);
+//! - `GET /`: the dashboard, one page built into the binary (no external
+//!   assets), polling `GET /overview` (JSON: Gateways and listeners,
+//!   rules with spec, served and observed shares per backend, rollouts,
+//!   errors; bounded, see [`overview`]);
 //! - `GET /healthz`: `ok` while the process serves;
-//! - `GET /readyz`: 200 once the first configuration is applied, 503 before.
+//! - `GET /readyz`: 200 once the first configuration is applied, 503 before;
+//!   a line more for each thing an operator should know (the rollout state
+//!   cannot be saved).
 //!
-//! The serve loop publishes a new [`Published`] after every reload; requests
-//! read it with one atomic load.
+//! The serve loop publishes a new [`Published`] after every reload, and a
+//! [`RolloutReport`] whenever a rollout moves (often: it carries the step's
+//! counts); requests read each with one atomic load. A RolloutPolicy's
+//! `status.rollouts` is filled in from the report when `/status` is read,
+//! so that a rollout's counts do not copy the whole status.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -32,8 +47,16 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::metrics::Metrics;
+use crate::proxy::Proxy;
+use crate::rollout::{PolicyKey, RolloutReport};
+use crate::route::EndpointReport;
 use crate::source::ConfigError;
-use crate::translate::StatusReport;
+use crate::translate::{ObjectStatus, RuleSummary, StatusReport};
+
+pub mod overview;
+
+/// The dashboard page: HTML, CSS and script in one file, no external asset.
+const DASHBOARD: &str = include_str!("admin/dashboard.html");
 
 /// Content type of the Prometheus text exposition format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4";
@@ -44,23 +67,57 @@ const JSON: &str = "application/json";
 pub struct Published {
     pub status: StatusReport,
     pub errors: Vec<ConfigError>,
+    /// Every attached rule with its backends' shares and state.
+    pub rules: Arc<Vec<RuleSummary>>,
+    /// Number of the route table in service.
+    pub generation: u64,
 }
 
 /// State shared between the serve loop (writer) and the admin listener
 /// (reader).
 pub struct AdminState {
     published: ArcSwap<Published>,
+    rollouts: ArcSwap<RolloutReport>,
+    gates: ArcSwap<overview::GateLimits>,
     ready: AtomicBool,
     metrics: Arc<Metrics>,
+    /// The proxy in service: its route table for `/explain`, its endpoints
+    /// for `/endpoints`.
+    proxy: OnceLock<Proxy>,
 }
 
 impl AdminState {
     pub fn new(metrics: Arc<Metrics>) -> Self {
         AdminState {
             published: ArcSwap::from_pointee(Published::default()),
+            rollouts: ArcSwap::from_pointee(RolloutReport::default()),
+            gates: ArcSwap::from_pointee(overview::GateLimits::default()),
             ready: AtomicBool::new(false),
             metrics,
+            proxy: OnceLock::new(),
         }
+    }
+
+    /// The proxy in service, whose table `/explain` reads and whose
+    /// endpoints `/endpoints` shows (set once).
+    pub fn show_proxy(&self, proxy: Proxy) {
+        let _ = self.proxy.set(proxy);
+    }
+
+    /// Show `report` as the rollouts' status from now on.
+    pub fn publish_rollouts(&self, report: RolloutReport) {
+        self.rollouts.store(Arc::new(report));
+    }
+
+    /// Show `gates` as the rollouts' limits (what the dashboard compares
+    /// their gate values with).
+    pub fn publish_gates(&self, gates: overview::GateLimits) {
+        self.gates.store(Arc::new(gates));
+    }
+
+    /// The rollouts' status currently shown.
+    pub fn rollouts(&self) -> Arc<RolloutReport> {
+        self.rollouts.load_full()
     }
 
     /// Replace the status and errors shown.
@@ -85,15 +142,47 @@ impl AdminState {
 
     /// Answer one admin request.
     pub fn respond(&self, method: &Method, path: &str) -> Response<Full<Bytes>> {
+        self.respond_to(method, path, None)
+    }
+
+    /// Answer one admin request with its query string.
+    pub fn respond_to(
+        &self,
+        method: &Method,
+        path: &str,
+        query: Option<&str>,
+    ) -> Response<Full<Bytes>> {
         if method != Method::GET && method != Method::HEAD {
             return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
         }
         match path {
-            "/status" => json(&self.published.load().status),
+            "/" => body(StatusCode::OK, "text/html; charset=utf-8", DASHBOARD),
+            "/overview" => json(&overview::Overview::build(
+                &self.published.load(),
+                &self.rollouts.load(),
+                &self.gates.load(),
+                &self.metrics,
+                overview::Limits::from_query(query),
+            )),
+            "/explain" => self.explain(query),
+            "/status" => json(&MergedStatus {
+                status: &self.published.load().status,
+                rollouts: &self.rollouts.load(),
+            }),
             "/errors" => json(&self.published.load().errors),
+            "/endpoints" => json(&self.proxy.get().map_or_else(Vec::new, |p| {
+                p.endpoint_report().iter().map(endpoint_json).collect()
+            })),
             "/metrics" => body(StatusCode::OK, PROMETHEUS_TEXT, self.metrics.encode()),
             "/healthz" => text(StatusCode::OK, "ok\n"),
-            "/readyz" if self.is_ready() => text(StatusCode::OK, "ready\n"),
+            "/readyz" if self.is_ready() => match &self.rollouts.load().not_saved {
+                None => text(StatusCode::OK, "ready\n"),
+                Some((why, _)) => body(
+                    StatusCode::OK,
+                    "text/plain; charset=utf-8",
+                    format!("ready\nrollout state not saved: {why}\n"),
+                ),
+            },
             "/readyz" => text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "no configuration applied yet\n",
@@ -101,6 +190,108 @@ impl AdminState {
             _ => text(StatusCode::NOT_FOUND, "not found\n"),
         }
     }
+}
+
+impl AdminState {
+    /// `/explain?method=&url=&header=&gateway=`: the explanation as JSON;
+    /// 400 when the request cannot be built.
+    fn explain(&self, query: Option<&str>) -> Response<Full<Bytes>> {
+        let mut method = "GET".to_string();
+        let mut url = None;
+        let mut headers = Vec::new();
+        let mut gateway = None;
+        for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            match k.as_ref() {
+                "method" => method = v.into_owned(),
+                "url" => url = Some(v.into_owned()),
+                "header" => headers.push(v.into_owned()),
+                "gateway" => gateway = Some(v.into_owned()),
+                _ => {}
+            }
+        }
+        let Some(url) = url else {
+            return text(StatusCode::BAD_REQUEST, "missing url= parameter\n");
+        };
+        let Some(table) = self.proxy.get().map(Proxy::table) else {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no configuration applied yet\n",
+            );
+        };
+        let published = self.published.load();
+        let explained = crate::explain::ExplainRequest::parse(&method, &url, &headers, gateway)
+            .and_then(|r| crate::explain::explain(&table, &published.rules, &r));
+        match explained {
+            Ok(e) => json(&e),
+            Err(e) => body(
+                StatusCode::BAD_REQUEST,
+                "text/plain; charset=utf-8",
+                format!("{e}\n"),
+            ),
+        }
+    }
+}
+
+/// One endpoint of `/endpoints`.
+fn endpoint_json(e: &EndpointReport) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "backend": e.backend,
+        "endpoint": e.endpoint.to_string(),
+        "ejected": e.ejected,
+        "ejections": e.ejections,
+        "consecutiveFailures": e.consecutive_failures,
+    });
+    if let Some(since) = e.since {
+        let secs = since
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if let Ok(t) = k8s_openapi::jiff::Timestamp::from_second(secs as i64) {
+            v["since"] = t.to_string().into();
+        }
+    }
+    if let Some(left) = e.remaining {
+        v["remainingSeconds"] = (left.as_millis().div_ceil(1000) as u64).into();
+    }
+    if let Some(reason) = e.reason {
+        v["reason"] = format!("{} failed tries in a row, the last {reason}", e.failures).into();
+        v["lastFailure"] = reason.label().into();
+    }
+    v
+}
+
+/// `/status`: the objects of `status`, RolloutPolicies completed by
+/// `rollouts`, serialized one by one (only policies are copied).
+struct MergedStatus<'a> {
+    status: &'a StatusReport,
+    rollouts: &'a RolloutReport,
+}
+
+impl serde::Serialize for MergedStatus<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = serializer.serialize_seq(Some(self.status.objects.len()))?;
+        for object in &self.status.objects {
+            if object.kind == "RolloutPolicy" {
+                seq.serialize_element(&complete_policy(object, self.rollouts))?;
+            } else {
+                seq.serialize_element(object)?;
+            }
+        }
+        seq.end()
+    }
+}
+
+/// `object` with its rollouts, when it is a RolloutPolicy.
+fn complete_policy(object: &ObjectStatus, rollouts: &RolloutReport) -> ObjectStatus {
+    let mut object = object.clone();
+    if object.kind == "RolloutPolicy" {
+        let key = PolicyKey {
+            namespace: object.metadata.namespace.clone().unwrap_or_default(),
+            name: object.metadata.name.clone(),
+        };
+        rollouts.complete(&key, &mut object.status);
+    }
+    object
 }
 
 fn body(
@@ -148,6 +339,12 @@ impl AdminServer {
     ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
+        if !addr.ip().is_loopback() {
+            tracing::warn!(
+                %addr,
+                "the admin listener is reachable from other hosts: it exposes the configuration (routes, backends, errors, metrics) to anyone who can connect; bind it to 127.0.0.1 and use kubectl port-forward or a NetworkPolicy"
+            );
+        }
         let task = tokio::spawn(accept_loop(listener, state, shutdown));
         Ok(AdminServer { addr, task })
     }
@@ -195,8 +392,21 @@ async fn accept_loop(
         let mut shutdown = shutdown.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request: Request<Incoming>| {
-                let response = state.respond(request.method(), request.uri().path());
-                async move { Ok::<_, Infallible>(response) }
+                // Off the async workers: `/status`, `/metrics` and
+                // `/overview` of 10,000 routes take tens of milliseconds
+                // that requests on the same worker must not wait behind.
+                let state = state.clone();
+                async move {
+                    let answered = tokio::task::spawn_blocking(move || {
+                        let uri = request.uri();
+                        state.respond_to(request.method(), uri.path(), uri.query())
+                    })
+                    .await;
+                    Ok::<_, Infallible>(answered.unwrap_or_else(|error| {
+                        tracing::error!(%error, "admin request failed");
+                        text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n")
+                    }))
+                }
             });
             let connection = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service);
@@ -265,6 +475,8 @@ mod tests {
     async fn errors_are_served_as_json_objects() {
         let state = AdminState::new(Metrics::shared());
         state.publish(Published {
+            rules: Arc::default(),
+            generation: 1,
             status: StatusReport::default(),
             errors: vec![ConfigError {
                 file: "routes.yaml".into(),

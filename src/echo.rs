@@ -19,6 +19,11 @@
 //! - `GET /status/NNN` answers with status `NNN` and no body;
 //! - `?delay=250ms` (or `1s`) or `?delay_ms=250` waits before answering.
 //!
+//! A server can also be told, while it runs, to answer every request with
+//! a status of its choice ([`EchoServer::fail_with`], the echo body kept)
+//! or after a delay ([`EchoServer::delay_by`]): a canary that starts
+//! failing or slows down.
+//!
 //! Both HTTP/1.1 (keep-alive) and HTTP/2 with prior knowledge (h2c) are
 //! served on the same port.
 
@@ -26,7 +31,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -90,6 +95,10 @@ struct EchoState {
     identity: EchoIdentity,
     requests: AtomicU64,
     recent: Mutex<VecDeque<EchoResponse>>,
+    /// Status every request is answered with (0: the usual).
+    forced_status: AtomicU16,
+    /// Delay before every answer, in milliseconds.
+    delay_ms: AtomicU64,
 }
 
 /// A running echo backend. Dropping it (or calling [`EchoServer::shutdown`])
@@ -125,6 +134,20 @@ impl EchoServer {
         }
     }
 
+    /// Answer every request from now on with `status` (the echo body
+    /// kept), or as usual again with `None`.
+    pub fn fail_with(&self, status: Option<StatusCode>) {
+        self.state
+            .forced_status
+            .store(status.map_or(0, |s| s.as_u16()), Ordering::Relaxed);
+    }
+
+    /// Wait `delay` before every answer from now on.
+    pub fn delay_by(&self, delay: Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.state.delay_ms.store(ms, Ordering::Relaxed);
+    }
+
     /// Stop accepting and wait until the listening socket is closed, so that
     /// a connection attempt made after this returns is refused.
     pub async fn shutdown(mut self) {
@@ -156,6 +179,8 @@ pub fn serve_on(listener: TcpListener, identity: EchoIdentity) -> EchoServer {
         identity,
         requests: AtomicU64::new(0),
         recent: Mutex::new(VecDeque::with_capacity(RECENT_CAPACITY)),
+        forced_status: AtomicU16::new(0),
+        delay_ms: AtomicU64::new(0),
     });
     let (stop, stopped) = watch::channel(());
     let accept_loop = tokio::spawn(accept_loop(listener, Arc::clone(&state), stopped));
@@ -238,6 +263,16 @@ async fn echo(state: &EchoState, request: Request<Incoming>) -> Response<Full<By
         Some(Ok(Some(delay))) => tokio::time::sleep(delay).await,
         Some(Err(message)) => return plain(StatusCode::BAD_REQUEST, &message),
         Some(Ok(None)) | None => {}
+    }
+    let delay = state.delay_ms.load(Ordering::Relaxed);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+    let forced = state.forced_status.load(Ordering::Relaxed);
+    if let Ok(status) = StatusCode::from_u16(forced) {
+        let mut response = json_response(&parts, &echoed);
+        *response.status_mut() = status;
+        return response;
     }
 
     if parts.method == Method::GET

@@ -10,7 +10,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::proxy::ProxyLimits;
 use crate::proxy::h1::{self, ChunkedWalker, Framing, HeadLimits, ResponseFraming};
-use crate::resources::{Generations, Object, Snapshot, parse_manifests};
+use crate::resources::crd::{Crds, is_crd};
+use crate::resources::{Generations, Snapshot, parse_manifests_with};
 use crate::route::{Lookup, RouteTable, normalize_host};
 use crate::translate::{TranslateOptions, translate_at};
 
@@ -25,24 +26,70 @@ const PROBES: [(&str, &str, &str); 4] = [
     ("DELETE", "*.example.com", "/%ff/../x"),
 ];
 
-fn snapshot_from(text: &str) -> Snapshot {
-    let parsed = parse_manifests(text, "fuzz.yaml");
-    let mut objects: Vec<Object> = parsed.objects.into_iter().map(|o| o.object).collect();
-    Generations::new().assign(&mut objects, Timestamp::UNIX_EPOCH);
-    Snapshot::from_objects(objects)
+/// The upstream standard CRDs, when the checkout has them (see
+/// [`crate::upstream`]); read once.
+fn upstream_crds() -> Option<&'static Crds> {
+    static CRDS: OnceLock<Option<Crds>> = OnceLock::new();
+    CRDS.get_or_init(|| {
+        let dir = crate::upstream::gateway_api_dir("crds")
+            .ok()?
+            .join("standard");
+        let (crds, _) = crate::source::files::read_crds(&[dir]);
+        std::sync::Arc::into_inner(crds).filter(|c| !c.is_empty())
+    })
+    .as_ref()
 }
 
-/// Arbitrary bytes as a manifest file: load, validate, translate, then
-/// serve a few requests from the table and serialize the status. Checks
-/// that translate never produces a table the proxy cannot serve.
+/// The CRDs of the input itself, if it has any (the fuzzer writes CRDs
+/// too), else the upstream ones.
+fn crds_for(text: &str) -> Option<Crds> {
+    let docs = crate::yaml::documents(text).ok()?;
+    let mut crds = Crds::new();
+    for doc in docs.iter().filter(|d| is_crd(&d.value)) {
+        let _ = crds.add(&doc.value, "fuzz.yaml");
+    }
+    (!crds.is_empty()).then_some(crds)
+}
+
+fn snapshot_from(text: &str, crds: &Crds) -> Snapshot {
+    let parsed = parse_manifests_with(text, "fuzz.yaml", crds);
+    Snapshot::from_loaded(parsed.objects, |objects| {
+        Generations::new().assign(objects, Timestamp::UNIX_EPOCH);
+    })
+}
+
+/// Arbitrary bytes as a manifest file: load, validate (by the CRDs the
+/// input holds, else by the upstream CRDs when the checkout has them, else
+/// by hand), translate, then serve a few requests from the table and
+/// serialize the status. Checks that translate never produces a table the
+/// proxy cannot serve, and that with the upstream CRDs every status body
+/// fits their status schema.
 pub fn manifests_then_translate(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let snapshot = snapshot_from(text);
+    let own = crds_for(text);
+    let upstream = if own.is_none() { upstream_crds() } else { None };
+    let empty = Crds::new();
+    let crds = own.as_ref().or(upstream).unwrap_or(&empty);
+    let snapshot = snapshot_from(text, crds);
     let options = TranslateOptions { default_bind: BIND };
     let translation = translate_at(&snapshot, &options, Timestamp::UNIX_EPOCH);
     serde_json::to_string(&translation.status).expect("a status report always serializes");
+    if let Some(crds) = upstream {
+        for object in &translation.status.objects {
+            let mut status = object.status.clone();
+            let errors = crds
+                .admit_status(&object.api_version, &object.kind, &mut status)
+                .unwrap_or_default();
+            assert!(
+                errors.is_empty(),
+                "{} {}: status refused by its CRD: {errors:?}",
+                object.kind,
+                object.metadata.name
+            );
+        }
+    }
     let binds: Vec<SocketAddr> = translation.table.binds().collect();
     for bind in binds {
         for (method, host, path) in PROBES {
@@ -74,7 +121,7 @@ fn serve_lookup(
         None => (target, None),
     };
     if let Lookup::Matched(m) = table.lookup(bind, &host, method, path, query, headers)
-        && let crate::route::BackendChoice::Backend(b) = m.rule.backends.choose()
+        && let crate::route::BackendChoice::Backend(b) = m.rule.backends.choose_for(headers)
         && let crate::route::BackendTarget::Endpoints(set) = &b.target
     {
         let _ = set.pick();
@@ -85,7 +132,7 @@ fn serve_lookup(
 fn fixed_table() -> &'static (RouteTable, SocketAddr) {
     static TABLE: OnceLock<(RouteTable, SocketAddr)> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let snapshot = snapshot_from(MATCHING_MANIFESTS);
+        let snapshot = snapshot_from(MATCHING_MANIFESTS, &Crds::new());
         let options = TranslateOptions { default_bind: BIND };
         let t = translate_at(&snapshot, &options, Timestamp::UNIX_EPOCH);
         let bind = t
@@ -461,11 +508,11 @@ pub fn h1_response_hyper(data: &[u8], head_request: bool) -> SeenResponse {
     RUNTIME.with(|rt| {
         rt.block_on(async {
             let (client, mut server) = tokio::io::duplex(1 << 20);
-            let Ok((mut send, conn)) =
-                hyper::client::conn::http1::handshake::<_, http_body_util::Empty<bytes::Bytes>>(
-                    hyper_util::rt::TokioIo::new(client),
-                )
-                .await
+            let Ok((mut send, conn)) = hyper::client::conn::http1::handshake::<
+                _,
+                http_body_util::Empty<bytes::Bytes>,
+            >(hyper_util::rt::TokioIo::new(client))
+            .await
             else {
                 return SeenResponse::Refused;
             };

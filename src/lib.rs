@@ -3,8 +3,9 @@
 //! The data flow, one module per step (see `docs/` and DESIGN.md):
 //!
 //! ```text
-//! source (files) -> resources::Snapshot -> translate() -> (route::RouteTable, StatusReport)
-//!                                                             |
+//! source (files, kubernetes) -> resources::Snapshot -----------> translate() -> (route::RouteTable, StatusReport)
+//!                                  \-> rollout (state machine) -^ served shares        |
+//!                                                                                       v
 //! request -> proxy (listener -> route lookup -> filters -> weighted backend -> endpoint -> forward)
 //! ```
 #![forbid(unsafe_code)]
@@ -13,14 +14,20 @@
 pub mod admin;
 pub mod cli;
 pub mod echo;
+pub mod explain;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod grpc_echo;
 pub mod metrics;
 pub mod ports;
 pub mod proxy;
 pub mod resources;
+pub mod rollout;
 pub mod route;
 pub mod serve;
 pub mod source;
 pub mod status;
 pub mod translate;
+#[doc(hidden)]
+pub mod upstream;
+pub mod yaml;

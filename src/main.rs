@@ -31,7 +31,13 @@ enum Command {
         /// Admin listener: /status, /errors, /metrics, /healthz, /readyz.
         #[arg(long, default_value = "127.0.0.1:9901")]
         admin: SocketAddr,
-        /// Watch the Kubernetes API server instead of files, and write status back (as leader).
+        /// CustomResourceDefinitions (files or directories, e.g. the upstream standard-install.yaml): objects of the kinds they define are validated by their schema and CEL rules. CRD documents among the -f manifests count too. Repeatable.
+        #[arg(long = "crds", value_name = "PATH")]
+        crds: Vec<PathBuf>,
+        /// Where rollouts are recorded so that a restart resumes them (rollouts.json) [default: $XDG_STATE_HOME/sluice, else ~/.local/state/sluice].
+        #[arg(long, conflicts_with = "kubernetes")]
+        state_dir: Option<PathBuf>,
+        /// Watch the Kubernetes API server instead of files, and write status back (as leader). The leader also judges the RolloutPolicies' rollouts and records them in their status; the other replicas serve the recorded steps.
         #[arg(long, conflicts_with = "paths")]
         kubernetes: bool,
         /// Kubeconfig file (default: in-cluster service account, else $KUBECONFIG or ~/.kube/config).
@@ -58,9 +64,36 @@ enum Command {
     },
     /// Print every object's conditions and every rule's backend shares; exit 1 if anything is not accepted or resolved.
     Check {
-        /// Manifest file or directory (read recursively). Repeatable.
-        #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
+        #[command(flatten)]
+        manifests: sluice::cli::Manifests,
+        /// Rollout state to show served shares from, as `serve --state-dir` records it [default: $XDG_STATE_HOME/sluice, else ~/.local/state/sluice].
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Report format: the text report (one `file:line: Kind ns/name: field: message` line per problem at its end), or one JSON document.
+        #[arg(long, value_enum, default_value_t)]
+        output: sluice::cli::check::Output,
+    },
+    /// Explain which listener and rule take a request, why that rule wins over every other candidate, and its backends' shares; exit 1 when the request would get 404.
+    Explain {
+        /// Manifest file or directory (read recursively). Repeatable: -f a.yaml -f dir/.
+        #[arg(short = 'f', long = "filename", required = true)]
         paths: Vec<PathBuf>,
+        /// Only listeners of this Gateway (NAMESPACE/NAME).
+        #[arg(long)]
+        gateway: Option<String>,
+        /// Request header `Name: value`. Repeatable.
+        #[arg(short = 'H', long = "header")]
+        headers: Vec<String>,
+        /// Rollout state to show served shares from (as for check).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// CustomResourceDefinitions to validate the manifests by (as for check). Repeatable.
+        #[arg(long = "crds", value_name = "PATH")]
+        crds: Vec<PathBuf>,
+        /// The request method (GET, POST, ...).
+        method: String,
+        /// The request URL: http://HOST[:PORT]/PATH?QUERY (https defaults to port 443).
+        url: String,
     },
     /// Run the examples with built-in echo backends and show each backend's share of real traffic.
     Demo {
@@ -77,9 +110,18 @@ enum Command {
 /// seconds, or take a unit: `500ms`, `10s`, `5m`, `1h`.
 #[derive(clap::Args)]
 struct LimitArgs {
-    /// Time a client may take to send a request head; also how long an HTTP/1 connection may idle between requests [default: 60s].
+    /// Time a client may take to send a request head: from the accept for a connection's first, from its first byte for the next ones [default: 10s].
     #[arg(long, value_parser = parse_duration, help_heading = "Limits")]
     request_header_timeout: Option<Duration>,
+    /// HTTP/1.1: time a keep-alive connection may wait for the next request to start [default: 60s].
+    #[arg(long, value_parser = parse_duration, help_heading = "Limits")]
+    keepalive_timeout: Option<Duration>,
+    /// Time a client may send nothing of a request body the gateway waits for; then 408 and the connection closed [default: 60s].
+    #[arg(long, value_parser = parse_duration, help_heading = "Limits")]
+    request_body_timeout: Option<Duration>,
+    /// Open connections per client address; more are closed on accept; 0 is no limit [default: 0].
+    #[arg(long, value_parser = clap::value_parser!(u64), help_heading = "Limits")]
+    max_connections_per_client: Option<u64>,
     /// Time a connection may have no request in flight before it is closed [default: 1h].
     #[arg(long, value_parser = parse_duration, help_heading = "Limits")]
     idle_timeout: Option<Duration>,
@@ -113,6 +155,27 @@ struct LimitArgs {
     /// A proxy in front of the gateway (address or CIDR) whose X-Forwarded-For entries are believed. Repeatable.
     #[arg(long, help_heading = "Limits")]
     trusted_proxy: Vec<sluice::proxy::Cidr>,
+    /// Requests in flight to one backend (Service port) until its response head; more get 503 at once; 0 is no cap [default: 1024].
+    #[arg(long, value_parser = clap::value_parser!(u64), help_heading = "Backends")]
+    max_requests_per_backend: Option<u64>,
+    /// Request body bytes kept so a retry policy can send a request again; larger bodies are sent once; 0 never retries requests with a body [default: 65536].
+    #[arg(long, value_parser = clap::value_parser!(u64), help_heading = "Backends")]
+    retry_buffer_bytes: Option<u64>,
+    /// Failed tries in a row (5xx, refused or reset connection, timeout) that eject an endpoint from its backend's rotation; 0 turns ejection off [default: 5].
+    #[arg(long, value_parser = clap::value_parser!(u32), help_heading = "Backends")]
+    outlier_consecutive_failures: Option<u32>,
+    /// How long a first ejection lasts; the n-th lasts n times as long [default: 30s].
+    #[arg(long, value_parser = parse_duration, help_heading = "Backends")]
+    outlier_ejection_time: Option<Duration>,
+    /// The longest an ejection lasts [default: 300s].
+    #[arg(long, value_parser = parse_duration, help_heading = "Backends")]
+    outlier_max_ejection_time: Option<Duration>,
+    /// TLS listeners: time a client may take to send its ClientHello [default: 15s].
+    #[arg(long, value_parser = parse_duration, help_heading = "Limits")]
+    client_hello_timeout: Option<Duration>,
+    /// TLS listeners: largest ClientHello in bytes; larger is closed [default: 65536].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Limits")]
+    max_client_hello_bytes: Option<u64>,
 }
 
 impl LimitArgs {
@@ -124,6 +187,30 @@ impl LimitArgs {
         }
         if let Some(v) = self.idle_timeout {
             l.idle_timeout = v;
+        }
+        if let Some(v) = self.keepalive_timeout {
+            l.keepalive_timeout = v;
+        }
+        if let Some(v) = self.request_body_timeout {
+            l.request_body_timeout = v;
+        }
+        if let Some(v) = self.max_connections_per_client {
+            l.max_connections_per_client = size(v);
+        }
+        if let Some(v) = self.max_requests_per_backend {
+            l.max_requests_per_backend = size(v);
+        }
+        if let Some(v) = self.retry_buffer_bytes {
+            l.retry_buffer_bytes = size(v);
+        }
+        if let Some(v) = self.outlier_consecutive_failures {
+            l.outliers.consecutive_failures = v;
+        }
+        if let Some(v) = self.outlier_ejection_time {
+            l.outliers.base_ejection = v;
+        }
+        if let Some(v) = self.outlier_max_ejection_time {
+            l.outliers.max_ejection = v;
         }
         if let Some(v) = self.max_request_header_bytes {
             l.max_request_header_bytes = size(v);
@@ -151,6 +238,12 @@ impl LimitArgs {
             l.forwarded.trusted_hops = v;
         }
         l.forwarded.trusted_cidrs = self.trusted_proxy;
+        if let Some(v) = self.client_hello_timeout {
+            l.client_hello_timeout = v;
+        }
+        if let Some(v) = self.max_client_hello_bytes {
+            l.max_client_hello_bytes = size(v);
+        }
         l
     }
 }
@@ -192,6 +285,8 @@ fn main() -> ExitCode {
             paths,
             bind,
             admin,
+            crds,
+            state_dir,
             kubernetes,
             kubeconfig,
             gateway_service,
@@ -214,16 +309,62 @@ fn main() -> ExitCode {
                     lease_namespace,
                     lease_name,
                     lease_duration: std::time::Duration::from_secs(lease_duration),
+                    crds,
                 };
                 return runtime.block_on(serve(sluice::serve::start_kubernetes_with_limits(
                     config, limits,
                 )));
             }
-            let config = sluice::serve::ServeConfig { paths, bind, admin };
-            runtime.block_on(serve(sluice::serve::start_with_limits(config, limits)))
+            let state_dir = state_dir.or_else(sluice::rollout::default_state_dir);
+            if state_dir.is_none() {
+                tracing::warn!(
+                    "no --state-dir and neither $XDG_STATE_HOME nor $HOME is set: rollouts are kept in memory only"
+                );
+            }
+            let config = sluice::serve::ServeConfig {
+                paths,
+                bind,
+                admin,
+                crds,
+            };
+            runtime.block_on(serve(sluice::serve::start_with_state(
+                config, limits, state_dir,
+            )))
         }
-        Command::Check { paths } => {
-            let code = sluice::cli::check::run(&paths, &mut std::io::stdout().lock());
+        Command::Check {
+            manifests,
+            state_dir,
+            output,
+        } => {
+            let state_dir = state_dir.or_else(sluice::rollout::default_state_dir);
+            let code = sluice::cli::check::run(
+                &manifests.paths,
+                &manifests.crds,
+                state_dir.as_deref(),
+                output,
+                &mut std::io::stdout().lock(),
+            );
+            ExitCode::from(u8::try_from(code).unwrap_or(2))
+        }
+        Command::Explain {
+            paths,
+            gateway,
+            headers,
+            state_dir,
+            crds,
+            method,
+            url,
+        } => {
+            let state_dir = state_dir.or_else(sluice::rollout::default_state_dir);
+            let request = sluice::explain::ExplainRequest::parse(&method, &url, &headers, gateway);
+            let code = sluice::explain::run(
+                &paths,
+                &crds,
+                state_dir.as_deref(),
+                request,
+                &mut std::io::stdout().lock(),
+                &mut std::io::stderr().lock(),
+            );
             ExitCode::from(u8::try_from(code).unwrap_or(2))
         }
         Command::Demo { requests, verbose } => {

@@ -1,28 +1,55 @@
-//! `sluice serve`: wires the file source, translate, the proxy and the admin
-//! listener together.
+//! `sluice serve`: wires the sources, the rollouts, translate, the proxy
+//! and the admin listener together.
 //!
-//! Start-up loads the manifests, translates them, applies the route table
-//! to the proxy and publishes status and errors on the admin listener. A
-//! reload task then repeats that on every (debounced) file change. A reload
-//! is an atomic table swap in the proxy: requests in flight finish on the
-//! table they started with, a broken file keeps its last good objects, and
-//! nothing a manifest says can make the process exit.
+//! Both modes run one serve loop: a source task (files, or the Kubernetes
+//! API) sends each complete configuration on a channel; the loop runs the
+//! rollout state machine on it, translates it with the shares the rollouts
+//! serve, applies the route table to the proxy and publishes status and
+//! errors on the admin listener. While a rollout is at a step, the loop
+//! also wakes every [`ROLLOUT_TICK`] to judge it, and translates again when
+//! the served shares change: a step is a table swap like any reload.
+//!
+//! Who judges the rollouts: standalone, this process (its records go to
+//! `--state-dir`). In Kubernetes mode, the Lease leader only: it records
+//! every rollout in its policy's `status.rollouts` (the status writer sends
+//! them with the rest of the policy's status, so the loop hands them over
+//! with each served configuration rather than through a [`RolloutStore`]:
+//! one apply per object, under one field manager); the other replicas
+//! serve the step recorded there ([`Rollouts::served`]), and a replica that
+//! wins the lease continues from it.
+//!
+//! A reload is an atomic table swap in the proxy: requests in flight
+//! finish on the table they started with, a broken file keeps its last good
+//! objects, and nothing a manifest says can make the process exit.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use anyhow::Context;
-use tokio::sync::watch;
+use k8s_openapi::jiff::Timestamp;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::admin::{AdminServer, AdminState, Published};
-use crate::metrics::Metrics;
+use crate::metrics::{BackendStatsKey, Metrics, RolloutLabels};
 use crate::proxy::{Proxy, ProxyLimits};
+use crate::resources::Snapshot;
+use crate::rollout::{
+    BackendKey, FileStore, MemoryStore, RolloutInputs, RolloutReport, RolloutStore, Rollouts,
+    RuleKey, ServedShares,
+};
 use crate::route::RouteTable;
-use crate::source::{FileSource, FileWatch, SourceUpdate};
-use crate::translate::{ObjectStatus, StatusReport, TranslateOptions, translate};
+use crate::source::{ConfigError, FileSource, SourceUpdate};
+use crate::translate::{
+    ObjectStatus, RuleSummary, StatusReport, TranslateOptions, rollout_inputs, translate_served,
+};
+
+/// How often rollout gates and clocks are judged while a rollout is at a
+/// step: a breached gate is acted on within this.
+pub const ROLLOUT_TICK: Duration = Duration::from_millis(250);
 
 /// Settings of `sluice serve`.
 #[derive(Debug, Clone)]
@@ -33,6 +60,9 @@ pub struct ServeConfig {
     pub bind: IpAddr,
     /// Admin listener (`/status`, `/errors`, `/metrics`, `/healthz`, `/readyz`).
     pub admin: SocketAddr,
+    /// CustomResourceDefinition files or directories (`--crds`): objects of
+    /// the kinds they define are validated by them. Watched like `paths`.
+    pub crds: Vec<PathBuf>,
 }
 
 /// A gateway started in this process. Dropping it leaves the gateway
@@ -60,6 +90,12 @@ impl RunningGateway {
     /// What `/status` and `/errors` currently serve.
     pub fn published(&self) -> Arc<Published> {
         self.state.published()
+    }
+
+    /// The rollouts' status currently shown (each RolloutPolicy's
+    /// `status.rollouts` on `/status`).
+    pub fn rollouts(&self) -> Arc<RolloutReport> {
+        self.state.rollouts()
     }
 
     /// Stop watching, close the admin listener and every proxy listener,
@@ -99,8 +135,20 @@ pub async fn start_with_limits(
     config: ServeConfig,
     limits: ProxyLimits,
 ) -> anyhow::Result<RunningGateway> {
+    start_with_state(config, limits, None).await
+}
+
+/// [`start_with_limits`], recording rollouts in `state_dir`
+/// (`rollouts.json`) so that a restart resumes them; `None` keeps them in
+/// memory only.
+pub async fn start_with_state(
+    config: ServeConfig,
+    limits: ProxyLimits,
+    state_dir: Option<PathBuf>,
+) -> anyhow::Result<RunningGateway> {
     let metrics = Metrics::shared();
-    let source = FileSource::new(config.paths.clone(), metrics.clone());
+    let source =
+        FileSource::new(config.paths.clone(), metrics.clone()).with_crds(config.crds.clone());
     // Watch before the first read so that no change in between is missed.
     let watch = source
         .watch()
@@ -114,22 +162,41 @@ pub async fn start_with_limits(
     tracing::info!(addr = %admin.addr(), "admin listener started");
 
     let proxy = Proxy::with_limits(metrics.clone(), limits);
-    let mut reloader = Reloader {
-        options: TranslateOptions {
-            default_bind: config.bind,
-        },
-        proxy: proxy.clone(),
-        state: state.clone(),
-        metrics: metrics.clone(),
-        generation: 0,
+    state.show_proxy(proxy.clone());
+    let store: Box<dyn RolloutStore> = match &state_dir {
+        Some(dir) => Box::new(FileStore::new(dir)),
+        None => Box::new(MemoryStore::default()),
     };
-    let source = Arc::new(Mutex::new(source));
-    if let Some(update) = reload(&source).await {
-        reloader.apply(update).await;
-    }
-    state.set_ready();
+    let server = Server::new(
+        config.bind,
+        proxy.clone(),
+        state.clone(),
+        metrics.clone(),
+        store,
+        Role::Lead,
+    )
+    .await;
 
-    let reloads = tokio::spawn(reload_loop(source, watch, reloader, shutdown_rx));
+    let (updates_tx, updates) = mpsc::channel(1);
+    let source = tokio::spawn(crate::source::files::run(
+        source,
+        watch,
+        updates_tx,
+        shutdown_rx.clone(),
+    ));
+    let (first_tx, first) = oneshot::channel();
+    let serve = tokio::spawn(serve_loop(
+        updates,
+        server,
+        None,
+        None,
+        Some(first_tx),
+        shutdown_rx,
+    ));
+    // Serve the first configuration before returning, as a gateway that
+    // answers is expected to.
+    let _ = first.await;
+    let reloads = tokio::spawn(join_tasks([("serve", serve), ("source", source)]));
     Ok(RunningGateway {
         admin,
         state,
@@ -140,32 +207,372 @@ pub async fn start_with_limits(
     })
 }
 
-/// Turns each configuration into a served table and published status.
-struct Reloader {
+/// Wait for every task, logging the ones that failed.
+async fn join_tasks<const N: usize>(tasks: [(&'static str, JoinHandle<()>); N]) {
+    for (task, handle) in tasks {
+        if let Err(error) = handle.await {
+            tracing::error!(task, %error, "task failed");
+        }
+    }
+}
+
+/// The configuration in service.
+struct Current {
+    snapshot: Arc<Snapshot>,
+    errors: Vec<ConfigError>,
+    objects: usize,
+    /// The rule summaries of the table in service: what each rule serves,
+    /// for the rollouts of newly governed rules.
+    rules: Arc<Vec<RuleSummary>>,
+}
+
+/// Who moves the rollouts along.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// This process judges the steps (standalone, or the Kubernetes leader).
+    Lead,
+    /// This process serves the steps another recorded in the policies'
+    /// status (a Kubernetes replica that is not the leader).
+    Follow,
+}
+
+/// The rollouts, their state machine's inputs and where they are saved.
+struct RolloutDriver {
+    role: Role,
+    /// Took the lead: continue from the rollouts recorded in the policies'
+    /// status as soon as a configuration is in service.
+    resume: bool,
+    /// The rollouts as recorded at their last transition (or as read from
+    /// the policies' status): what Kubernetes mode writes to each policy's
+    /// `status.rollouts`, and what a follower shows. Not rebuilt for every
+    /// count: status is written when a rollout moves, not per request.
+    recorded: Arc<RolloutReport>,
+    /// Problems reading recorded rollouts, as last logged.
+    unreadable: Vec<String>,
+    machine: Rollouts,
+    store: Arc<Mutex<Box<dyn RolloutStore>>>,
+    inputs: RolloutInputs,
+    served: ServedShares,
+    /// Why the state could not be saved (or read), and since when.
+    not_saved: Option<(String, Timestamp)>,
+}
+
+/// Turns each configuration, and each rollout step, into a served table
+/// and published status.
+struct Server {
     options: TranslateOptions,
     proxy: Proxy,
     state: Arc<AdminState>,
     metrics: Arc<Metrics>,
     /// Number of the last table applied.
     generation: u64,
+    current: Option<Current>,
+    rollouts: RolloutDriver,
 }
 
-impl Reloader {
+impl Server {
+    /// A server whose rollouts resume what `store` recorded, leading them
+    /// or following the records in the policies' status (`role`).
+    async fn new(
+        bind: IpAddr,
+        proxy: Proxy,
+        state: Arc<AdminState>,
+        metrics: Arc<Metrics>,
+        mut store: Box<dyn RolloutStore>,
+        role: Role,
+    ) -> Server {
+        let location = store.location();
+        let (store, loaded) = tokio::task::spawn_blocking(move || {
+            let loaded = store.load();
+            (store, loaded)
+        })
+        .await
+        .unwrap_or_else(|_| {
+            (
+                Box::new(MemoryStore::default()) as Box<dyn RolloutStore>,
+                Err("reading the rollout state panicked".into()),
+            )
+        });
+        let (machine, not_saved) = match loaded {
+            Ok(records) => {
+                if !records.is_empty() {
+                    tracing::info!(rollouts = records.len(), state = %location,
+                        "resuming recorded rollouts");
+                }
+                (Rollouts::restore(records), None)
+            }
+            Err(error) => {
+                let message = format!(
+                    "{error}; started without recorded rollouts: rules serve their spec shares until their weights change"
+                );
+                tracing::error!("rollout state: {message}");
+                (Rollouts::new(), Some((message, Timestamp::now())))
+            }
+        };
+        let server = Server {
+            options: TranslateOptions { default_bind: bind },
+            proxy,
+            state,
+            metrics,
+            generation: 0,
+            current: None,
+            rollouts: RolloutDriver {
+                role,
+                resume: false,
+                recorded: Arc::default(),
+                unreadable: Vec::new(),
+                machine,
+                store: Arc::new(Mutex::new(store)),
+                inputs: RolloutInputs::default(),
+                served: ServedShares::default(),
+                not_saved,
+            },
+        };
+        server.publish_rollouts();
+        server
+    }
+
+    /// Serve a new configuration.
     async fn apply(&mut self, update: SourceUpdate) {
-        // Translate off the async workers: with 10,000 routes it takes a few
-        // hundred milliseconds that requests must not wait behind.
         let SourceUpdate {
             snapshot,
-            objects,
             errors,
+            objects,
         } = update;
+        let snapshot = Arc::new(snapshot);
+        let previous = self
+            .current
+            .as_ref()
+            .map_or_else(|| Arc::new(Vec::new()), |c| c.rules.clone());
+        // Resolving the governed rules' backends is as large as the
+        // policies; keep it off the async workers too.
+        let for_inputs = snapshot.clone();
+        match tokio::task::spawn_blocking(move || rollout_inputs(&for_inputs, &previous)).await {
+            Ok(inputs) => self.rollouts.inputs = inputs,
+            Err(error) => {
+                tracing::error!(%error, "reading the rollout policies failed; keeping the previous ones")
+            }
+        }
+        let rules = self.current.take().map(|c| c.rules);
+        self.current = Some(Current {
+            snapshot,
+            errors,
+            objects,
+            rules: rules.unwrap_or_default(),
+        });
+        self.run_rollouts().await;
+        self.translate_and_apply("configuration applied").await;
+        self.publish_rollouts();
+    }
+
+    /// Judge the rollouts at a step; serve their new shares if they moved.
+    async fn tick(&mut self) {
+        if self.current.is_none() {
+            return;
+        }
+        let before = self.rollouts.served.clone();
+        self.run_rollouts().await;
+        if self.rollouts.served != before {
+            self.translate_and_apply("rollout step applied").await;
+        }
+        self.publish_rollouts();
+    }
+
+    /// Lead the rollouts (`lead`: the lease was won) or follow the
+    /// records in the policies' status (lost), and serve what that gives.
+    async fn set_role(&mut self, lead: bool) {
+        let role = if lead { Role::Lead } else { Role::Follow };
+        if self.rollouts.role == role {
+            return;
+        }
+        self.rollouts.role = role;
+        // A new leader continues from what the policies' status records,
+        // never from what it judged in an earlier term.
+        self.rollouts.resume = lead;
+        tracing::info!(
+            "{}",
+            if lead {
+                "leading the rollouts: continuing from the steps recorded in the RolloutPolicies' status"
+            } else {
+                "following the rollouts: serving the steps the leader records in the RolloutPolicies' status"
+            }
+        );
+        self.tick().await;
+    }
+
+    /// Lead the rollouts (judge them) or follow the recorded ones.
+    async fn run_rollouts(&mut self) {
+        match self.rollouts.role {
+            Role::Lead => {
+                if std::mem::take(&mut self.rollouts.resume) {
+                    self.read_recorded();
+                }
+                self.evaluate_rollouts().await;
+            }
+            Role::Follow => {
+                self.read_recorded();
+                self.rollouts.served = self.rollouts.machine.served(&self.rollouts.inputs);
+            }
+        }
+    }
+
+    /// Take the rollouts recorded in the policies' status of the
+    /// configuration in service as this process's (Kubernetes mode).
+    fn read_recorded(&mut self) {
+        let Some(current) = &self.current else {
+            return;
+        };
+        let (records, report, problems) =
+            crate::rollout::recorded(&current.snapshot.rollout_policies);
+        if problems != self.rollouts.unreadable {
+            for problem in &problems {
+                tracing::warn!("{problem}; that rule is served as if nothing were recorded");
+            }
+            self.rollouts.unreadable = problems;
+        }
+        self.rollouts.machine = Rollouts::restore(records);
+        if *self.rollouts.recorded != report {
+            self.rollouts.recorded = Arc::new(report);
+        }
+    }
+
+    /// Run the rollout state machine; log and count its transitions; save
+    /// the records when they changed.
+    async fn evaluate_rollouts(&mut self) {
+        let metrics = self.metrics.clone();
+        let totals = move |rule: &RuleKey, backend: &BackendKey| {
+            metrics.backend_total(&BackendStatsKey {
+                kind: rule.kind.metrics_prefix(),
+                namespace: rule.namespace.clone(),
+                route: rule.route.clone(),
+                rule: rule.rule,
+                backend: backend.to_string(),
+            })
+        };
+        let driver = &mut self.rollouts;
+        let evaluation = driver
+            .machine
+            .evaluate(&driver.inputs, &totals, Timestamp::now());
+        for t in &evaluation.transitions {
+            tracing::info!(policy = %t.policy, rule = %t.rule, phase = t.phase.as_str(), "rollout: {}", t.message);
+            self.metrics
+                .rollouts()
+                .transition(&rollout_labels(&t.policy, &t.rule), t.phase.as_str());
+        }
+        driver.served = evaluation.served;
+        if evaluation.changed {
+            driver.recorded = Arc::new(RolloutReport::new(&driver.machine, None));
+            self.save_rollouts().await;
+        }
+    }
+
+    /// Save the recorded rollouts (off the async workers: the file is
+    /// synced). A failure is logged once, shown on `/readyz` and in each
+    /// policy's status, and the rollouts go on in memory.
+    async fn save_rollouts(&mut self) {
+        let records = self.rollouts.machine.records();
+        let store = self.rollouts.store.clone();
+        let saved = tokio::task::spawn_blocking(move || {
+            let mut store = store.lock().unwrap_or_else(PoisonError::into_inner);
+            store.save(&records).map_err(|e| (e, store.location()))
+        })
+        .await
+        .unwrap_or_else(|e| Err((format!("saving panicked: {e}"), String::new())));
+        match saved {
+            Ok(()) => {
+                if self.rollouts.not_saved.take().is_some() {
+                    tracing::info!("rollout state saved again");
+                }
+            }
+            Err((error, _)) => {
+                let message = format!(
+                    "{error}; rollouts go on in memory only: after a restart, rules would serve their spec shares at once"
+                );
+                let known = self
+                    .rollouts
+                    .not_saved
+                    .as_ref()
+                    .is_some_and(|(m, _)| *m == message);
+                if !known {
+                    tracing::error!("rollout state: {message}");
+                    self.rollouts.not_saved = Some((message, Timestamp::now()));
+                }
+            }
+        }
+    }
+
+    /// Show the rollouts on `/status` and `/metrics`: the leader's with
+    /// the counts of the moment, a follower's as recorded.
+    fn publish_rollouts(&self) {
+        let report = match self.rollouts.role {
+            Role::Lead => {
+                RolloutReport::new(&self.rollouts.machine, self.rollouts.not_saved.clone())
+            }
+            Role::Follow => (*self.rollouts.recorded).clone(),
+        };
+        let metrics = self.metrics.rollouts();
+        let mut shown = Vec::new();
+        for (rollout, _, _) in self.rollouts.machine.report() {
+            let labels = rollout_labels(&rollout.policy, &rollout.rule);
+            let served = rollout.served();
+            let total = served.total();
+            let shares: Vec<(String, f64)> = served
+                .iter()
+                .map(|(k, w)| {
+                    let share = if total == 0 {
+                        0.0
+                    } else {
+                        w as f64 / total as f64
+                    };
+                    (k.to_string(), share)
+                })
+                .collect();
+            let step = rollout
+                .step
+                .map_or(0.0, |p| f64::from(p.thousandths()) / 1000.0);
+            metrics.set(&labels, rollout.phase.as_str(), step, &shares);
+            shown.push(labels);
+        }
+        metrics.retain(&shown);
+        let gates = self
+            .rollouts
+            .inputs
+            .rules
+            .iter()
+            .map(|governed| {
+                let s = &governed.settings;
+                (
+                    governed.policy.to_string(),
+                    crate::admin::overview::Gates {
+                        interval: format!("{:?}", s.interval),
+                        min_requests: s.min_requests,
+                        max_error_rate: s.max_error_rate.map(|p| p.to_string()),
+                        max_latency: s.max_latency.map(|d| format!("{d:?}")),
+                    },
+                )
+            })
+            .collect();
+        self.state.publish_gates(gates);
+        self.state.publish_rollouts(report);
+    }
+
+    /// Translate the configuration in service with the served shares and
+    /// swap the table in.
+    async fn translate_and_apply(&mut self, what: &'static str) {
+        let Some(current) = &self.current else {
+            return;
+        };
+        // Translate off the async workers: with 10,000 routes it takes a few
+        // hundred milliseconds that requests must not wait behind.
+        let snapshot = current.snapshot.clone();
         let options = self.options.clone();
+        let served = self.rollouts.served.clone();
         let previous = self.state.published();
         let translated = tokio::task::spawn_blocking(move || {
             // Build the new table once the one it replaced last time is
             // freed, so that the two never overlap in memory.
             RouteTable::wait_for_freed_tables();
-            let mut translation = translate(&snapshot, &options);
+            let mut translation = translate_served(&snapshot, &options, &served);
             // Conditions whose status did not change keep the time it last
             // changed, as in Kubernetes mode. The previous status is as
             // large as the configuration: walk it here, off the async
@@ -200,20 +607,46 @@ impl Reloader {
         drop(previous);
         self.generation += 1;
         self.metrics.record_reload(self.generation);
+        let Some(current) = &mut self.current else {
+            return;
+        };
         tracing::info!(
             generation = self.generation,
-            objects,
-            errors = errors.len(),
-            "configuration applied"
+            objects = current.objects,
+            errors = current.errors.len(),
+            "{what}"
         );
+        self.metrics.set_shares(
+            translation
+                .rules
+                .iter()
+                .flat_map(RuleSummary::share_rows)
+                .collect(),
+        );
+        let rules = Arc::new(translation.rules);
         let replaced = self.state.publish(Published {
             status: translation.status,
-            errors,
+            errors: current.errors.clone(),
+            rules: rules.clone(),
+            generation: self.generation,
         });
-        // The replaced status and this translation's rule summaries are as
-        // large as the configuration: free them off the async workers.
-        let rules = translation.rules;
-        tokio::task::spawn_blocking(move || drop((replaced, rules)));
+        let replaced_rules = std::mem::replace(&mut current.rules, rules);
+        // The replaced status and rule summaries are as large as the
+        // configuration: free them off the async workers.
+        tokio::task::spawn_blocking(move || drop((replaced, replaced_rules)));
+    }
+}
+
+fn rollout_labels(policy: &crate::rollout::PolicyKey, rule: &RuleKey) -> RolloutLabels {
+    RolloutLabels {
+        policy: policy.to_string(),
+        route: format!(
+            "{}{}/{}",
+            rule.kind.metrics_prefix(),
+            rule.namespace,
+            rule.route
+        ),
+        rule: rule.rule.to_string(),
     }
 }
 
@@ -238,47 +671,75 @@ fn keep_transition_times(new: &mut StatusReport, old: &StatusReport) {
     }
 }
 
-/// Read the files again (off the async workers). `None` when nothing
-/// changed, or when reading panicked: that is logged, the current table
-/// keeps serving and the next change is tried again.
-async fn reload(source: &Arc<Mutex<FileSource>>) -> Option<SourceUpdate> {
-    let source = source.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        // A previous reload that panicked poisoned the lock; the source's
-        // state is still a consistent last-good set, so go on with it.
-        source
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .reload()
-    })
-    .await;
-    match result {
-        Ok(update) => update,
-        Err(error) => {
-            tracing::error!(%error, "reading the manifests failed; keeping the current configuration");
-            None
+/// The serve loop of both modes: serve each configuration the source
+/// sends, and judge rollouts every [`ROLLOUT_TICK`] while one is at a
+/// step. The first configuration served makes `/readyz` ready (and fires
+/// `first`); each served one, and each rollout that moved, goes to
+/// `served` (the status writer's input, in Kubernetes mode).
+///
+/// `leader` (Kubernetes mode) says whether this replica holds the lease:
+/// only then does it judge the rollouts; otherwise it serves the steps
+/// recorded in the policies' status.
+async fn serve_loop(
+    mut updates: mpsc::Receiver<SourceUpdate>,
+    mut server: Server,
+    served: Option<watch::Sender<Option<Arc<Served>>>>,
+    mut leader: Option<watch::Receiver<bool>>,
+    mut first: Option<oneshot::Sender<()>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let generation = server.generation;
+        let recorded = server.rollouts.recorded.clone();
+        let tick = (server.rollouts.role == Role::Lead && server.rollouts.machine.in_flight())
+            .then(|| tokio::time::Instant::now() + ROLLOUT_TICK);
+        tokio::select! {
+            update = updates.recv() => {
+                let Some(update) = update else {
+                    tracing::warn!("the configuration source stopped; configuration is no longer updated");
+                    return;
+                };
+                server.apply(update).await;
+                server.state.set_ready();
+                if let Some(first) = first.take() {
+                    let _ = first.send(());
+                }
+            }
+            _ = sleep_until(tick) => server.tick().await,
+            lead = leadership(&mut leader) => match lead {
+                Some(lead) => server.set_role(lead).await,
+                None => leader = None,
+            },
+            _ = crate::admin::stopped(&mut shutdown) => return,
+        }
+        if let (Some(served), Some(current)) = (&served, &server.current)
+            && (server.generation != generation
+                || !Arc::ptr_eq(&server.rollouts.recorded, &recorded))
+        {
+            served.send_replace(Some(Arc::new(Served {
+                snapshot: current.snapshot.clone(),
+                published: server.state.published(),
+                rollouts: server.rollouts.recorded.clone(),
+            })));
         }
     }
 }
 
-async fn reload_loop(
-    source: Arc<Mutex<FileSource>>,
-    mut watch: FileWatch,
-    mut reloader: Reloader,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    loop {
-        let changed = tokio::select! {
-            changed = watch.changed() => changed,
-            _ = crate::admin::stopped(&mut shutdown) => return,
-        };
-        if !changed {
-            tracing::warn!("file watch stopped; configuration is no longer reloaded");
-            return;
-        }
-        if let Some(update) = reload(&source).await {
-            reloader.apply(update).await;
-        }
+/// The next change of `leader`: `None` when it can no longer change.
+async fn leadership(leader: &mut Option<watch::Receiver<bool>>) -> Option<bool> {
+    match leader {
+        Some(rx) => match rx.changed().await {
+            Ok(()) => Some(*rx.borrow_and_update()),
+            Err(_) => None,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -301,13 +762,20 @@ pub struct KubernetesConfig {
     pub lease_namespace: Option<String>,
     pub lease_name: String,
     pub lease_duration: std::time::Duration,
+    /// CustomResourceDefinition files or directories (`--crds`), read once
+    /// at start: objects of the kinds they define are validated by them
+    /// (the API server already did; this makes refusals the same in both
+    /// modes).
+    pub crds: Vec<PathBuf>,
 }
 
 /// What the serve loop last served: the snapshot and the status translate
-/// computed for it (after the proxy swapped in its table).
+/// computed for it (after the proxy swapped in its table), and the
+/// rollouts as recorded (each RolloutPolicy's `status.rollouts`).
 struct Served {
-    snapshot: crate::resources::Snapshot,
+    snapshot: Arc<Snapshot>,
     published: Arc<Published>,
+    rollouts: Arc<RolloutReport>,
 }
 
 /// Watch the API server, serve what it holds, and (as leader) write status
@@ -339,11 +807,19 @@ pub async fn start_kubernetes_with_limits(
         .with_context(|| format!("cannot bind the admin listener on {}", config.admin))?;
     tracing::info!(addr = %admin.addr(), "admin listener started");
     let proxy = Proxy::with_limits(metrics.clone(), limits);
+    state.show_proxy(proxy.clone());
 
-    let (updates_tx, updates) = tokio::sync::mpsc::channel(1);
+    let (updates_tx, updates) = mpsc::channel(1);
+    let crds = crate::source::files::read_crds(&config.crds);
+    for error in &crds.1 {
+        tracing::warn!("--crds: {error}");
+    }
     let source = tokio::spawn(kube_source::run(
         kube_source::watch_all(&client),
-        SourceOptions::default(),
+        SourceOptions {
+            crds: crds.0,
+            ..SourceOptions::default()
+        },
         updates_tx,
         shutdown_rx.clone(),
     ));
@@ -364,6 +840,7 @@ pub async fn start_kubernetes_with_limits(
     tracing::info!(lease = %lease_config.name, namespace = %lease_config.namespace,
         identity = %lease_config.identity, "running for leader (the leader writes status)");
     let (leader_tx, leader) = watch::channel(false);
+    let leader_for_rollouts = leader.clone();
     let elector = tokio::spawn(lease::run(
         LeaderElector::new(client.clone(), lease_config),
         leader_tx,
@@ -380,33 +857,33 @@ pub async fn start_kubernetes_with_limits(
         shutdown_rx.clone(),
     ));
 
-    let reloader = Reloader {
-        options: TranslateOptions {
-            default_bind: config.bind,
-        },
-        proxy: proxy.clone(),
-        state: state.clone(),
-        metrics: metrics.clone(),
-        generation: 0,
-    };
-    let serve = tokio::spawn(kubernetes_serve_loop(
+    // The rollouts are recorded in each policy's status, by the leader
+    // (the status writer writes them with the rest of the policy's status:
+    // one apply per object), and every replica serves what is recorded
+    // there; so no store here. A replica follows until it wins the lease.
+    let server = Server::new(
+        config.bind,
+        proxy.clone(),
+        state.clone(),
+        metrics.clone(),
+        Box::new(MemoryStore::default()),
+        Role::Follow,
+    )
+    .await;
+    let serve = tokio::spawn(serve_loop(
         updates,
-        reloader,
-        served_tx,
+        server,
+        Some(served_tx),
+        Some(leader_for_rollouts),
+        None,
         shutdown_rx,
     ));
-    let reloads = tokio::spawn(async move {
-        for (task, handle) in [
-            ("serve", serve),
-            ("source", source),
-            ("status", status),
-            ("leader election", elector),
-        ] {
-            if let Err(error) = handle.await {
-                tracing::error!(task, %error, "task failed");
-            }
-        }
-    });
+    let reloads = tokio::spawn(join_tasks([
+        ("serve", serve),
+        ("source", source),
+        ("status", status),
+        ("leader election", elector),
+    ]));
     Ok(RunningGateway {
         admin,
         state,
@@ -435,33 +912,6 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kub
             .context("no Kubernetes configuration (not in a cluster, no kubeconfig)")?,
     };
     kube::Client::try_from(config).context("cannot build the Kubernetes client")
-}
-
-/// Translate and serve each snapshot from the API server; the first one
-/// makes `/readyz` ready.
-async fn kubernetes_serve_loop(
-    mut updates: tokio::sync::mpsc::Receiver<SourceUpdate>,
-    mut reloader: Reloader,
-    served: watch::Sender<Option<Arc<Served>>>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    loop {
-        let update = tokio::select! {
-            update = updates.recv() => update,
-            _ = crate::admin::stopped(&mut shutdown) => return,
-        };
-        let Some(update) = update else {
-            tracing::warn!("the Kubernetes source stopped; configuration is no longer updated");
-            return;
-        };
-        let snapshot = update.snapshot.clone();
-        reloader.apply(update).await;
-        reloader.state.set_ready();
-        served.send_replace(Some(Arc::new(Served {
-            snapshot,
-            published: reloader.state.published(),
-        })));
-    }
 }
 
 /// Write the status of what is served, while leader. Failed writes are
@@ -509,12 +959,15 @@ async fn status_loop(
                 &current.snapshot,
                 &current.published.status,
                 addresses.as_deref(),
+                &current.rollouts,
             )
             .await;
         if outcome.written > 0 {
             tracing::info!(written = outcome.written, "status written");
         }
-        if outcome.failed > 0 {
+        // A conflict is computed again when the watch delivers the object
+        // that caused it; the retry covers a watch that is slow to.
+        if outcome.failed > 0 || outcome.conflicts > 0 {
             retry = Some(tokio::time::Instant::now() + retry_after);
         }
     }

@@ -203,3 +203,87 @@ async fn a_duplicate_object_is_served_from_the_first_file_and_reported() {
     assert_eq!(fx.request("/").await, (StatusCode::OK, "blue".into()));
     fx.gateway.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_answers_in_json_from_the_table_in_service() {
+    let fx = Fixture::start(&route_yaml("web", "/app", 3, 1)).await;
+    let port = fx.listener.port();
+    let (code, body) = fx
+        .admin(&format!(
+            "/explain?method=GET&url=http://anything:{port}/app/x&header=x-a:%201"
+        ))
+        .await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let e: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(e["listener"], "gateway/default/gw/listener/http", "{e:#}");
+    assert_eq!(e["winner"]["route"], "HTTPRoute default/web", "{e:#}");
+    assert_eq!(e["candidates"][0]["wins"], true, "{e:#}");
+    assert_eq!(e["candidates"][0]["match"], "PathPrefix /app", "{e:#}");
+    let backends = e["winner"]["backends"].as_array().expect("backends");
+    assert_eq!(backends[0]["name"], "default/blue:80");
+    assert_eq!(backends[0]["sharePercent"], 75.0);
+    assert_eq!(backends[1]["sharePercent"], 25.0);
+    assert_eq!(backends[0]["outcome"]["outcome"], "serves", "{e:#}");
+    // A path no rule matches: no winner, a 404 outcome.
+    let (code, body) = fx
+        .admin(&format!("/explain?url=http://anything:{port}/other"))
+        .await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let e: Value = serde_json::from_str(&body).expect("JSON");
+    assert!(e.get("winner").is_none(), "{e:#}");
+    assert!(e["outcome"].as_str().unwrap().starts_with("404"), "{e:#}");
+    // No URL, a bad header: 400.
+    assert_eq!(fx.admin("/explain").await.0, StatusCode::BAD_REQUEST);
+    let (code, _) = fx
+        .admin(&format!("/explain?url=http://a:{port}/&header=nocolon"))
+        .await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    fx.gateway.shutdown().await;
+}
+
+/// What `/overview` (the dashboard's JSON) says about a rule before and
+/// after its weights change: spec and served shares follow the manifest,
+/// observed shares follow the traffic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overview_shows_spec_served_and_observed_shares() {
+    let fx = Fixture::start(&route_yaml("web", "/", 1, 0)).await;
+    for _ in 0..5 {
+        assert_eq!(fx.request("/").await, (StatusCode::OK, "blue".into()));
+    }
+    let o = overview(&fx).await;
+    assert_eq!(o["rulesTotal"], 1, "{o:#}");
+    let rule = &o["rules"][0];
+    assert_eq!(rule["route"], "default/web", "{o:#}");
+    let blue = &rule["backends"][0];
+    assert_eq!(blue["name"], "default/blue:80");
+    assert_eq!(blue["specShare"], 1.0, "{o:#}");
+    assert_eq!(blue["servedShare"], 1.0, "{o:#}");
+    assert_eq!(blue["observedShare"], 1.0, "{o:#}");
+    assert_eq!(blue["requests"], 5, "{o:#}");
+    assert_eq!(rule["backends"][1]["specShare"], 0.0, "{o:#}");
+    assert_eq!(o["gateways"][0]["kind"], "Gateway", "{o:#}");
+    assert_eq!(
+        o["gateways"][0]["status"]["listeners"][0]["attachedRoutes"],
+        1
+    );
+
+    let generation = fx.generation().await;
+    write(fx.dir.path(), "route.yaml", &route_yaml("web", "/", 1, 3));
+    fx.wait_for_generation_after(generation).await;
+    let o = overview(&fx).await;
+    let green = &o["rules"][0]["backends"][1];
+    assert_eq!(green["specShare"], 0.75, "{o:#}");
+    assert_eq!(green["servedShare"], 0.75, "{o:#}");
+    // The dashboard page itself: one HTML document without external assets.
+    let (code, page) = fx.admin("/").await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(page.contains("fetch(\"overview\""), "{page}");
+    assert!(!page.contains("http://") && !page.contains("https://"));
+    fx.gateway.shutdown().await;
+}
+
+async fn overview(fx: &Fixture) -> Value {
+    let (code, body) = fx.admin("/overview").await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    serde_json::from_str(&body).expect("JSON")
+}

@@ -45,7 +45,7 @@ impl Drop for Manifests {
 fn check(paths: &[&Path]) -> (i32, String) {
     let paths: Vec<PathBuf> = paths.iter().map(|p| p.to_path_buf()).collect();
     let mut out = Vec::new();
-    let code = check::run(&paths, &mut out);
+    let code = check::run(&paths, &[], None, check::Output::Text, &mut out);
     let out = String::from_utf8(out).expect("check prints UTF-8");
     // Shown with `--nocapture`.
     println!("--- sluice check (exit {code})\n{out}");
@@ -168,6 +168,22 @@ fn a_missing_backend_is_exit_1_and_named() {
     assert!(out.contains("99.5%"), "{out}");
     assert!(out.contains("500"), "the 500 for the missing share: {out}");
     assert!(out.contains("FAIL"), "{out}");
+    // Its lint line is at the backendRef's own line, not the route's.
+    let route_file = manifests.path().join("route.yaml");
+    let text = std::fs::read_to_string(&route_file).expect("readable");
+    let gone = text
+        .lines()
+        .position(|l| l.contains("name: gone"))
+        .expect("gone")
+        + 1;
+    let line = format!(
+        "{}:{gone}: HTTPRoute default/web: spec.rules[0].backendRefs[1]: backend default/gone:80: unresolved",
+        route_file.display()
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with(&line)),
+        "no line starting {line:?} in:\n{out}"
+    );
 }
 
 #[test]
@@ -268,4 +284,97 @@ fn the_binary_exits_0_1_2() {
     let (code, out) = sluice_check(&[&examples, &missing]);
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("nope.yaml"), "{out}");
+}
+
+/// The built binary with arguments, as CI runs it.
+fn sluice_check_args(args: &[&std::ffi::OsStr]) -> (i32, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("check")
+        .args(args)
+        .output()
+        .expect("run the sluice binary");
+    let stdout = String::from_utf8(output.stdout).expect("UTF-8 stdout");
+    (output.status.code().expect("sluice exited"), stdout)
+}
+
+/// A CRD for HTTPRoute of our own making (the upstream ones are exercised
+/// by tests/crd_validation.rs): weights at most 100.
+const ROUTE_CRD: &str = include_str!("fixtures/httproute-weights-at-most-100.crd.yaml");
+
+#[test]
+fn crds_validate_and_each_problem_is_one_lint_line_or_json() {
+    let manifests = Manifests::new(&[
+        ("gateway.yaml", GATEWAY),
+        (
+            "route.yaml",
+            &(route("    - {name: a, port: 80, weight: 101}\n") + &service("a", 1)),
+        ),
+        ("crds/route-crd.yaml", ROUTE_CRD),
+    ]);
+    let route_file = manifests.path().join("route.yaml");
+    let crd_file = manifests.path().join("crds");
+    // Without the CRD: sluice's own check (a weight of 101 is fine).
+    let gateway_file = manifests.path().join("gateway.yaml");
+    let (code, out) = sluice_check_args(&[
+        "-f".as_ref(),
+        route_file.as_os_str(),
+        "-f".as_ref(),
+        gateway_file.as_os_str(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+
+    // With it (--crds): refused with the API server's message, one line
+    // naming file, line, object and field.
+    let (code, out) = sluice_check_args(&[
+        "-f".as_ref(),
+        route_file.as_os_str(),
+        "-f".as_ref(),
+        gateway_file.as_os_str(),
+        "--crds".as_ref(),
+        crd_file.as_os_str(),
+    ]);
+    assert_eq!(code, 1, "{out}");
+    let line = format!(
+        "{}:{}: HTTPRoute default/web: spec.rules[0].backendRefs[0].weight: Invalid value: 101: \
+         spec.rules[0].backendRefs[0].weight in body should be less than or equal to 100",
+        route_file.display(),
+        weight_line(&route_file),
+    );
+    assert!(
+        out.lines().any(|l| l == line),
+        "no line {line:?} in:\n{out}"
+    );
+
+    // A CRD document among the -f manifests counts too; --output json.
+    let (code, out) = sluice_check_args(&[
+        "-f".as_ref(),
+        manifests.path().as_os_str(),
+        "--output".as_ref(),
+        "json".as_ref(),
+    ]);
+    assert_eq!(code, 1, "{out}");
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("--output json is JSON");
+    assert_eq!(doc["exitCode"], 1);
+    let problem = &doc["problems"][0];
+    assert_eq!(problem["object"], "HTTPRoute default/web", "{doc:#}");
+    assert_eq!(
+        problem["field"], "spec.rules[0].backendRefs[0].weight",
+        "{doc:#}"
+    );
+    assert_eq!(problem["line"], weight_line(&route_file), "{doc:#}");
+    assert_eq!(
+        doc["crds"]["kinds"][0]
+            .as_str()
+            .map(|k| k.starts_with("HTTPRoute.")),
+        Some(true)
+    );
+}
+
+/// The line of `weight:` in a manifest file.
+fn weight_line(file: &Path) -> usize {
+    let text = std::fs::read_to_string(file).expect("readable");
+    text.lines()
+        .position(|l| l.contains("weight: 101"))
+        .expect("a weight")
+        + 1
 }

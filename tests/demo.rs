@@ -49,6 +49,20 @@ async fn demo_splits_exactly_and_flips_blue_green() {
     assert_eq!(canary_pods.pods, 2, "{printed}");
     assert!(printed.contains("99.5%"), "{printed}");
     assert!(printed.contains("47/47"), "{printed}");
+    // The gateway's own observed share (sluice_backend_observed_share)
+    // is printed next to the configured one: the first route's traffic is
+    // all the rule saw, so it is the split the backends counted.
+    let canary_row = printed
+        .lines()
+        .find(|l| l.trim_start().starts_with("autocomplete-canary"))
+        .expect("a row for the canary");
+    let columns: Vec<&str> = canary_row.split_whitespace().collect();
+    assert_eq!(columns[2], "0.5%", "configured: {canary_row}");
+    assert_eq!(columns[5], columns[4], "observed = actual: {canary_row}");
+    assert!(
+        printed.contains("sluice_backend_observed_share"),
+        "{printed}"
+    );
 
     // Header-tagged testers reach the canary, everyone else stable.
     let untagged = &report.phases[1];
@@ -65,6 +79,55 @@ async fn demo_splits_exactly_and_flips_blue_green() {
     let after = &report.phases[4];
     assert_eq!(received(after, "checkout-blue"), after.sent as u64);
     assert_eq!(received(after, "checkout-green"), 0);
+
+    // The promotion: each step's batch is its exact split.
+    let promotion = &report.rollouts[0];
+    assert_eq!(promotion.phase, "Complete", "{printed}");
+    let steps: Vec<(&str, &str, u64, u64)> = promotion
+        .steps
+        .iter()
+        .map(|s| {
+            let got = |svc: &str| s.received.get(svc).copied().unwrap_or(0);
+            (
+                s.step.as_str(),
+                s.served.as_str(),
+                got("recommend-stable"),
+                got("recommend-canary"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            ("0.5%", "99.5/0.5", 995, 5),
+            ("5%", "95/5", 95, 5),
+            ("25%", "75/25", 15, 5),
+            ("100%", "0/100", 0, 5),
+        ],
+        "{printed}"
+    );
+    assert_eq!(
+        promotion.after.received.get("recommend-canary").copied(),
+        Some(promotion.after.sent as u64)
+    );
+    assert!(printed.contains("Complete "), "{printed}");
+
+    // The failing canary: rolled back, everyone on stable again.
+    let rollback = &report.rollouts[1];
+    assert_eq!(rollback.phase, "RolledBack", "{printed}");
+    assert_eq!(
+        rollback.message,
+        "payments-canary 5xx 100% > 1% after 20 requests: rolled back to 100/0 (payments-stable/payments-canary)"
+    );
+    let failing = &rollback.steps[1];
+    assert_eq!((failing.step.as_str(), failing.failed), ("25%", 20));
+    assert_eq!(failing.received.get("payments-canary").copied(), Some(20));
+    assert_eq!(
+        rollback.after.received.get("payments-stable").copied(),
+        Some(rollback.after.sent as u64)
+    );
+    assert_eq!(rollback.after.failed, 0);
+    assert!(printed.contains("RolledBack "), "{printed}");
 }
 
 #[test]
@@ -80,7 +143,14 @@ fn the_binary_runs_the_demo() {
     assert!(stdout.contains("autocomplete-canary"), "{stdout}");
     assert!(stdout.contains("47/47"), "{stdout}");
     assert!(
-        stdout.contains("All 1250 requests answered 200."),
+        stdout.contains(
+            "requests answered 200, except the 20 the failing canary answered 500 before it was rolled back."
+        ),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("RolloutPolicy default/recommend"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("RolledBack "), "{stdout}");
 }

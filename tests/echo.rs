@@ -175,6 +175,31 @@ async fn delays_when_asked() {
 }
 
 #[tokio::test]
+async fn can_be_told_to_fail_or_slow_down_while_running() {
+    let server = start().await;
+    let mut sender = h1(server.local_addr()).await;
+    let get = || {
+        Request::get("/x")
+            .header("host", "a")
+            .body(Full::new(Bytes::new()))
+            .expect("valid request")
+    };
+    server.fail_with(Some(StatusCode::INTERNAL_SERVER_ERROR));
+    let (parts, body) = send(&mut sender, get()).await;
+    assert_eq!(parts.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let echoed: EchoResponse = serde_json::from_slice(&body).expect("echo body kept");
+    assert_eq!(echoed.pod, "web-7d9f-abcde");
+    server.fail_with(None);
+    server.delay_by(Duration::from_millis(120));
+    let started = Instant::now();
+    let (parts, _) = send(&mut sender, get()).await;
+    assert_eq!(parts.status, StatusCode::OK);
+    // A lower bound only: the server must not answer before the delay.
+    assert!(started.elapsed() >= Duration::from_millis(120));
+    assert_eq!(server.requests(), 2);
+}
+
+#[tokio::test]
 async fn serves_h2c_with_prior_knowledge() {
     let server = start().await;
     let stream = TcpStream::connect(server.local_addr())

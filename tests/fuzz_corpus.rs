@@ -132,7 +132,10 @@ fn http1_response_seeds_frame_alike_in_sluice_and_hyper() {
     // A HEAD's answer has no body, whatever its length says.
     assert_eq!(
         h1_response_ours(&seed("length.txt"), true),
-        SeenResponse::Response { status: 200, body: 0 }
+        SeenResponse::Response {
+            status: 200,
+            body: 0
+        }
     );
     // What could be framed two ways is refused (the client gets 502).
     for name in [
@@ -144,7 +147,10 @@ fn http1_response_seeds_frame_alike_in_sluice_and_hyper() {
     ] {
         let ours = h1_response_ours(&seed(name), false);
         assert!(
-            matches!(ours, SeenResponse::Refused | SeenResponse::BodyFailed { .. }),
+            matches!(
+                ours,
+                SeenResponse::Refused | SeenResponse::BodyFailed { .. }
+            ),
             "{name}: {ours:?}"
         );
     }

@@ -6,15 +6,17 @@
 use std::path::Path;
 use std::process::Command;
 
-use serde_yaml::Value;
+use serde_json::Value;
 
 fn documents(file: &str) -> Vec<Value> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("deploy")
         .join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{file}: {e}")))
+    sluice::yaml::documents(&text)
+        .unwrap_or_else(|e| panic!("{file}: {e}"))
+        .into_iter()
+        .map(|d| d.value)
         .collect()
 }
 
@@ -26,7 +28,7 @@ fn of_kind(file: &str, kind: &str) -> Vec<Value> {
 }
 
 fn strings(v: &Value) -> Vec<String> {
-    v.as_sequence()
+    v.as_array()
         .map(|s| {
             s.iter()
                 .filter_map(|x| x.as_str().map(str::to_string))
@@ -91,7 +93,7 @@ fn deployment_runs_kubernetes_mode_safely_with_probes_on_the_admin_port() {
 fn rbac_grants_reads_status_patches_and_the_lease_only() {
     let role = &of_kind("rbac.yaml", "ClusterRole")[0];
     let mut grants = Vec::new();
-    for rule in role["rules"].as_sequence().expect("rules") {
+    for rule in role["rules"].as_array().expect("rules") {
         for resource in strings(&rule["resources"]) {
             for verb in strings(&rule["verbs"]) {
                 grants.push(format!("{resource}:{verb}"));
@@ -110,6 +112,8 @@ fn rbac_grants_reads_status_patches_and_the_lease_only() {
         "gateways/status",
         "listenersets/status",
         "httproutes/status",
+        "grpcroutes/status",
+        "tlsroutes/status",
         "backendtlspolicies/status",
     ] {
         assert!(grants.contains(&format!("{status}:patch")), "{status}");
@@ -150,4 +154,109 @@ fn gateway_class_is_ours_and_the_service_is_the_one_named_in_the_args() {
     let d = &of_kind("deployment.yaml", "Deployment")[0];
     let args = strings(&d["spec"]["template"]["spec"]["containers"][0]["args"]);
     assert!(args.contains(&named), "{named} in {args:?}");
+}
+
+/// The RolloutPolicy CRD refuses what `sluice serve -f` refuses: its
+/// patterns accept exactly the percentages and durations sluice parses,
+/// its enums are sluice's, and the status subresource is there for the
+/// leader to write. RBAC lets sluice read the policies and patch their
+/// status.
+#[test]
+fn rollout_policy_crd_agrees_with_sluice() {
+    use sluice::resources::{
+        Percent, ROLLOUT_POLICY_API_VERSION, SLUICE_GROUP, parse_gateway_duration,
+    };
+
+    let crd = &of_kind("rolloutpolicy-crd.yaml", "CustomResourceDefinition")[0];
+    let spec = &crd["spec"];
+    assert_eq!(spec["group"].as_str(), Some(SLUICE_GROUP));
+    assert_eq!(spec["names"]["kind"].as_str(), Some("RolloutPolicy"));
+    let version = &spec["versions"][0];
+    assert_eq!(
+        format!(
+            "{}/{}",
+            SLUICE_GROUP,
+            version["name"].as_str().unwrap_or("")
+        ),
+        ROLLOUT_POLICY_API_VERSION
+    );
+    assert!(version["subresources"]["status"].is_object());
+    let schema = &version["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    assert_eq!(
+        strings(&schema["required"]),
+        ["targetRefs", "steps", "interval"]
+    );
+    let props = &schema["properties"];
+    assert_eq!(strings(&props["onFailure"]["enum"]), ["Rollback", "Pause"]);
+    assert_eq!(
+        strings(&props["targetRefs"]["items"]["properties"]["kind"]["enum"]),
+        ["HTTPRoute"]
+    );
+    let pattern = |v: &Value| {
+        regex::Regex::new(v["pattern"].as_str().expect("a pattern")).expect("a valid pattern")
+    };
+    let step = pattern(&props["steps"]["items"]);
+    let rate = pattern(&props["analysis"]["properties"]["maxErrorRate"]);
+    for text in [
+        "0.5%", "5%", "25%", "100%", "100.000%", "0.001%", "0%", "0.0625%", "100.5%", "101%",
+        "1000%", "5", ".5%", "1.%", "-1%", " 5%", "1e2%", "99.999%",
+    ] {
+        let ours = Percent::parse(text).is_ok();
+        assert_eq!(step.is_match(text), ours, "steps pattern on {text:?}");
+        assert_eq!(
+            rate.is_match(text),
+            ours,
+            "maxErrorRate pattern on {text:?}"
+        );
+    }
+    let interval = pattern(&props["interval"]);
+    let latency = pattern(&props["analysis"]["properties"]["maxLatency"]);
+    for text in [
+        "5m",
+        "300ms",
+        "1h2m3s4ms",
+        "0s",
+        "10",
+        "1.5s",
+        "100000s",
+        "1d",
+        "1h1h1h1h1h",
+        "",
+    ] {
+        let ours = parse_gateway_duration(text).is_ok();
+        assert_eq!(
+            interval.is_match(text),
+            ours,
+            "interval pattern on {text:?}"
+        );
+        assert_eq!(
+            latency.is_match(text),
+            ours,
+            "maxLatency pattern on {text:?}"
+        );
+    }
+
+    let role = &of_kind("rbac.yaml", "ClusterRole")[0];
+    let grants: Vec<String> = role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter(|r| strings(&r["apiGroups"]) == [SLUICE_GROUP])
+        .flat_map(|r| {
+            let verbs = strings(&r["verbs"]);
+            strings(&r["resources"]).into_iter().flat_map(move |res| {
+                verbs
+                    .iter()
+                    .map(move |v| format!("{res}:{v}"))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    for grant in [
+        "rolloutpolicies:list",
+        "rolloutpolicies:watch",
+        "rolloutpolicies/status:patch",
+    ] {
+        assert!(grants.contains(&grant.to_string()), "{grant} in {grants:?}");
+    }
 }

@@ -24,8 +24,8 @@ use sluice::metrics::Metrics;
 use sluice::proxy::Proxy;
 use sluice::route::{
     AppProtocol, Backend, BackendSplit, BackendTarget, EndpointSet, Filter, HeaderModifier,
-    HostPattern, Mirror, PathMatch, PathModifier, Redirect, RequestMatch, RouteOrder, RouteTable,
-    RouteTableBuilder, Rule, RuleId, Timeouts, UrlRewrite,
+    HostPattern, Mirror, PathMatch, PathModifier, Redirect, RequestMatch, RouteKind, RouteOrder,
+    RouteTable, RouteTableBuilder, Rule, RuleId, Timeouts, UrlRewrite,
 };
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -321,6 +321,7 @@ fn tables(binds: &[SocketAddr], rules: Vec<RuleSpec>) -> RouteTable {
         };
         let rule = Arc::new(Rule {
             id: RuleId {
+                kind: RouteKind::Http,
                 namespace: "test".into(),
                 route: spec.route.into(),
                 index: 0,
@@ -330,6 +331,7 @@ fn tables(binds: &[SocketAddr], rules: Vec<RuleSpec>) -> RouteTable {
             backends: BackendSplit::new(spec.backends),
             timeouts: spec.timeouts,
             retry: None,
+            session: None,
         });
         for l in &listeners {
             b.add_rule(
@@ -495,11 +497,11 @@ async fn one_keep_alive_client_is_spread_exactly_over_backends_and_endpoints() {
     }
     let text = metrics.encode();
     assert!(
-        text.contains(r#"sluice_requests_total{route="test/split",rule="0",backend="test/a:80",code="200"} 300"#),
+        text.contains(r#"sluice_requests_total{route="test/split",rule="0",backend="test/a:80",backend_namespace="test",backend_name="a",backend_port="80",code="200"} 300"#),
         "{text}"
     );
     assert!(
-        text.contains(r#"sluice_requests_total{route="test/split",rule="0",backend="test/b:80",code="200"} 100"#),
+        text.contains(r#"sluice_requests_total{route="test/split",rule="0",backend="test/b:80",backend_namespace="test",backend_name="b",backend_port="80",code="200"} 100"#),
         "{text}"
     );
 }
@@ -585,10 +587,10 @@ async fn error_statuses_follow_the_spec() {
     assert_eq!(conn.send(req).await.status(), StatusCode::NOT_FOUND);
     let text = metrics.encode();
     for line in [
-        r#"sluice_requests_total{route="test/empty",rule="0",backend="test/empty:80",code="503"} 1"#,
-        r#"sluice_requests_total{route="test/unresolved",rule="0",backend="test/missing:80",code="500"} 1"#,
-        r#"sluice_requests_total{route="test/zero",rule="0",backend="",code="500"} 1"#,
-        r#"sluice_requests_total{route="",rule="",backend="",code="404"} 3"#,
+        r#"sluice_requests_total{route="test/empty",rule="0",backend="test/empty:80",backend_namespace="test",backend_name="empty",backend_port="80",code="503"} 1"#,
+        r#"sluice_requests_total{route="test/unresolved",rule="0",backend="test/missing:80",backend_namespace="test",backend_name="missing",backend_port="80",code="500"} 1"#,
+        r#"sluice_requests_total{route="test/zero",rule="0",backend="",backend_namespace="",backend_name="",backend_port="",code="500"} 1"#,
+        r#"sluice_requests_total{route="",rule="",backend="",backend_namespace="",backend_name="",backend_port="",code="404"} 3"#,
     ] {
         assert!(text.contains(line), "missing {line} in\n{text}");
     }

@@ -67,6 +67,7 @@ async fn a_single_file_path_is_watched_through_rename_replace() {
         paths: vec![dir.path().join("all.yaml")],
         bind: std::net::Ipv4Addr::LOCALHOST.into(),
         admin: (std::net::Ipv4Addr::LOCALHOST, 0).into(),
+        crds: Vec::new(),
     })
     .await
     .expect("gateway starts");
@@ -370,6 +371,7 @@ async fn a_configured_directory_that_appears_after_startup_is_watched() {
         paths: vec![base.clone(), later.clone()],
         bind: std::net::Ipv4Addr::LOCALHOST.into(),
         admin: (std::net::Ipv4Addr::LOCALHOST, 0).into(),
+        crds: Vec::new(),
     })
     .await
     .expect("gateway starts with a configured path missing");
@@ -446,6 +448,7 @@ async fn a_configured_directory_deleted_and_created_again_is_watched() {
         paths: vec![base, teams.clone()],
         bind: std::net::Ipv4Addr::LOCALHOST.into(),
         admin: (std::net::Ipv4Addr::LOCALHOST, 0).into(),
+        crds: Vec::new(),
     })
     .await
     .expect("gateway starts");

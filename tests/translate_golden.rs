@@ -20,10 +20,10 @@ use std::path::{Path, PathBuf};
 use http::{HeaderMap, HeaderName, Method};
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
-use sluice::resources::{Generations, Object, Snapshot, parse_manifests};
+use sluice::resources::{Generations, Snapshot, parse_manifests};
 use sluice::route::{
     Backend, BackendTarget, CorsList, Filter, HeaderModifier, Lookup, PathMatch, PathModifier,
-    RouteTable,
+    RouteTable, SessionCarrier, SessionPersistence, StreamLookup, ValueMatch,
 };
 use sluice::translate::{ObjectStatus, RuleSummary, TranslateOptions, translate_at};
 
@@ -41,13 +41,19 @@ struct ProbesDoc {
 #[derive(Deserialize)]
 struct ProbeRequest {
     bind: SocketAddr,
+    #[serde(default)]
     host: String,
     #[serde(default)]
     method: Option<String>,
     /// Path with an optional `?query`.
+    #[serde(default)]
     path: String,
     #[serde(default)]
     headers: BTreeMap<String, String>,
+    /// A TLS connection with this SNI (on a socket of TLS listeners),
+    /// instead of a request.
+    #[serde(default)]
+    sni: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -60,6 +66,8 @@ struct ProbeResult {
     backends: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     retry: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -88,9 +96,9 @@ fn run_case(input: &Path) -> String {
         .to_string_lossy()
         .to_string();
     let parsed = parse_manifests(&text, &file);
-    let mut objects: Vec<Object> = parsed.objects.into_iter().map(|o| o.object).collect();
-    Generations::new().assign(&mut objects, Timestamp::UNIX_EPOCH);
-    let snapshot = Snapshot::from_objects(objects);
+    let snapshot = Snapshot::from_loaded(parsed.objects, |objects| {
+        Generations::new().assign(objects, Timestamp::UNIX_EPOCH);
+    });
     let options = TranslateOptions {
         default_bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
     };
@@ -124,13 +132,16 @@ fn run_case(input: &Path) -> String {
         warnings: t.warnings,
         probes: probes(&text).iter().map(|p| probe(&t.table, p)).collect(),
     };
-    serde_yaml::to_string(&golden).expect("golden output serializes")
+    sluice::yaml::to_string(&golden).expect("golden output serializes")
 }
 
 fn probes(text: &str) -> Vec<ProbeRequest> {
     let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        let Ok(d) = ProbesDoc::deserialize(doc) else {
+    let Ok(docs) = sluice::yaml::documents(text) else {
+        return out;
+    };
+    for doc in docs {
+        let Ok(d) = serde_json::from_value::<ProbesDoc>(doc.value) else {
             continue;
         };
         if d.api_version.as_deref() == Some(PROBES_API_VERSION)
@@ -143,6 +154,9 @@ fn probes(text: &str) -> Vec<ProbeRequest> {
 }
 
 fn probe(table: &RouteTable, p: &ProbeRequest) -> ProbeResult {
+    if let Some(sni) = &p.sni {
+        return probe_sni(table, p.bind, sni);
+    }
     let method: Method = p
         .method
         .as_deref()
@@ -172,6 +186,7 @@ fn probe(table: &RouteTable, p: &ProbeRequest) -> ProbeResult {
             filters: vec![],
             backends: vec![],
             retry: None,
+            session: None,
         },
         Lookup::NoRoute { listener } => ProbeResult {
             request,
@@ -179,6 +194,7 @@ fn probe(table: &RouteTable, p: &ProbeRequest) -> ProbeResult {
             filters: vec![],
             backends: vec![],
             retry: None,
+            session: None,
         },
         Lookup::Matched(m) => ProbeResult {
             request,
@@ -205,8 +221,63 @@ fn probe(table: &RouteTable, p: &ProbeRequest) -> ProbeResult {
                     r.backoff
                 )
             }),
+            session: m.rule.session.as_ref().map(describe_session),
         },
     }
+}
+
+/// Where a TLS connection with SNI `sni` goes.
+fn probe_sni(table: &RouteTable, bind: SocketAddr, sni: &str) -> ProbeResult {
+    let request = format!("TLS connection with SNI {sni} on {bind}");
+    let none = |result: String| ProbeResult {
+        request: request.clone(),
+        result,
+        filters: vec![],
+        backends: vec![],
+        retry: None,
+        session: None,
+    };
+    let Some(port) = table.port(bind) else {
+        return none("refused: no socket".into());
+    };
+    match port.stream_route(&sluice::route::normalize_host(sni)) {
+        StreamLookup::NoListener => none("refused: no TLS listener owns this name".into()),
+        StreamLookup::NoRoute { listener } => {
+            none(format!("refused: no TLSRoute on {}", listener.id))
+        }
+        StreamLookup::Matched { listener, rule } => ProbeResult {
+            result: format!(
+                "{} on {} ({})",
+                rule.id,
+                listener.id,
+                listener
+                    .stream
+                    .as_ref()
+                    .map_or("?".to_owned(), |s| format!("{:?}", s.mode))
+            ),
+            backends: rule
+                .backends
+                .backends()
+                .iter()
+                .map(describe_backend)
+                .collect(),
+            ..none(String::new())
+        },
+    }
+}
+
+fn describe_session(s: &SessionPersistence) -> String {
+    let carrier = match &s.carrier {
+        SessionCarrier::Cookie { name, permanent } => format!(
+            "cookie {name} ({})",
+            if *permanent { "permanent" } else { "session" }
+        ),
+        SessionCarrier::Header(name) => format!("header {name}"),
+    };
+    format!(
+        "{carrier}, absoluteTimeout {:?}, idleTimeout {:?}",
+        s.absolute_timeout, s.idle_timeout
+    )
 }
 
 fn describe_path(p: &PathMatch) -> String {
@@ -214,6 +285,14 @@ fn describe_path(p: &PathMatch) -> String {
         PathMatch::Exact(v) => format!("Exact {v}"),
         PathMatch::Prefix(v) => format!("PathPrefix {v}"),
         PathMatch::RegularExpression(re) => format!("RegularExpression {}", re.as_str()),
+        PathMatch::Grpc(g) => {
+            let part = |v: &Option<ValueMatch>| match v {
+                None => "*".to_owned(),
+                Some(ValueMatch::Exact(v)) => v.clone(),
+                Some(ValueMatch::RegularExpression(re)) => format!("~{}", re.as_str()),
+            };
+            format!("gRPC {}/{}", part(&g.service), part(&g.method))
+        }
     }
 }
 

@@ -22,6 +22,14 @@
 //! server settings (client certificates required when `TLS_CLIENT_CACERTS`
 //! is set), recording each connection's SNI and client certificate
 //! ([`TlsSeen`]), which echo-basic reports in its `tls` field.
+//!
+//! Two more modes of echo-basic, each serving on the pod's ports instead:
+//! - gRPC (`GRPC_ECHO_SERVER`, [`EchoPod::start_grpc`]): the `GrpcEcho`
+//!   service over h2c ([`sluice::grpc_echo`]) on its HTTP port;
+//! - TCP (`TCP_ECHO_SERVER`, [`EchoPod::start_tcp`]): echo-basic's
+//!   `tcpserver` on 3000 in cleartext and on 8443 over TLS: a welcome line,
+//!   then `PING` answers `PONG`, `IS_TLS` whether the connection is TLS,
+//!   and `TEST` the pod's context and TLS details as JSON.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -49,6 +57,10 @@ pub struct EchoPod {
     h2c: SocketAddr,
     /// The HTTPS port, when started with [`EchoPod::start_tls`].
     https: Option<SocketAddr>,
+    /// gRPC mode: the gRPC server every port of the pod leads to.
+    grpc: Option<sluice::grpc_echo::GrpcEchoServer>,
+    /// TCP mode: the cleartext (3000) and TLS (8443) ports.
+    tcp: Option<(SocketAddr, SocketAddr)>,
     state: Arc<State>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -87,6 +99,8 @@ impl EchoPod {
             http: http.local_addr()?,
             h2c: h2c.local_addr()?,
             https: None,
+            grpc: None,
+            tcp: None,
             tasks: vec![
                 tokio::spawn(accept(http, Arc::clone(&state), Port::Http)),
                 tokio::spawn(accept(h2c, Arc::clone(&state), Port::H2c)),
@@ -112,6 +126,34 @@ impl EchoPod {
         Ok(pod)
     }
 
+    /// A pod in gRPC mode (`GRPC_ECHO_SERVER`).
+    pub async fn start_grpc(identity: EchoIdentity) -> io::Result<EchoPod> {
+        let mut pod = EchoPod::start(identity.clone()).await?;
+        pod.grpc = Some(sluice::grpc_echo::GrpcEchoServer::start(identity).await?);
+        Ok(pod)
+    }
+
+    /// A pod in TCP mode (`TCP_ECHO_SERVER`), serving TLS with `tls` on
+    /// its 8443 port.
+    pub async fn start_tcp(
+        identity: EchoIdentity,
+        tls: Arc<rustls::ServerConfig>,
+    ) -> io::Result<EchoPod> {
+        let mut pod = EchoPod::start(identity).await?;
+        let plain = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let secure = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        pod.tcp = Some((plain.local_addr()?, secure.local_addr()?));
+        let context = tcp_context(&pod.state.identity, pod.tcp);
+        pod.tasks
+            .push(tokio::spawn(accept_tcp(plain, context.clone(), None)));
+        pod.tasks.push(tokio::spawn(accept_tcp(
+            secure,
+            context,
+            Some(tokio_rustls::TlsAcceptor::from(tls)),
+        )));
+        Ok(pod)
+    }
+
     /// The TLS connections the HTTPS port accepted so far.
     pub fn tls_seen(&self) -> Vec<TlsSeen> {
         lock(&self.state.tls_seen).clone()
@@ -125,6 +167,15 @@ impl EchoPod {
     /// echo-basic's h2c port, 8443 its HTTPS port when it serves one; every
     /// other port is its HTTP port).
     pub fn port_for(&self, target: Option<u16>) -> u16 {
+        if let Some(grpc) = &self.grpc {
+            return grpc.local_addr().port();
+        }
+        if let Some((plain, secure)) = self.tcp {
+            return match target {
+                Some(8443) => secure.port(),
+                _ => plain.port(),
+            };
+        }
         match (target, self.https) {
             (Some(3001), _) => self.h2c.port(),
             (Some(8443), Some(https)) => https.port(),
@@ -170,7 +221,7 @@ async fn accept(listener: TcpListener, state: Arc<State>, port: Port) {
         tokio::spawn(async move {
             let service = service_fn(move |request| {
                 let state = Arc::clone(&state);
-                async move { Ok::<_, Infallible>(handle(&state, request).await) }
+                async move { Ok::<_, Infallible>(handle(&state, request, None).await) }
             });
             let io = TokioIo::new(stream);
             match port {
@@ -206,16 +257,17 @@ async fn accept_tls(listener: TcpListener, state: Arc<State>, acceptor: tokio_ru
                 return;
             };
             let conn = stream.get_ref().1;
-            lock(&state.tls_seen).push(TlsSeen {
+            let seen = Arc::new(TlsSeen {
                 sni: conn.server_name().map(str::to_owned),
                 client_cert: conn
                     .peer_certificates()
                     .and_then(|c| c.first())
                     .map(|c| c.as_ref().to_vec()),
             });
+            lock(&state.tls_seen).push(TlsSeen::clone(&seen));
             let service = service_fn(move |request| {
-                let state = Arc::clone(&state);
-                async move { Ok::<_, Infallible>(handle(&state, request).await) }
+                let (state, seen) = (Arc::clone(&state), Arc::clone(&seen));
+                async move { Ok::<_, Infallible>(handle(&state, request, Some(&seen)).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -224,7 +276,12 @@ async fn accept_tls(listener: TcpListener, state: Arc<State>, acceptor: tokio_ru
     }
 }
 
-async fn handle(state: &State, mut request: Request<Incoming>) -> Response<Full<Bytes>> {
+/// Answer one request; `tls` is what the HTTPS port saw of its connection.
+async fn handle(
+    state: &State,
+    mut request: Request<Incoming>,
+    tls: Option<&TlsSeen>,
+) -> Response<Full<Bytes>> {
     let path = request
         .uri()
         .path_and_query()
@@ -311,7 +368,120 @@ async fn handle(state: &State, mut request: Request<Incoming>) -> Response<Full<
     }
 
     let echoed = sluice::echo::describe(&parts, body_bytes, &state.identity);
-    sluice::echo::json_response(&parts, &echoed)
+    let response = sluice::echo::json_response(&parts, &echoed);
+    match tls {
+        Some(tls) => with_tls_details(response, &echoed, tls),
+        None => response,
+    }
+}
+
+/// echo-basic's `tls` field of the echo body on its HTTPS port: the
+/// connection's server name (what the suite compares with a request's
+/// expected SNI).
+fn with_tls_details(
+    response: Response<Full<Bytes>>,
+    echoed: &sluice::echo::EchoResponse,
+    tls: &TlsSeen,
+) -> Response<Full<Bytes>> {
+    let Ok(mut body) = serde_json::to_value(echoed) else {
+        return response;
+    };
+    body["tls"] = serde_json::json!({ "serverName": tls.sni.as_deref().unwrap_or_default() });
+    match serde_json::to_vec_pretty(&body) {
+        Ok(bytes) => response.map(|_| Full::new(Bytes::from(bytes))),
+        Err(_) => response,
+    }
+}
+
+/// echo-basic's `tcpserver` welcome line.
+pub const TCP_WELCOME: &str = "Gateway API Test TCP Server\n";
+
+/// The `Context` part of the `TEST` answer.
+fn tcp_context(
+    identity: &EchoIdentity,
+    ports: Option<(SocketAddr, SocketAddr)>,
+) -> serde_json::Value {
+    let (plain, secure) = ports.map_or((0, 0), |(p, s)| (p.port(), s.port()));
+    serde_json::json!({
+        "namespace": identity.namespace,
+        "ingress": "",
+        "service": "",
+        "pod": identity.pod,
+        "tcpport": plain.to_string(),
+        "tlsport": secure.to_string(),
+    })
+}
+
+/// echo-basic's `tcpserver` on one port (TLS with `tls`).
+async fn accept_tcp(
+    listener: TcpListener,
+    context: serde_json::Value,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let (context, tls) = (context.clone(), tls.clone());
+        tokio::spawn(async move {
+            match tls {
+                None => {
+                    let _ = tcp_session(stream, context, None).await;
+                }
+                Some(acceptor) => {
+                    let Ok(stream) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    let c = stream.get_ref().1;
+                    let details = serde_json::json!({
+                        "version": match c.protocol_version() {
+                            Some(rustls::ProtocolVersion::TLSv1_3) => "TLS 1.3",
+                            Some(rustls::ProtocolVersion::TLSv1_2) => "TLS 1.2",
+                            _ => "",
+                        },
+                        "serverName": c.server_name().unwrap_or_default(),
+                        "negotiatedProtocol": c.alpn_protocol().map(|p| String::from_utf8_lossy(p).into_owned()).unwrap_or_default(),
+                        "cipherSuite": c.negotiated_cipher_suite().map(|s| format!("{:?}", s.suite())).unwrap_or_default(),
+                    });
+                    let _ = tcp_session(stream, context, Some(details)).await;
+                }
+            }
+        });
+    }
+}
+
+/// One connection of the TCP echo server: the welcome line, then an answer
+/// per known command line.
+async fn tcp_session<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: S,
+    mut context: serde_json::Value,
+    tls: Option<serde_json::Value>,
+) -> io::Result<()> {
+    use tokio::io::AsyncBufReadExt;
+    let is_tls = tls.is_some();
+    context["isTLS"] = is_tls.into();
+    if let Some(t) = tls {
+        context["tls"] = t;
+    }
+    let mut stream = tokio::io::BufReader::new(stream);
+    stream.get_mut().write_all(TCP_WELCOME.as_bytes()).await?;
+    stream.get_mut().flush().await?;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if stream.read_line(&mut line).await? == 0 {
+            return Ok(());
+        }
+        let answer = match line.trim_end_matches(['\r', '\n']) {
+            "TEST" => format!("{context}\n"),
+            "IS_TLS" => format!("{is_tls}\n"),
+            "PING" => "PONG\n".to_owned(),
+            _ => continue,
+        };
+        stream.get_mut().write_all(answer.as_bytes()).await?;
+        stream.get_mut().flush().await?;
+    }
 }
 
 fn plain(status: StatusCode, message: &str) -> Response<Full<Bytes>> {

@@ -1,33 +1,44 @@
-//! Backend TLS tests (`GatewayTLSBackendClientCertificate`,
-//! `GatewayInvalidTLSBackendConfiguration`): BackendTLSPolicy and the
-//! Gateway's `spec.tls.backend` client certificate.
+//! The suite's TLS checks CA and what it issued, the TLS echo pods that
+//! present them, and the backend TLS tests of Gateways
+//! (`GatewayTLSBackendClientCertificate`,
+//! `GatewayInvalidTLSBackendConfiguration`).
 //!
 //! What the suite sets up in Go at run time, made here with rcgen: a CA
-//! (ConfigMap `tls-checks-ca-certificate`, key `ca.crt`), the backend's
-//! server certificate for `abc.example.com` (Secret `tls-checks-certificate`)
-//! and the client certificate the Gateway presents (Secret
-//! `tls-checks-client-certificate`), both issued by that CA. The test's
-//! Deployment runs echo-basic with `TLS_SERVER_CERT` (HTTPS on 8443) and
-//! `TLS_CLIENT_CACERTS` (client certificates required, verified against
-//! the CA): the runner's pod does the same ([`server_config`]) and records
-//! the SNI and client certificate of each connection, which the suite
-//! compares through echo-basic's `tls` report.
+//! (ConfigMap `tls-checks-ca-certificate`, key `ca.crt`) that issues the
+//! backends' server certificate (Secret `tls-checks-certificate`, for
+//! `abc.example.com`, `other.example.com` and the URI
+//! `spiffe://abc.example.com/test-identity`), the client certificate the
+//! Gateway presents (`tls-checks-client-certificate`), the passthrough
+//! backends' certificate (`tls-passthrough-checks-certificate`, in the
+//! infra and app-backend namespaces, for `abc.example.com`) and the
+//! certificate of TLS listeners in Terminate mode
+//! (`tls-terminate-checks-certificate`, for `tls.example.com`); and a CA
+//! that issued none of them (`mismatch-ca-certificate`).
+//!
+//! A Deployment running echo-basic with `TLS_SERVER_CERT` serves HTTPS (or,
+//! with `TCP_ECHO_SERVER`, TCP over TLS) with the certificate of the
+//! Secret it mounts ([`server_config`]), and requires client certificates
+//! verified against the CA when `TLS_CLIENT_CACERTS` is set; the pods
+//! record the SNI and client certificate of each connection, which the
+//! suite compares through echo-basic's `tls` report.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use serde_yaml::Value;
+use serde_json::Value;
 
-use crate::ctx::{Ctx, INFRA};
+use crate::ctx::{APP, Ctx, INFRA};
 use crate::env;
 use crate::expect::req;
-use crate::status::{fresh, has_condition};
 
-const CA_CONFIG_MAP: &str = "tls-checks-ca-certificate";
+pub const CA_CONFIG_MAP: &str = "tls-checks-ca-certificate";
 const SERVER_SECRET: &str = "tls-checks-certificate";
 const CLIENT_SECRET: &str = "tls-checks-client-certificate";
+const PASSTHROUGH_SECRET: &str = "tls-passthrough-checks-certificate";
+const TERMINATE_SECRET: &str = "tls-terminate-checks-certificate";
+const MISMATCH_CA: &str = "mismatch-ca-certificate";
 /// The name the backend's certificate is issued for (the policies'
 /// `validation.hostname`).
 const BACKEND_HOSTNAME: &str = "abc.example.com";
@@ -35,12 +46,18 @@ const BACKEND_HOSTNAME: &str = "abc.example.com";
 /// Bound on the request check (the suite's eventually-consistent request).
 const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 
+/// A server certificate chain and its key (PKCS#8 DER).
+struct Issued {
+    chain: Vec<CertificateDer<'static>>,
+    key: Vec<u8>,
+}
+
 /// The certificates of one run.
 struct BackendPki {
     objects: Vec<Value>,
     ca: CertificateDer<'static>,
-    server_chain: Vec<CertificateDer<'static>>,
-    server_key: Vec<u8>,
+    /// By Secret name (the same certificate in every namespace).
+    servers: Vec<(&'static str, Issued)>,
     client_cert: CertificateDer<'static>,
 }
 
@@ -49,70 +66,104 @@ fn pki() -> anyhow::Result<&'static BackendPki> {
     if let Some(p) = PKI.get() {
         return Ok(p);
     }
-    let ca = env::RunnerCa::new("sluice conformance backend TLS CA")?;
-    let (server, server_key) = ca.issue(
-        vec![BACKEND_HOSTNAME.to_owned()],
-        None,
-        "the backend server certificate",
-    )?;
+    let ca = env::RunnerCa::new("sluice conformance TLS checks CA")?;
+    let mismatch = env::RunnerCa::new("sluice conformance mismatch CA")?;
+    let mut objects = vec![
+        ca.config_map(INFRA, CA_CONFIG_MAP)?,
+        mismatch.config_map(INFRA, MISMATCH_CA)?,
+    ];
+    let mut servers = Vec::new();
+    for (secret, names, namespaces) in [
+        (
+            SERVER_SECRET,
+            &[
+                "abc.example.com",
+                "other.example.com",
+                "spiffe://abc.example.com/test-identity",
+            ][..],
+            &[INFRA][..],
+        ),
+        (
+            PASSTHROUGH_SECRET,
+            &[BACKEND_HOSTNAME][..],
+            &[INFRA, APP][..],
+        ),
+        (TERMINATE_SECRET, &["tls.example.com"][..], &[INFRA][..]),
+    ] {
+        let (cert, key) = ca.issue(
+            names.iter().map(|n| (*n).to_owned()).collect(),
+            None,
+            &format!("the certificate of Secret {secret}"),
+        )?;
+        for ns in namespaces {
+            objects.push(env::tls_secret(ns, secret, &cert, &key)?);
+        }
+        servers.push((
+            secret,
+            Issued {
+                chain: vec![cert.der().clone()],
+                key: key.serialize_der(),
+            },
+        ));
+    }
     let (client, client_key) = ca.issue(
         vec!["gateway.example.com".to_owned()],
         None,
         "the client certificate",
     )?;
-    let objects = vec![
-        ca.config_map(INFRA, CA_CONFIG_MAP)?,
-        env::tls_secret(INFRA, SERVER_SECRET, &server, &server_key)?,
-        env::tls_secret(INFRA, CLIENT_SECRET, &client, &client_key)?,
-    ];
+    objects.push(env::tls_secret(INFRA, CLIENT_SECRET, &client, &client_key)?);
     Ok(PKI.get_or_init(|| BackendPki {
         objects,
         ca: ca.cert.der().clone(),
-        server_chain: vec![server.der().clone()],
-        server_key: server_key.serialize_der(),
+        servers,
         client_cert: client.der().clone(),
     }))
 }
 
-/// The CA ConfigMap and the server and client certificate Secrets the
-/// suite creates at set-up, as manifests (generated on first use).
+/// The CA ConfigMaps and the certificate Secrets the suite creates at
+/// set-up, as manifests (generated on first use).
 pub fn suite_objects() -> anyhow::Result<Vec<Value>> {
     Ok(pki()?.objects.clone())
 }
 
-/// The HTTPS settings of a Deployment running echo-basic with
-/// `TLS_SERVER_CERT` and Secret `tls-checks-certificate` (none for the
-/// others): that Secret's server certificate, and client certificates required and verified
+/// The TLS checks CA (`tls-checks-ca-certificate`): what the suite's
+/// clients trust for the backends' certificates.
+pub fn checks_ca() -> anyhow::Result<CertificateDer<'static>> {
+    Ok(pki()?.ca.clone())
+}
+
+/// The server settings of a Deployment running echo-basic with
+/// `TLS_SERVER_CERT` (none for the others): the certificate of the Secret
+/// its volume mounts, and client certificates required and verified
 /// against the CA ConfigMap when `TLS_CLIENT_CACERTS` is set.
 pub fn server_config(deployment: &Value) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
     let spec = &deployment["spec"]["template"]["spec"];
     let env_set = |name: &str| {
         spec["containers"]
-            .as_sequence()
+            .as_array()
             .into_iter()
             .flatten()
-            .flat_map(|c| c["env"].as_sequence().into_iter().flatten())
+            .flat_map(|c| c["env"].as_array().into_iter().flatten())
             .any(|e| e["name"].as_str() == Some(name))
     };
     if !env_set("TLS_SERVER_CERT") {
         return Ok(None);
     }
-    let volumes: Vec<&Value> = spec["volumes"]
-        .as_sequence()
-        .into_iter()
-        .flatten()
-        .collect();
+    let volumes: Vec<&Value> = spec["volumes"].as_array().into_iter().flatten().collect();
     let id = env::object_id(deployment);
     let secret = volumes
         .iter()
         .find_map(|v| v["secret"]["secretName"].as_str())
         .ok_or_else(|| anyhow!("Deployment {id}: TLS_SERVER_CERT without a Secret volume"))?;
-    if secret != SERVER_SECRET {
-        // Another test's TLS backend (TLSRoute passthrough): not served
-        // over TLS by the runner; it keeps its plain echo ports.
-        return Ok(None);
-    }
     let pki = pki()?;
+    let issued = pki
+        .servers
+        .iter()
+        .find(|(name, _)| *name == secret)
+        .map(|(_, issued)| issued)
+        .ok_or_else(|| {
+            anyhow!("Deployment {id}: the runner has no certificate for Secret {secret}")
+        })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -137,9 +188,9 @@ pub fn server_config(deployment: &Value) -> anyhow::Result<Option<Arc<rustls::Se
     } else {
         builder.with_no_client_auth()
     };
-    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(pki.server_key.clone()));
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(issued.key.clone()));
     let config = builder
-        .with_single_cert(pki.server_chain.clone(), key)
+        .with_single_cert(issued.chain.clone(), key)
         .context("the backend's server certificate")?;
     Ok(Some(Arc::new(config)))
 }
@@ -150,7 +201,8 @@ pub async fn client_certificate(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     let policy = format!("{INFRA}/gateway-tls-backend-client-certificate-test");
     cx.accepted(&gw, &[&route]).await?;
     cx.resolved(&route, &gw).await?;
-    policy_condition(cx, &policy, &gw, "Accepted", true, "Accepted").await?;
+    cx.policy_condition(&policy, &gw, "Accepted", true, "Accepted")
+        .await?;
     cx.gateway_condition(&gw, "ResolvedRefs", true, "ResolvedRefs")
         .await?;
 
@@ -230,45 +282,4 @@ pub async fn invalid_configuration(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
             .await?;
     }
     Ok(())
-}
-
-/// `BackendTLSPolicyMustHaveCondition`: an ancestor of the policy naming
-/// `gateway` has the condition, and every ancestor's conditions carry the
-/// policy's generation.
-async fn policy_condition(
-    cx: &Ctx<'_>,
-    policy: &str,
-    gateway: &str,
-    ty: &str,
-    status: bool,
-    reason: &str,
-) -> anyhow::Result<()> {
-    let want = if status { "True" } else { "False" };
-    let (gw_ns, gw_name) = gateway.split_once('/').unwrap_or(("", gateway));
-    cx.eventually(
-        &format!("BackendTLSPolicy {policy} {ty}={want} {reason} for {gateway}"),
-        |cx| {
-            let s = cx
-                .status_of("BackendTLSPolicy", policy)
-                .ok_or_else(|| anyhow!("no status for BackendTLSPolicy {policy}"))?;
-            let ancestors = s.status["ancestors"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            for a in &ancestors {
-                fresh(&s, &a["conditions"])?;
-            }
-            let found = ancestors.iter().any(|a| {
-                let r = &a["ancestorRef"];
-                r["name"] == gw_name
-                    && r["namespace"].as_str().is_none_or(|ns| ns == gw_ns)
-                    && has_condition(&a["conditions"], ty, want, reason)
-            });
-            if !found {
-                bail!("ancestors are {}", s.status["ancestors"]);
-            }
-            Ok(())
-        },
-    )
-    .await
 }

@@ -33,6 +33,9 @@ pub struct Exchange {
     pub headers: Vec<(String, String)>,
     /// What the backend saw, when it answered with an echo body.
     pub echo: Option<EchoResponse>,
+    /// The server name (SNI) of the connection the backend answered on,
+    /// when it reports one (echo-basic's `tls.serverName`).
+    pub backend_sni: Option<String>,
     /// `Location` split into scheme, host, port ("" when absent), path.
     pub location: Option<(String, String, String, String)>,
 }
@@ -161,7 +164,9 @@ async fn connect(actual_port: u16, sni: Option<&str>) -> anyhow::Result<Box<dyn 
     Ok(Box::new(tls))
 }
 
-/// A TLS client trusting the suite's CA (built once).
+/// A TLS client trusting the suite's CA and the TLS checks CA (the
+/// backends' certificates a passthrough listener hands through), built
+/// once.
 fn tls_connector() -> anyhow::Result<tokio_rustls::TlsConnector> {
     static CONNECTOR: std::sync::OnceLock<tokio_rustls::TlsConnector> = std::sync::OnceLock::new();
     if let Some(c) = CONNECTOR.get() {
@@ -171,6 +176,9 @@ fn tls_connector() -> anyhow::Result<tokio_rustls::TlsConnector> {
     roots
         .add(env::suite_ca()?)
         .context("the suite CA is not a valid trust anchor")?;
+    roots
+        .add(crate::backend_tls::checks_ca()?)
+        .context("the TLS checks CA is not a valid trust anchor")?;
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let webpki =
         rustls::client::WebPkiServerVerifier::builder_with_provider(roots.into(), provider.clone())
@@ -331,6 +339,10 @@ pub async fn read_exchange(
     } else {
         None
     };
+    let backend_sni = echo
+        .as_ref()
+        .and_then(|_| serde_json::from_slice::<serde_json::Value>(&body).ok())
+        .and_then(|v| v["tls"]["serverName"].as_str().map(str::to_owned));
     let location = ports.and_then(|ports| {
         headers
             .iter()
@@ -341,6 +353,7 @@ pub async fn read_exchange(
         status: status.as_u16(),
         headers,
         echo,
+        backend_sni,
         location,
     })
 }

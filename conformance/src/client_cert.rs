@@ -27,7 +27,7 @@ use hyper_util::rt::TokioIo;
 use rustls::client::ResolvesClientCert;
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use serde_yaml::Value;
+use serde_json::Value;
 use tokio::net::TcpStream;
 
 use crate::client::{Exchange, REQUEST_DEADLINE, read_exchange};
@@ -108,7 +108,7 @@ pub fn remap_per_port(doc: &mut Value, gateway: &str, ports: &PortMap) {
         .and_then(|s| s.get_mut("tls"))
         .and_then(|t| t.get_mut("frontend"))
         .and_then(|f| f.get_mut("perPort"))
-        .and_then(Value::as_sequence_mut)
+        .and_then(Value::as_array_mut)
     else {
         return;
     };
@@ -118,7 +118,7 @@ pub fn remap_per_port(doc: &mut Value, gateway: &str, ports: &PortMap) {
             .and_then(Value::as_u64)
             .and_then(|p| u16::try_from(p).ok())
             .and_then(|p| ports.actual(gateway, p));
-        if let (Some(actual), Some(m)) = (actual, entry.as_mapping_mut()) {
+        if let (Some(actual), Some(m)) = (actual, entry.as_object_mut()) {
             m.insert("port".into(), Value::from(actual));
         }
     }

@@ -40,7 +40,7 @@ impl Ctx<'_> {
         &mut self,
         kind: &str,
         id: &str,
-        change: impl FnOnce(&mut serde_yaml::Value),
+        change: impl FnOnce(&mut serde_json::Value),
     ) -> anyhow::Result<()> {
         let doc = self
             .files
@@ -49,6 +49,28 @@ impl Ctx<'_> {
             .find(|d| env::kind(d) == kind && env::object_id(d) == id)
             .ok_or_else(|| anyhow!("no {kind} {id} in the manifests"))?;
         change(doc);
+        env::render(&self.dir, &self.files, self.pods, &mut self.ports)
+    }
+
+    /// Create `doc`, or replace the object of its kind and `ns/name` (what
+    /// the suite's applier does with an object a test builds); it joins
+    /// the test's own manifest file.
+    pub fn apply(&mut self, doc: serde_json::Value) -> anyhow::Result<()> {
+        let (kind, id) = (env::kind(&doc).to_owned(), env::object_id(&doc));
+        match self
+            .files
+            .iter_mut()
+            .flat_map(|f| f.docs.iter_mut())
+            .find(|d| env::kind(d) == kind && env::object_id(d) == id)
+        {
+            Some(existing) => *existing = doc,
+            None => self
+                .files
+                .last_mut()
+                .ok_or_else(|| anyhow!("the test has no manifest file"))?
+                .docs
+                .push(doc),
+        }
         env::render(&self.dir, &self.files, self.pods, &mut self.ports)
     }
 
@@ -87,8 +109,8 @@ impl Ctx<'_> {
                     "conditions": {"ready": true, "serving": true, "terminating": false},
                     "targetRef": {"kind": "Pod", "name": pod.server.identity().pod, "namespace": namespace},
                 }]);
-                filled["endpoints"] = serde_yaml::to_value(endpoint)?;
-                if let Some(ports) = filled["ports"].as_sequence_mut() {
+                filled["endpoints"] = serde_json::to_value(endpoint)?;
+                if let Some(ports) = filled["ports"].as_array_mut() {
                     for p in ports {
                         let target = p["port"].as_u64().and_then(|v| u16::try_from(v).ok());
                         p["port"] = pod.server.port_for(target).into();
@@ -112,7 +134,7 @@ impl Ctx<'_> {
             .and_then(|s| s.get("listeners"))
             .and_then(|l| l.get(0))
             .and_then(|l| l.get("port"))
-            .and_then(serde_yaml::Value::as_u64)
+            .and_then(serde_json::Value::as_u64)
             .and_then(|p| u16::try_from(p).ok())
             .ok_or_else(|| anyhow!("Gateway {gateway} has no listener port"))
     }

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls_pki_types::CertificateDer;
-use serde_yaml::{Mapping, Value};
+use serde_json::{Map as Mapping, Value};
 use sluice::echo::EchoIdentity;
 
 use crate::backend::EchoPod;
@@ -54,14 +54,11 @@ pub fn parse_file(path: &Path, name: &str) -> anyhow::Result<ManifestFile> {
         "{GATEWAY_CONTROLLER_NAME}",
         sluice::resources::CONTROLLER_NAME,
     );
-    let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let value = serde::Deserialize::deserialize(doc)
-            .with_context(|| format!("{}: invalid YAML", path.display()))?;
-        if !matches!(value, Value::Null) {
-            docs.push(overlay_static_addresses(value));
-        }
-    }
+    let docs = sluice::yaml::documents(&text)
+        .with_context(|| format!("{}: invalid YAML", path.display()))?
+        .into_iter()
+        .map(|d| overlay_static_addresses(d.value))
+        .collect();
     Ok(ManifestFile {
         name: name.to_owned(),
         docs,
@@ -86,7 +83,7 @@ fn overlay_static_addresses(mut doc: Value) -> Value {
     let Some(addresses) = doc
         .get_mut("spec")
         .and_then(|s| s.get_mut("addresses"))
-        .and_then(Value::as_sequence_mut)
+        .and_then(Value::as_array_mut)
     else {
         return doc;
     };
@@ -101,7 +98,7 @@ fn overlay_static_addresses(mut doc: Value) -> Value {
         return doc;
     }
     let ip = |v: &str| -> Value {
-        serde_yaml::from_str(&format!("{{type: IPAddress, value: \"{v}\"}}"))
+        sluice::yaml::from_str(&format!("{{type: IPAddress, value: \"{v}\"}}"))
             .expect("the address template is valid YAML")
     };
     let mut out: Vec<Value> = addresses
@@ -243,9 +240,18 @@ impl Pods {
                     namespace: key.0.clone(),
                     service: key.1.clone(),
                 };
-                let server = match crate::backend_tls::server_config(doc)? {
-                    Some(tls) => EchoPod::start_tls(identity, tls).await,
-                    None => EchoPod::start(identity).await,
+                let server = match (mode(doc), crate::backend_tls::server_config(doc)?) {
+                    (Mode::Grpc, _) => EchoPod::start_grpc(identity).await,
+                    (Mode::Tcp, Some(tls)) => EchoPod::start_tcp(identity, tls).await,
+                    (Mode::Tcp, None) => {
+                        bail!(
+                            "Deployment {}/{}: TCP_ECHO_SERVER without TLS_SERVER_CERT",
+                            key.0,
+                            key.1
+                        )
+                    }
+                    (Mode::Http, Some(tls)) => EchoPod::start_tls(identity, tls).await,
+                    (Mode::Http, None) => EchoPod::start(identity).await,
                 }
                 .with_context(|| format!("cannot start echo pod for {}/{}", key.0, key.1))?;
                 self.pods.push(Arc::new(Pod {
@@ -283,12 +289,39 @@ impl Pods {
     }
 }
 
+/// What an echo-basic container serves, by its environment.
+enum Mode {
+    Http,
+    /// `GRPC_ECHO_SERVER`: the gRPC echo service.
+    Grpc,
+    /// `TCP_ECHO_SERVER`: the TCP echo server.
+    Tcp,
+}
+
+fn mode(deployment: &Value) -> Mode {
+    let set = |name: &str| {
+        deployment["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["env"].as_array().into_iter().flatten())
+            .any(|e| e["name"].as_str() == Some(name))
+    };
+    if set("GRPC_ECHO_SERVER") {
+        Mode::Grpc
+    } else if set("TCP_ECHO_SERVER") {
+        Mode::Tcp
+    } else {
+        Mode::Http
+    }
+}
+
 fn string_map(value: Option<&Value>) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
-    if let Some(Value::Mapping(m)) = value {
+    if let Some(Value::Object(m)) = value {
         for (k, v) in m {
-            if let (Some(k), Some(v)) = (k.as_str(), v.as_str()) {
-                out.insert(k.to_owned(), v.to_owned());
+            if let Some(v) = v.as_str() {
+                out.insert(k.clone(), v.to_owned());
             }
         }
     }
@@ -319,7 +352,7 @@ pub fn render(
                 "Deployment" => continue,
                 "Gateway" => out.push(render_gateway(doc, ports)?),
                 "ListenerSet" => out.push(render_listener_set(doc, ports)?),
-                "HTTPRoute" => out.push(render_route(doc, ports)),
+                "HTTPRoute" | "GRPCRoute" | "TLSRoute" => out.push(render_route(doc, ports)),
                 "Service" => {
                     generated.extend(endpoint_slices(doc, pods));
                     out.push(doc.clone());
@@ -336,7 +369,7 @@ fn write_docs(path: &PathBuf, docs: &[Value]) -> anyhow::Result<()> {
     let mut text = String::new();
     for doc in docs {
         text.push_str("---\n");
-        text.push_str(&serde_yaml::to_string(doc)?);
+        text.push_str(&sluice::yaml::to_string(doc)?);
     }
     // Write then rename, so the watcher never reads half a file.
     let tmp = path.with_extension("tmp");
@@ -367,16 +400,6 @@ const SUITE_SECRETS: &[(&str, &str, &[&str])] = &[
         "certificate",
         &["*.org", "example.org", "*.example.com", "example.com"],
     ),
-    (
-        "gateway-conformance-infra",
-        "tls-passthrough-checks-certificate",
-        &["abc.example.com"],
-    ),
-    (
-        "gateway-conformance-app-backend",
-        "tls-passthrough-checks-certificate",
-        &["abc.example.com"],
-    ),
 ];
 
 /// A self-signed CA the runner issues certificates with.
@@ -404,8 +427,9 @@ impl RunnerCa {
         })
     }
 
-    /// A certificate for the DNS `names` (with `common_name` as subject
-    /// when given) and its new key; `what` names it in the error.
+    /// A certificate for the DNS `names` (a name with `://` is a URI
+    /// subjectAltName), with `common_name` as subject when given, and its
+    /// new key; `what` names it in the error.
     pub fn issue(
         &self,
         names: Vec<String>,
@@ -413,8 +437,15 @@ impl RunnerCa {
         what: &str,
     ) -> anyhow::Result<(rcgen::Certificate, KeyPair)> {
         let key = KeyPair::generate()?;
-        let cert = CertificateParams::new(names)
+        let (uris, dns): (Vec<String>, Vec<String>) =
+            names.into_iter().partition(|n| n.contains("://"));
+        let cert = CertificateParams::new(dns)
             .and_then(|mut params| {
+                for uri in uris {
+                    params
+                        .subject_alt_names
+                        .push(rcgen::SanType::URI(uri.as_str().try_into()?));
+                }
                 if let Some(cn) = common_name {
                     params.distinguished_name.push(DnType::CommonName, cn);
                 }
@@ -426,7 +457,7 @@ impl RunnerCa {
 
     /// ConfigMap `namespace/name` holding this CA's PEM under `ca.crt`.
     pub fn config_map(&self, namespace: &str, name: &str) -> anyhow::Result<Value> {
-        Ok(serde_yaml::to_value(serde_json::json!({
+        Ok(serde_json::to_value(serde_json::json!({
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": name, "namespace": namespace},
@@ -442,7 +473,7 @@ pub fn tls_secret(
     cert: &rcgen::Certificate,
     key: &KeyPair,
 ) -> anyhow::Result<Value> {
-    Ok(serde_yaml::to_value(serde_json::json!({
+    Ok(serde_json::to_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {"name": name, "namespace": namespace},
@@ -530,7 +561,7 @@ pub fn base64(bytes: &[u8]) -> String {
 }
 
 fn gateway_class() -> Value {
-    serde_yaml::from_str(&format!(
+    sluice::yaml::from_str(&format!(
         "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata:\n  name: {GATEWAY_CLASS}\nspec:\n  controllerName: {}\n",
         sluice::resources::CONTROLLER_NAME
     ))
@@ -577,7 +608,7 @@ fn move_listener_ports(
     let Some(listeners) = doc
         .get_mut("spec")
         .and_then(|s| s.get_mut("listeners"))
-        .and_then(Value::as_sequence_mut)
+        .and_then(Value::as_array_mut)
     else {
         return Ok(doc);
     };
@@ -589,7 +620,7 @@ fn move_listener_ports(
             bail!("{what}: listener port {port} out of range");
         };
         let actual = ports.assign(gateway, port)?;
-        if let Some(m) = listener.as_mapping_mut() {
+        if let Some(m) = listener.as_object_mut() {
             m.insert("port".into(), Value::from(actual));
         }
     }
@@ -603,7 +634,7 @@ fn render_route(doc: &Value, ports: &PortMap) -> Value {
     let Some(parents) = doc
         .get_mut("spec")
         .and_then(|s| s.get_mut("parentRefs"))
-        .and_then(Value::as_sequence_mut)
+        .and_then(Value::as_array_mut)
     else {
         return doc;
     };
@@ -633,7 +664,7 @@ fn render_route(doc: &Value, ports: &PortMap) -> Value {
         let actual = u16::try_from(port)
             .ok()
             .and_then(|p| ports.actual(&gateway, p));
-        if let (Some(actual), Some(m)) = (actual, parent.as_mapping_mut()) {
+        if let (Some(actual), Some(m)) = (actual, parent.as_object_mut()) {
             m.insert("port".into(), Value::from(actual));
         }
     }
@@ -649,7 +680,7 @@ fn endpoint_slices(service: &Value, pods: &Pods) -> Vec<Value> {
     let selector = string_map(spec.and_then(|s| s.get("selector")));
     let service_ports: Vec<&Value> = spec
         .and_then(|s| s.get("ports"))
-        .and_then(Value::as_sequence)
+        .and_then(Value::as_array)
         .map(|s| s.iter().collect())
         .unwrap_or_default();
     let mut out = Vec::new();
@@ -674,7 +705,7 @@ fn endpoint_slices(service: &Value, pods: &Pods) -> Vec<Value> {
             if let Some(app) = service_port.get("appProtocol") {
                 p.insert("appProtocol".into(), app.clone());
             }
-            slice_ports.push(Value::Mapping(p));
+            slice_ports.push(Value::Object(p));
         }
         let slice = serde_json::json!({
             "apiVersion": "discovery.k8s.io/v1",
@@ -692,9 +723,9 @@ fn endpoint_slices(service: &Value, pods: &Pods) -> Vec<Value> {
             }],
         });
         let mut slice: Value =
-            serde_yaml::to_value(slice).expect("a JSON value converts to a YAML value");
-        if let Some(m) = slice.as_mapping_mut() {
-            m.insert("ports".into(), Value::Sequence(slice_ports));
+            serde_json::to_value(slice).expect("a JSON value converts to a YAML value");
+        if let Some(m) = slice.as_object_mut() {
+            m.insert("ports".into(), Value::Array(slice_ports));
         }
         out.push(slice);
     }
@@ -730,12 +761,12 @@ mod tests {
     }
 
     fn yaml(text: &str) -> Value {
-        serde_yaml::from_str(text).expect("test YAML is valid")
+        sluice::yaml::from_str(text).expect("test YAML is valid")
     }
 
     fn listener_ports(doc: &Value) -> Vec<u64> {
         doc["spec"]["listeners"]
-            .as_sequence()
+            .as_array()
             .into_iter()
             .flatten()
             .filter_map(|l| l["port"].as_u64())

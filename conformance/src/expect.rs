@@ -54,6 +54,9 @@ pub struct Case {
     /// Headers expected at the backend, replacing the request's own.
     pub exp_headers: Option<Vec<(String, String)>>,
     pub absent: Vec<String>,
+    /// The server name the backend's TLS connection must have carried
+    /// (the suite's `ExpectedRequest.SNI`, which echo-basic reports).
+    pub exp_sni: Option<String>,
     pub redirect: Option<RedirectExpect>,
     pub resp_headers: Vec<(String, String)>,
     /// Response headers that must have one of these values, compared with
@@ -92,6 +95,7 @@ pub fn req(gateway: &str, path: &str) -> Case {
         exp_method: None,
         exp_headers: None,
         absent: Vec::new(),
+        exp_sni: None,
         redirect: None,
         resp_headers: Vec::new(),
         valid_resp_headers: Vec::new(),
@@ -181,6 +185,12 @@ impl Case {
         self.exp_headers.get_or_insert_with(Vec::new);
         self
     }
+    /// The backend must have been reached over TLS with server name `sni`.
+    pub fn exp_sni(mut self, sni: &str) -> Self {
+        self.exp_sni = Some(sni.to_owned());
+        self
+    }
+
     pub fn absent(mut self, name: &str) -> Self {
         self.absent.push(name.to_owned());
         self
@@ -227,6 +237,37 @@ impl Case {
             s.push_str(&format!(" {k}={v}"));
         }
         s
+    }
+}
+
+/// Which of `backends` served a request, by the prefix of the pod that
+/// answered (the suite's way).
+pub fn backend_of(pod: &str, backends: &[&'static str]) -> anyhow::Result<&'static str> {
+    backends
+        .iter()
+        .copied()
+        .find(|b| pod.starts_with(b))
+        .ok_or_else(|| anyhow::anyhow!("handled by an unexpected pod {pod:?}"))
+}
+
+/// The suite's weight tests' verdict: each backend got its share of
+/// `total` within 5 points (`counts` by backend, `want` its share).
+pub fn within_five_points(
+    counts: &std::collections::BTreeMap<&str, usize>,
+    total: usize,
+    want: &[(&str, f64)],
+) -> anyhow::Result<()> {
+    let mut errors = Vec::new();
+    for (backend, want) in want {
+        let got = counts.get(backend).copied().unwrap_or(0) as f64 / total as f64;
+        if (got - want).abs() > 0.05 {
+            errors.push(format!("{backend} got {got}, want {want} ±0.05"));
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        bail!("{} (counts {counts:?})", errors.join("; "))
     }
 }
 
@@ -336,6 +377,14 @@ pub fn compare(case: &Case, ex: &Exchange) -> anyhow::Result<()> {
         {
             bail!("served by pod {:?}, expected backend {backend:?}", echo.pod);
         }
+        if let Some(sni) = &case.exp_sni
+            && ex.backend_sni.as_ref() != Some(sni)
+        {
+            bail!(
+                "the backend's connection had SNI {:?}, expected {sni:?}",
+                ex.backend_sni
+            );
+        }
     } else if matches!(ex.status, 301 | 302 | 303 | 307 | 308)
         && let Some(r) = &case.redirect
     {
@@ -392,6 +441,7 @@ mod tests {
             status,
             headers: Vec::new(),
             echo,
+            backend_sni: None,
             location: None,
         }
     }
@@ -436,6 +486,19 @@ mod tests {
             .infra("infra-backend-v1")
             .exp_no_headers();
         assert!(compare(&absent, &ok).is_err());
+    }
+
+    #[test]
+    fn an_expected_sni_is_the_one_the_backend_reports() {
+        let case = same_ns("/a")
+            .infra("infra-backend-v1")
+            .exp_sni("abc.example.com");
+        let mut ex = exchange(200, Some(echo("infra-backend-v1-5f7c9-0", "/a", &[])));
+        assert!(compare(&case, &ex).is_err(), "no TLS reported");
+        ex.backend_sni = Some("other.example.com".into());
+        assert!(compare(&case, &ex).is_err());
+        ex.backend_sni = Some("abc.example.com".into());
+        assert!(compare(&case, &ex).is_ok());
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! `conformance`: the Gateway API conformance suite's GATEWAY-HTTP checks,
-//! rewritten by us and run against sluice on loopback.
+//! `conformance`: the Gateway API conformance suite's GATEWAY-HTTP,
+//! GATEWAY-GRPC and GATEWAY-TLS checks, rewritten by us and run against
+//! sluice on loopback.
 //!
 //! The upstream suite needs a cluster; this runner reads the same manifests
 //! (`--manifests DIR` holding `base/manifests.yaml` and `tests/*.yaml` of
@@ -10,7 +11,8 @@
 //!
 //! Where things are: `registry` is the one list of tests (profile,
 //! features, manifests, checks); the checks live by area in `suite`
-//! (Gateway and HTTPRoute), `listenerset`, `client_cert` and `backend_tls`,
+//! (Gateway and HTTPRoute), `grpc` (GRPCRoute), `tls_route` (TLSRoute),
+//! `listenerset`, `client_cert`, `backend_tls` and `backend_tls_policy`,
 //! written with `ctx` (the running test), `client` (the suite's requests),
 //! `expect` (what a response must look like) and `status` (what published
 //! status must say); `env`, `backend` and `ws` stand in for the cluster and
@@ -23,16 +25,19 @@
 
 mod backend;
 mod backend_tls;
+mod backend_tls_policy;
 mod client;
 mod client_cert;
 mod ctx;
 mod env;
 mod expect;
+mod grpc;
 mod listenerset;
 mod registry;
 mod report;
 mod status;
 mod suite;
+mod tls_route;
 mod ws;
 
 use std::collections::BTreeSet;
@@ -52,7 +57,9 @@ use crate::report::{Outcome, TestResult};
 const TEST_DEADLINE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Parser)]
-#[command(about = "Run the Gateway API conformance checks (GATEWAY-HTTP) against sluice")]
+#[command(
+    about = "Run the Gateway API conformance checks (GATEWAY-HTTP, GATEWAY-GRPC, GATEWAY-TLS) against sluice"
+)]
 struct Args {
     /// Folder of upstream conformance manifests (`base/manifests.yaml`, `tests/*.yaml`).
     #[arg(long)]
@@ -124,19 +131,40 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         results.push(TestResult { test, outcome });
     }
 
-    let totals = report::Totals::of(&results);
     println!(
-        "\n{} tests: {} passed, {} failed, {} not applicable (core {}/{} passed, extended {}/{} passed) in {:.1} s",
+        "\n{} tests in {:.1} s: {} passed, {} failed, {} not applicable",
         results.len(),
-        totals.passed,
-        totals.failed,
-        totals.not_applicable,
-        totals.core_passed,
-        totals.core_total,
-        totals.extended_passed,
-        totals.extended_total,
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        results
+            .iter()
+            .filter(|r| matches!(r.outcome, Outcome::Pass))
+            .count(),
+        results
+            .iter()
+            .filter(|r| matches!(r.outcome, Outcome::Fail(_)))
+            .count(),
+        results
+            .iter()
+            .filter(|r| matches!(r.outcome, Outcome::NotApplicable(_)))
+            .count(),
     );
+    for &profile in registry::Profile::ALL {
+        let t = report::Totals::of(&results, profile);
+        let tests = t.passed + t.failed + t.not_applicable;
+        if tests > 0 {
+            println!(
+                "  {}: {tests} tests, {} passed, {} failed, {} not applicable (core {}/{} passed, extended {}/{} passed)",
+                profile.name(),
+                t.passed,
+                t.failed,
+                t.not_applicable,
+                t.core_passed,
+                t.core_total,
+                t.extended_passed,
+                t.extended_total
+            );
+        }
+    }
 
     if let Some(path) = &args.report {
         write_file(path, &report::conformance_report(&results)?)?;
@@ -216,6 +244,7 @@ async fn run_one(
         paths: vec![temp.0.clone()],
         bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
         admin: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        crds: Vec::new(),
     })
     .await
     .context("cannot start sluice")?;

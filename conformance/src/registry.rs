@@ -5,32 +5,90 @@
 //! be listed without checks, nor have checks that never run.
 //!
 //! The checks themselves live by area: [`crate::suite`] (Gateway and
-//! HTTPRoute), [`crate::listenerset`], [`crate::client_cert`] and
-//! [`crate::backend_tls`]. Names, features and manifests come from reading
+//! HTTPRoute), [`crate::grpc`], [`crate::tls_route`],
+//! [`crate::listenerset`], [`crate::client_cert`], [`crate::backend_tls`]
+//! and [`crate::backend_tls_policy`]. Names, features and manifests come from reading
 //! the upstream test code (`conformance/tests/*.go` of
 //! kubernetes-sigs/gateway-api v1.6.1); the code is ours.
 
 use futures_util::future::BoxFuture;
 
 use crate::ctx::{Ctx, infra};
-use crate::{backend_tls, client_cert, listenerset, suite};
+use crate::{backend_tls, backend_tls_policy, client_cert, grpc, listenerset, suite, tls_route};
 
 /// A conformance profile: the set of tests an implementation claims, with
 /// its own Core features (the upstream suite's `ConformanceProfile`). The
 /// report has one section per profile that ran.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Profile {
-    GatewayHttp,
+    Http,
+    Grpc,
+    Tls,
 }
+
+/// The Gateway's Extended features (`GatewayExtendedFeatures`): every
+/// Gateway profile's Extended set holds them.
+const GATEWAY_EXTENDED: &[&str] = &[
+    "GatewayPort8080",
+    "GatewayStaticAddresses",
+    "GatewayHTTPListenerIsolation",
+    "GatewayHTTPSListenerDetectMisdirectedRequests",
+    "GatewayInfrastructurePropagation",
+    "GatewayAddressEmpty",
+    "GatewayBackendClientCertificate",
+    "GatewayFrontendClientCertificateValidation",
+    "GatewayFrontendClientCertificateValidationInsecureFallback",
+    "ListenerSet",
+];
+
+/// GATEWAY-HTTP's Extended features besides the Gateway's: HTTPRoute's
+/// (`HTTPRouteExtendedFeatures`) and BackendTLSPolicy's, Core and
+/// Extended.
+const HTTP_EXTENDED: &[&str] = &[
+    "HTTPRouteDestinationPortMatching",
+    "HTTPRouteBackendRequestHeaderModification",
+    "HTTPRouteQueryParamMatching",
+    "HTTPRouteMethodMatching",
+    "HTTPRouteResponseHeaderModification",
+    "HTTPRoutePortRedirect",
+    "HTTPRouteSchemeRedirect",
+    "HTTPRoutePathRedirect",
+    "HTTPRouteHostRewrite",
+    "HTTPRoutePathRewrite",
+    "HTTPRouteRequestMirror",
+    "HTTPRouteRequestMultipleMirrors",
+    "HTTPRouteRequestPercentageMirror",
+    "HTTPRouteRequestTimeout",
+    "HTTPRouteBackendTimeout",
+    "HTTPRouteParentRefPort",
+    "HTTPRouteBackendProtocolH2C",
+    "HTTPRouteBackendProtocolWebSocket",
+    "HTTPRouteNamedRouteRule",
+    "HTTPRouteCORS",
+    "HTTPRoute303RedirectStatusCode",
+    "HTTPRoute307RedirectStatusCode",
+    "HTTPRoute308RedirectStatusCode",
+    "HTTPRouteRetry",
+    "HTTPRouteRetryBackendTimeout",
+    "HTTPRouteRetryConnectionError",
+    "BackendTLSPolicy",
+    "BackendTLSPolicySANValidation",
+];
+
+/// GATEWAY-TLS's Extended features besides the Gateway's
+/// (`TLSRouteExtendedFeatures`).
+const TLS_EXTENDED: &[&str] = &["TLSRouteModeTerminate", "TLSRouteModeMixed"];
 
 impl Profile {
     /// Every profile, in the order of the report.
-    pub const ALL: &[Profile] = &[Profile::GatewayHttp];
+    pub const ALL: &[Profile] = &[Profile::Http, Profile::Grpc, Profile::Tls];
 
     /// The profile's name in the report.
     pub fn name(self) -> &'static str {
         match self {
-            Profile::GatewayHttp => "GATEWAY-HTTP",
+            Profile::Http => "GATEWAY-HTTP",
+            Profile::Grpc => "GATEWAY-GRPC",
+            Profile::Tls => "GATEWAY-TLS",
         }
     }
 
@@ -39,22 +97,22 @@ impl Profile {
     /// `isTestExtended`).
     pub fn core_features(self) -> &'static [&'static str] {
         match self {
-            Profile::GatewayHttp => &["Gateway", "HTTPRoute", "ReferenceGrant"],
+            Profile::Http => &["Gateway", "ReferenceGrant", "HTTPRoute"],
+            Profile::Grpc => &["Gateway", "ReferenceGrant", "GRPCRoute"],
+            Profile::Tls => &["Gateway", "ReferenceGrant", "TLSRoute"],
         }
     }
 
-    /// Features a test of this profile names that sluice does not claim in
-    /// it, because they belong to another profile; the report never lists
-    /// them as supported. For GATEWAY-HTTP, TLSRoute:
-    /// `ListenerSetAllowedRoutesSupportedKinds` and `HTTPRouteDisallowedKind`
-    /// check that a listener allowing only TLSRoute takes no HTTPRoute
-    /// (`InvalidRouteKinds`), which sluice does (it serves no TLSRoute), so
-    /// the runner runs them, while an upstream run that only claims
-    /// GATEWAY-HTTP features would skip them.
-    pub fn unclaimed_features(self) -> &'static [&'static str] {
-        match self {
-            Profile::GatewayHttp => &["TLSRoute"],
-        }
+    /// Does the profile's Extended set hold `feature`? GATEWAY-GRPC's is
+    /// the Gateway's alone (upstream leaves `GRPCRouteNamedRouteRule` out
+    /// of every profile).
+    pub fn extends(self, feature: &str) -> bool {
+        GATEWAY_EXTENDED.contains(&feature)
+            || match self {
+                Profile::Http => HTTP_EXTENDED.contains(&feature),
+                Profile::Grpc => false,
+                Profile::Tls => TLS_EXTENDED.contains(&feature),
+            }
     }
 }
 
@@ -75,6 +133,9 @@ pub enum Applicability {
 pub struct Test {
     /// The upstream test's `ShortName`.
     pub name: &'static str,
+    /// The profile of the route kind the test is about: it is reported
+    /// there even when upstream would report it in no profile (a test
+    /// whose features no single profile holds).
     pub profile: Profile,
     pub features: &'static [&'static str],
     /// Test YAML files under `tests/`.
@@ -83,26 +144,39 @@ pub struct Test {
 }
 
 impl Test {
-    pub fn is_core(&self) -> bool {
-        let core = self.profile.core_features();
+    /// The profiles that report the test: every profile whose Core and
+    /// Extended sets hold all its features (the suite's
+    /// `getConformanceProfilesForTest`: a Gateway-only test counts in all
+    /// three), and its own.
+    pub fn profiles(&self) -> impl Iterator<Item = Profile> + '_ {
+        Profile::ALL.iter().copied().filter(move |&p| {
+            p == self.profile
+                || self
+                    .features
+                    .iter()
+                    .all(|f| p.core_features().contains(f) || p.extends(f))
+        })
+    }
+
+    /// Is the test Core in `profile` (all its features Core there)?
+    pub fn is_core(&self, profile: Profile) -> bool {
+        let core = profile.core_features();
         self.features.iter().all(|f| core.contains(f))
     }
 
-    /// The Extended features the test exercises: not Core in its profile,
-    /// nor unclaimed.
-    pub fn extended_features(&self) -> impl Iterator<Item = &'static str> + use<> {
-        let (core, unclaimed) = (
-            self.profile.core_features(),
-            self.profile.unclaimed_features(),
-        );
-        self.features
-            .iter()
-            .copied()
-            .filter(move |f| !core.contains(f) && !unclaimed.contains(f))
+    /// The Extended features of `profile` the test exercises.
+    pub fn extended_features(
+        &self,
+        profile: Profile,
+    ) -> impl Iterator<Item = &'static str> + use<> {
+        let features = self.features;
+        features.iter().copied().filter(move |f| profile.extends(f))
     }
 }
 
-const HTTP: Profile = Profile::GatewayHttp;
+const HTTP: Profile = Profile::Http;
+const GRPC: Profile = Profile::Grpc;
+const TLS: Profile = Profile::Tls;
 
 /// An entry: profile, name, features, manifests, then the checks (`|cx|`
 /// and an expression of the future to await) or `na = "why"`.
@@ -282,6 +356,18 @@ pub static TESTS: &[Test] = &[
         |cx| backend_tls::client_certificate(cx)),
     t!(HTTP, "GatewayInvalidTLSBackendConfiguration", ["Gateway", "HTTPRoute", "GatewayBackendClientCertificate", "BackendTLSPolicy"], ["gateway-invalid-tls-backend-configuration.yaml"],
         |cx| backend_tls::invalid_configuration(cx)),
+    t!(HTTP, "BackendTLSPolicy", ["Gateway", "HTTPRoute", "BackendTLSPolicy"], ["backendtlspolicy.yaml"],
+        |cx| backend_tls_policy::backend_tls_policy(cx)),
+    t!(HTTP, "BackendTLSPolicyConflictResolution", ["Gateway", "HTTPRoute", "BackendTLSPolicy"], ["backendtlspolicy-conflict-resolution.yaml"],
+        |cx| backend_tls_policy::conflict_resolution(cx)),
+    t!(HTTP, "BackendTLSPolicyInvalidCACertificateRef", ["Gateway", "HTTPRoute", "BackendTLSPolicy"], ["backendtlspolicy-invalid-ca-certificate-ref.yaml"],
+        |cx| backend_tls_policy::invalid_ca_reference(cx, "backendtlspolicy-invalid-ca-certificate-ref", &["nonexistent-ca-certificate-ref", "malformed-ca-certificate-ref"], "InvalidCACertificateRef")),
+    t!(HTTP, "BackendTLSPolicyInvalidKind", ["Gateway", "HTTPRoute", "BackendTLSPolicy"], ["backendtlspolicy-invalid-kind.yaml"],
+        |cx| backend_tls_policy::invalid_ca_reference(cx, "backendtlspolicy-invalid-kind-test", &["invalid-kind"], "InvalidKind")),
+    t!(HTTP, "BackendTLSPolicyObservedGenerationBump", ["Gateway", "HTTPRoute", "BackendTLSPolicy"], ["backendtlspolicy-observed-generation-bump.yaml"],
+        |cx| backend_tls_policy::observed_generation_bump(cx)),
+    t!(HTTP, "BackendTLSPolicySANValidation", ["Gateway", "HTTPRoute", "BackendTLSPolicy", "BackendTLSPolicySANValidation"], ["backendtlspolicy-san.yaml"],
+        |cx| backend_tls_policy::san_validation(cx)),
     t!(HTTP, "ListenerSetAllowedNamespaceNone", ["Gateway", "ListenerSet"], ["listenerset-allowed-namespace-none.yaml"],
         |cx| listenerset::not_allowed(cx, "gateway-does-not-allow-listenerset", &infra("listenerset-not-allowed"))),
     t!(HTTP, "ListenerSetAllowedNamespaceSame", ["Gateway", "ListenerSet"], ["listenerset-allowed-namespace-same.yaml"],
@@ -310,6 +396,44 @@ pub static TESTS: &[Test] = &[
         |cx| listenerset::route_status_scoped_to_parent_ref(cx)),
     t!(HTTP, "HTTPRouteDisallowedKind", ["Gateway", "HTTPRoute", "TLSRoute"], ["httproute-disallowed-kind.yaml"],
         |cx| suite::disallowed_kind(cx)),
+    // GATEWAY-GRPC.
+    t!(GRPC, "GRPCExactMethodMatching", ["Gateway", "GRPCRoute"], ["grpcroute-exact-method-matching.yaml"],
+        |cx| grpc::exact_method_matching(cx)),
+    t!(GRPC, "GRPCRouteHeaderMatching", ["Gateway", "GRPCRoute"], ["grpcroute-header-matching.yaml"],
+        |cx| grpc::header_matching(cx)),
+    t!(GRPC, "GRPCRouteListenerHostnameMatching", ["Gateway", "GRPCRoute"], ["grpcroute-listener-hostname-matching.yaml"],
+        |cx| grpc::listener_hostname_matching(cx)),
+    t!(GRPC, "GRPCRouteNamedRule", ["Gateway", "GRPCRoute", "GRPCRouteNamedRouteRule"], ["grpcroute-named-rule.yaml"],
+        |cx| grpc::named_rule(cx)),
+    t!(GRPC, "GRPCRouteWeight", ["Gateway", "GRPCRoute"], ["grpcroute-weight.yaml"],
+        |cx| grpc::weight(cx)),
+    // GATEWAY-TLS.
+    t!(TLS, "TLSRouteSimpleSameNamespace", ["Gateway", "TLSRoute"], ["tlsroute-simple-same-namespace.yaml"],
+        |cx| tls_route::simple_same_namespace(cx)),
+    t!(TLS, "TLSRouteHostnameIntersection", ["Gateway", "TLSRoute"], ["tlsroute-hostname-intersection.yaml"],
+        |cx| tls_route::hostname_intersection(cx)),
+    t!(TLS, "TLSRouteInvalidBackendRefNonexistent", ["Gateway", "TLSRoute"], ["tlsroute-invalid-backendref-nonexistent.yaml"],
+        |cx| tls_route::invalid_backend(cx, "gateway-tlsroute-invalid-backend-ref-nonexistent", "invalid-backend-ref-nonexistent", "BackendNotFound")),
+    t!(TLS, "TLSRouteInvalidBackendRefUnknownKind", ["Gateway", "TLSRoute"], ["tlsroute-invalid-backendref-unknown-kind.yaml"],
+        |cx| tls_route::invalid_backend(cx, "gateway-tlsroute-invalid-backend-ref-unknown-kind", "invalid-backend-ref-unknown-kind", "InvalidKind")),
+    t!(TLS, "TLSRouteInvalidNoMatchingListenerHostname", ["Gateway", "TLSRoute"], ["tlsroute-invalid-no-matching-listener-hostname.yaml"],
+        |cx| tls_route::no_matching_listener_hostname(cx)),
+    t!(TLS, "TLSRouteInvalidNoMatchingListener", ["Gateway", "TLSRoute"], ["tlsroute-invalid-no-matching-listener.yaml"],
+        |cx| tls_route::no_matching_listener(cx)),
+    t!(TLS, "TLSRouteInvalidReferenceGrant", ["Gateway", "TLSRoute", "ReferenceGrant"], ["tlsroute-invalid-reference-grant.yaml"],
+        |cx| tls_route::invalid_reference_grant(cx)),
+    t!(TLS, "TLSRouteListenerPassthroughSupportedKinds", ["Gateway", "TLSRoute"], ["tlsroute-listener-passthrough-supported-kinds.yaml"],
+        |cx| tls_route::passthrough_supported_kinds(cx)),
+    t!(TLS, "TLSRouteListenerTerminateNotSupported", ["Gateway", "TLSRoute"], ["tlsroute-listener-terminate-not-supported.yaml"],
+        |cx| tls_route::terminate_supported(cx)),
+    t!(TLS, "TLSRouteListenerTerminateSupportedKinds", ["Gateway", "TLSRoute", "TLSRouteModeTerminate"], ["tlsroute-listener-terminate-supported-kinds.yaml"],
+        |cx| tls_route::terminate_supported_kinds(cx)),
+    t!(TLS, "TLSRouteTerminateSimpleSameNamespace", ["Gateway", "TLSRoute", "TLSRouteModeTerminate"], ["tlsroute-terminate-simple-same-namespace.yaml"],
+        |cx| tls_route::terminate_simple_same_namespace(cx)),
+    t!(TLS, "TLSRouteListenerMixedTerminationNotSupported", ["Gateway", "TLSRoute", "TLSRouteModeTerminate"], ["tlsroute-listener-mixed-termination-not-supported.yaml"],
+        |cx| tls_route::mixed_termination_supported(cx)),
+    t!(TLS, "TLSRouteMixedTerminationSameNamespace", ["Gateway", "TLSRoute", "TLSRouteModeTerminate", "TLSRouteModeMixed"], ["tlsroute-mixed-termination-same-namespace.yaml"],
+        |cx| tls_route::mixed_termination_same_namespace(cx)),
     t!(HTTP, "GatewayInfrastructure", ["Gateway", "GatewayInfrastructurePropagation"], ["gateway-infrastructure.yaml"],
         na = "checks that spec.infrastructure labels and annotations reach the Deployment/Service a controller generates in the cluster; a standalone gateway generates no cluster resources"),
 ];
@@ -342,5 +466,40 @@ mod tests {
                 "{name} is in expected-pass.txt but is no registered test"
             );
         }
+    }
+
+    fn test(name: &str) -> &'static Test {
+        TESTS.iter().find(|t| t.name == name).expect(name)
+    }
+
+    fn profiles(name: &str) -> Vec<Profile> {
+        test(name).profiles().collect()
+    }
+
+    #[test]
+    fn a_test_is_reported_in_every_profile_whose_features_hold_it() {
+        // Gateway features alone: every profile, Core everywhere.
+        assert_eq!(profiles("GatewayInvalidRouteKind"), Profile::ALL);
+        assert!(
+            Profile::ALL
+                .iter()
+                .all(|&p| test("GatewayInvalidRouteKind").is_core(p))
+        );
+        // A route kind's tests stay in its profile.
+        assert_eq!(profiles("HTTPRouteSimpleSameNamespace"), [Profile::Http]);
+        assert_eq!(profiles("GRPCExactMethodMatching"), [Profile::Grpc]);
+        assert_eq!(profiles("TLSRouteSimpleSameNamespace"), [Profile::Tls]);
+        // Extended in its profile: Terminate mode is a TLSRoute extension.
+        let terminate = test("TLSRouteTerminateSimpleSameNamespace");
+        assert!(!terminate.is_core(Profile::Tls));
+        assert_eq!(
+            terminate
+                .extended_features(Profile::Tls)
+                .collect::<Vec<_>>(),
+            ["TLSRouteModeTerminate"]
+        );
+        // Upstream reports GRPCRouteNamedRule in no profile (its feature is
+        // in none); it stays in its home profile.
+        assert_eq!(profiles("GRPCRouteNamedRule"), [Profile::Grpc]);
     }
 }

@@ -12,7 +12,7 @@ use anyhow::{anyhow, bail};
 use anyhow::Context as _;
 
 use crate::ctx::{APP, Ctx, INFRA, WEB, infra};
-use crate::expect::{Case, req, same_ns};
+use crate::expect::{Case, backend_of, req, same_ns, within_five_points};
 use crate::status::{ListenerExpect, listener, parent};
 
 pub const SAME_NS: &str = "gateway-conformance-infra/same-namespace";
@@ -60,7 +60,8 @@ pub async fn weight(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     // The suite sends 500 requests, 10 at a time, and wants 70/30/0 within
     // 5 points (retrying up to 10 times). Our split is exact: one run.
     const TOTAL: usize = 500;
-    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    const BACKENDS: [&str; 3] = ["infra-backend-v1", "infra-backend-v2", "infra-backend-v3"];
+    let mut counts = std::collections::BTreeMap::new();
     for chunk in 0..TOTAL / 10 {
         let sends = (0..10).map(|_| cx.send(&case));
         for exchange in futures_util::future::join_all(sends).await {
@@ -68,32 +69,17 @@ pub async fn weight(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
             crate::expect::compare(&case, &exchange)
                 .map_err(|e| e.context(format!("request batch {chunk}")))?;
             let pod = exchange.echo.map(|e| e.pod).unwrap_or_default();
-            let backend = ["infra-backend-v1", "infra-backend-v2", "infra-backend-v3"]
-                .into_iter()
-                .find(|b| pod.starts_with(b))
-                .ok_or_else(|| anyhow!("request handled by an unexpected pod {pod:?}"))?;
-            *counts.entry(backend.to_owned()).or_default() += 1;
+            *counts.entry(backend_of(&pod, &BACKENDS)?).or_default() += 1;
         }
     }
-    let mut errors = Vec::new();
     if counts.len() != 2 {
-        errors.push("expected only two backends to receive traffic".to_owned());
+        bail!("expected only two backends to receive traffic (counts {counts:?})");
     }
-    for (backend, want) in [
-        ("infra-backend-v1", 0.7),
-        ("infra-backend-v2", 0.3),
-        ("infra-backend-v3", 0.0),
-    ] {
-        let got = counts.get(backend).copied().unwrap_or(0) as f64 / TOTAL as f64;
-        if (got - want).abs() > 0.05 {
-            errors.push(format!("{backend} got {got}, want {want} ±0.05"));
-        }
-    }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        bail!("{} (counts {counts:?})", errors.join("; "))
-    }
+    within_five_points(
+        &counts,
+        TOTAL,
+        &[(BACKENDS[0], 0.7), (BACKENDS[1], 0.3), (BACKENDS[2], 0.0)],
+    )
 }
 
 pub async fn matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
@@ -802,15 +788,15 @@ pub async fn route_generation_bump(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
 }
 
 /// A listener as the suite appends it in the generation and modify tests.
-fn appended_listener(name: &str, hostname: &str) -> serde_yaml::Value {
-    serde_yaml::from_str(&format!(
+fn appended_listener(name: &str, hostname: &str) -> serde_json::Value {
+    sluice::yaml::from_str(&format!(
         "{{name: {name}, hostname: {hostname}, port: 80, protocol: HTTP, allowedRoutes: {{namespaces: {{from: All}}}}}}"
     ))
     .expect("the listener template is valid YAML")
 }
 
-fn push_listener(gateway: &mut serde_yaml::Value, listener: serde_yaml::Value) {
-    if let Some(listeners) = gateway["spec"]["listeners"].as_sequence_mut() {
+fn push_listener(gateway: &mut serde_json::Value, listener: serde_json::Value) {
+    if let Some(listeners) = gateway["spec"]["listeners"].as_array_mut() {
         listeners.push(listener);
     }
 }
@@ -940,7 +926,7 @@ pub async fn modify_listeners(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     cx.latest_conditions("Gateway", &remove, None).await?;
     let before = cx.generation("Gateway", &remove)?;
     cx.modify("Gateway", &remove, |g| {
-        if let Some(listeners) = g["spec"]["listeners"].as_sequence_mut() {
+        if let Some(listeners) = g["spec"]["listeners"].as_array_mut() {
             listeners.retain(|l| l["name"] == "http");
         }
     })?;
@@ -1402,8 +1388,8 @@ pub async fn static_addresses(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
         .await?;
 
     let remove = |value: &'static str| {
-        move |g: &mut serde_yaml::Value| {
-            if let Some(a) = g["spec"]["addresses"].as_sequence_mut() {
+        move |g: &mut serde_json::Value| {
+            if let Some(a) = g["spec"]["addresses"].as_array_mut() {
                 a.retain(|a| a["value"].as_str() != Some(value));
             }
         }

@@ -3,25 +3,37 @@
 //! object's conditions, every rule's backend shares as percentages, the
 //! traps worth a warning and the manifest errors — without binding anything.
 //!
+//! Rules a RolloutPolicy governs show their spec shares and the shares
+//! `sluice serve` would serve now side by side: from the rollout state it
+//! recorded (`--state-dir`, by default the one `serve` uses), run through
+//! the same state machine; without recorded state, a gateway starting on
+//! these manifests serves the spec shares.
+//!
 //! Exit codes: 0 when every object is accepted and every reference
 //! resolved; 1 when something is refused, not accepted or not resolved;
 //! 2 when the input cannot be read at all (missing path, unreadable file,
 //! a file that is not YAML/JSON).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::resources::{Generations, LoadedObject, Object, Snapshot, parse_manifests};
+use crate::metrics::BackendTotals;
+use crate::resources::crd::Crds;
+use crate::resources::read_documents;
+use crate::resources::{Generations, Snapshot};
+use crate::rollout::{FileStore, PolicyKey, RolloutReport, Rollouts};
 use crate::source::files::read_all;
 use crate::source::{ConfigError, FileSet};
 use crate::translate::{
     BackendOutcome, BackendSummary, ConditionType, ObjectStatus, RuleSummary, TranslateOptions,
-    Translation, translate,
+    Translation, rollout_inputs, translate_served,
 };
+use crate::yaml::{Document, Lines};
 
 /// Everything is accepted and resolved.
 pub const EXIT_OK: i32 = 0;
@@ -29,6 +41,17 @@ pub const EXIT_OK: i32 = 0;
 pub const EXIT_PROBLEMS: i32 = 1;
 /// The input could not be read.
 pub const EXIT_UNREADABLE: i32 = 2;
+
+/// How `check` prints its findings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Output {
+    /// Every object's conditions and every rule's shares, then one line
+    /// per problem (`file:line: Kind ns/name: field: message`).
+    #[default]
+    Text,
+    /// One JSON document: problems, warnings, status and rule shares.
+    Json,
+}
 
 /// Manifests loaded and translated the way `serve` does it.
 #[derive(Debug)]
@@ -42,71 +65,161 @@ pub struct Checked {
     pub refused: Vec<ConfigError>,
     /// Documents of kinds sluice does not read (not an error).
     pub ignored: Vec<String>,
+    /// `(Kind namespace/name, rule, backendRef)` of the backendRefs whose
+    /// weight the manifest omitted (the CRD default made it 1).
+    pub omitted_weights: BTreeSet<(String, usize, usize)>,
+    /// Where each object loaded came from: `Kind ns/name` -> (file, line).
+    pub locations: BTreeMap<String, (String, usize)>,
+    /// The line of each field of an object's document (`Kind ns/name` ->
+    /// lines), so that a problem found after loading (an unresolved
+    /// backendRef) is placed at its field, as validation errors are.
+    pub field_lines: BTreeMap<String, Lines>,
+    /// The CRDs objects were validated with (`--crds` and CRD documents
+    /// among the manifests).
+    pub crds: Arc<Crds>,
+    /// Every rollout, as `sluice serve` would run it now.
+    pub rollouts: RolloutReport,
+    /// Where the served shares come from (printed when a RolloutPolicy
+    /// governs a rule).
+    pub served_from: String,
 }
 
-/// Read, parse, validate and translate the manifests under `paths`.
-pub fn load(paths: &[PathBuf]) -> Checked {
+/// Read, parse, validate (by the CRDs in `crd_paths` and among the
+/// manifests, else by hand) and translate the manifests under `paths`,
+/// with the rollouts recorded in `state_dir` (when given and present).
+pub fn load(paths: &[PathBuf], crd_paths: &[PathBuf], state_dir: Option<&Path>) -> Checked {
     let listing = read_all(paths);
-    let mut unreadable = listing.problems;
-    let mut ignored = Vec::new();
-    for read in &listing.reads {
-        match &read.content {
-            Err(message) => unreadable.push(ConfigError {
-                file: read.file.clone(),
+    let crd_listing = read_all(crd_paths);
+    let mut files = FileSet::new();
+    files.update_crd_files(crd_listing.reads);
+    let texts: BTreeMap<String, String> = listing
+        .reads
+        .iter()
+        .filter_map(|r| Some((r.file.clone(), r.content.as_ref().ok()?.clone())))
+        .collect();
+    files.update(listing.reads);
+    let (loaded, errors) = files.merged();
+    // Errors tied to neither an object nor a field mean the text itself is
+    // not a manifest stream (YAML/JSON syntax, unreadable): the file is
+    // unreadable.
+    let (mut unreadable, refused): (Vec<ConfigError>, Vec<ConfigError>) = errors
+        .into_iter()
+        .partition(|e| e.object.is_none() && e.field.is_none());
+    unreadable.splice(
+        0..0,
+        listing.problems.into_iter().chain(crd_listing.problems),
+    );
+
+    let locations = loaded
+        .iter()
+        .map(|l| (l.object.id(), (l.file.clone(), l.line)))
+        .collect();
+    let field_lines = field_lines(&texts, &locations);
+    let count = loaded.len();
+    let snapshot = Snapshot::from_loaded(loaded, |objects| {
+        Generations::default().assign(objects, k8s_openapi::jiff::Timestamp::now());
+    });
+    let (recorded, served_from) = match state_dir.map(|d| (d, FileStore::read(d))) {
+        None => (
+            Vec::new(),
+            "no state directory: a gateway starting on these manifests serves the spec shares"
+                .to_string(),
+        ),
+        Some((dir, Ok(None))) => (
+            Vec::new(),
+            format!(
+                "no rollout state in {}: a gateway starting on these manifests serves the spec shares",
+                dir.display()
+            ),
+        ),
+        Some((dir, Ok(Some(records)))) => (
+            records,
+            format!(
+                "the rollout state in {}, as `sluice serve --state-dir {}` would serve it now",
+                FileStore::new(dir).path().display(),
+                dir.display()
+            ),
+        ),
+        Some((dir, Err(e))) => {
+            unreadable.push(ConfigError {
+                file: FileStore::new(dir).path().display().to_string(),
                 line: None,
                 object: None,
                 field: None,
-                message: format!("cannot read file: {message}"),
-            }),
-            Ok(text) => {
-                // Errors tied to neither an object nor a field mean the text
-                // itself is not a manifest stream (YAML/JSON syntax): the
-                // file is unreadable.
-                let parsed = parse_manifests(text, &read.file);
-                ignored.extend(parsed.ignored);
-                unreadable.extend(
-                    parsed
-                        .errors
-                        .iter()
-                        .filter(|e| e.object.is_none() && e.field.is_none())
-                        .map(ConfigError::from),
-                );
-            }
+                message: e.clone(),
+            });
+            (Vec::new(), format!("{e}: the spec shares are shown"))
         }
-    }
-
-    let mut files = FileSet::new();
-    files.update(listing.reads);
-    let (loaded, errors) = files.merged();
-    let refused = errors
-        .into_iter()
-        .filter(|e| !unreadable.contains(e))
-        .collect();
-
-    let mut objects: Vec<Object> = loaded.into_iter().map(|l: LoadedObject| l.object).collect();
-    Generations::default().assign(&mut objects, k8s_openapi::jiff::Timestamp::now());
-    let count = objects.len();
-    let snapshot = Snapshot::from_objects(objects);
-    let translation = translate(
+    };
+    // The state machine as `serve` runs it at start-up: no traffic counted.
+    let mut rollouts = Rollouts::restore(recorded);
+    let evaluation = rollouts.evaluate(
+        &rollout_inputs(&snapshot, &[]),
+        &|_, _| BackendTotals::default(),
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let translation = translate_served(
         &snapshot,
         &TranslateOptions {
             default_bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         },
+        &evaluation.served,
     );
     Checked {
         translation,
         objects: count,
         unreadable,
         refused,
-        ignored,
+        ignored: files.ignored(),
+        omitted_weights: snapshot.omitted_weights.clone(),
+        locations,
+        field_lines,
+        crds: files.crds(),
+        rollouts: RolloutReport::new(&rollouts, None),
+        served_from,
     }
 }
 
-/// Run `sluice check` on `paths`, writing the report to `out`. Returns the
-/// process exit code.
-pub fn run(paths: &[PathBuf], out: &mut impl Write) -> i32 {
-    let checked = load(paths);
-    match report(&checked, out) {
+/// The lines of the document each object came from (`Kind ns/name` ->
+/// lines), read again from the files' texts: only `check` wants them, so
+/// the loader does not keep them for `serve`. An object whose document is
+/// not found (an item of a `kind: List`) keeps its object's line.
+fn field_lines(
+    texts: &BTreeMap<String, String>,
+    locations: &BTreeMap<String, (String, usize)>,
+) -> BTreeMap<String, Lines> {
+    let mut documents: BTreeMap<&str, Vec<Document>> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for (id, (file, line)) in locations {
+        let docs = documents.entry(file.as_str()).or_insert_with(|| {
+            texts
+                .get(file)
+                .and_then(|text| read_documents(text, file).ok())
+                .unwrap_or_default()
+        });
+        if let Some(doc) = docs.iter().find(|d| d.line == *line) {
+            out.insert(id.clone(), doc.lines.clone());
+        }
+    }
+    out
+}
+
+/// Run `sluice check` on `paths` (validated by the CRDs in `crd_paths`;
+/// served shares from the rollout state in `state_dir`), writing the
+/// report to `out`. Returns the process exit code.
+pub fn run(
+    paths: &[PathBuf],
+    crd_paths: &[PathBuf],
+    state_dir: Option<&Path>,
+    output: Output,
+    out: &mut impl Write,
+) -> i32 {
+    let checked = load(paths, crd_paths, state_dir);
+    let written = match output {
+        Output::Text => report(&checked, out),
+        Output::Json => report_json(&checked, out),
+    };
+    match written {
         Ok(code) => code,
         // The report could not be written (closed pipe): nothing sensible
         // to print either.
@@ -114,31 +227,54 @@ pub fn run(paths: &[PathBuf], out: &mut impl Write) -> i32 {
     }
 }
 
-/// Print the report for already loaded manifests; returns the exit code.
-pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
-    let translation = &checked.translation;
-    let mut problems: Vec<String> = Vec::new();
+/// What `check` found: the text report, the problems (one
+/// `file:line: Kind ns/name: field: message` each) and the exit code.
+struct Findings {
+    text: Vec<u8>,
+    problems: Vec<ConfigError>,
+    code: i32,
+}
 
-    let mut rules_by_route: BTreeMap<&str, Vec<&RuleSummary>> = BTreeMap::new();
+fn findings(checked: &Checked) -> std::io::Result<Findings> {
+    let translation = &checked.translation;
+    let mut out = Vec::new();
+    let mut problems = Problems {
+        list: Vec::new(),
+        locations: &checked.locations,
+        field_lines: &checked.field_lines,
+    };
+
+    let mut rules_by_route: BTreeMap<(String, String), Vec<&RuleSummary>> = BTreeMap::new();
     for rule in &translation.rules {
         rules_by_route
-            .entry(rule.route.as_str())
+            .entry((rule.kind.clone(), rule.route.clone()))
             .or_default()
             .push(rule);
     }
 
+    if translation.rules.iter().any(|r| r.rollout.is_some()) {
+        writeln!(out, "served shares: {}", checked.served_from)?;
+        writeln!(out)?;
+    }
     for object in &translation.status.objects {
-        write_object(object, out, &mut problems)?;
-        if object.kind == "HTTPRoute" {
-            let key = format!(
-                "{}/{}",
-                object.metadata.namespace.as_deref().unwrap_or("default"),
-                object.metadata.name
-            );
-            if let Some(rules) = rules_by_route.remove(key.as_str()) {
-                for rule in rules {
-                    write_rule(rule, out, &mut problems)?;
-                }
+        let mut object = object.clone();
+        if object.kind == "RolloutPolicy" {
+            let key = PolicyKey {
+                namespace: object.metadata.namespace.clone().unwrap_or_default(),
+                name: object.metadata.name.clone(),
+            };
+            checked.rollouts.complete(&key, &mut object.status);
+        }
+        let object = &object;
+        write_object(object, &mut out, &mut problems)?;
+        let key = format!(
+            "{}/{}",
+            object.metadata.namespace.as_deref().unwrap_or("default"),
+            object.metadata.name
+        );
+        if let Some(rules) = rules_by_route.remove(&(object.kind.clone(), key)) {
+            for rule in rules {
+                write_rule(rule, &checked.omitted_weights, &mut out, &mut problems)?;
             }
         }
     }
@@ -146,8 +282,8 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
     // shares are still worth showing).
     for rules in rules_by_route.values() {
         for rule in rules {
-            writeln!(out, "HTTPRoute {}", rule.route)?;
-            write_rule(rule, out, &mut problems)?;
+            writeln!(out, "{} {}", rule.kind, rule.route)?;
+            write_rule(rule, &checked.omitted_weights, &mut out, &mut problems)?;
         }
     }
 
@@ -165,6 +301,24 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
             writeln!(out, "  {ignored}")?;
         }
     }
+    if !checked.crds.is_empty() {
+        let stats = checked.crds.stats();
+        writeln!(out)?;
+        writeln!(
+            out,
+            "validated by CRDs ({} CEL rules; {} transition rules need the stored object and are not run):",
+            stats.compiled, stats.transition
+        )?;
+        for crd in checked.crds.describe() {
+            writeln!(out, "  {crd}")?;
+        }
+        for (rule, error) in &stats.failed {
+            writeln!(out, "  not evaluated (does not compile): {rule}: {error}")?;
+        }
+        for (rule, why) in crate::resources::crd::rules_not_run() {
+            writeln!(out, "  not evaluated ({why}): {rule}")?;
+        }
+    }
     if !checked.refused.is_empty() || !checked.unreadable.is_empty() {
         writeln!(out)?;
         writeln!(out, "errors:")?;
@@ -174,6 +328,8 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
     }
 
     writeln!(out)?;
+    let mut all: Vec<ConfigError> = checked.refused.clone();
+    all.extend(problems.list);
     let code = if !checked.unreadable.is_empty() {
         writeln!(
             out,
@@ -181,16 +337,15 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
              what they hold was not checked",
             checked.unreadable.len()
         )?;
+        all.splice(0..0, checked.unreadable.iter().cloned());
         EXIT_UNREADABLE
     } else if checked.objects == 0 {
         writeln!(out, "FAIL: no objects found in the given paths")?;
         EXIT_PROBLEMS
-    } else if !problems.is_empty() || !checked.refused.is_empty() {
-        let refused = checked.refused.iter().map(ToString::to_string);
-        let all: Vec<String> = refused.chain(problems).collect();
+    } else if !all.is_empty() {
         writeln!(out, "FAIL: {} problem(s):", all.len())?;
         for problem in &all {
-            writeln!(out, "  {problem}")?;
+            writeln!(out, "{problem}")?;
         }
         EXIT_PROBLEMS
     } else {
@@ -201,13 +356,78 @@ pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
         )?;
         EXIT_OK
     };
-    Ok(code)
+    Ok(Findings {
+        text: out,
+        problems: all,
+        code,
+    })
+}
+
+/// Print the report for already loaded manifests; returns the exit code.
+pub fn report(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
+    let f = findings(checked)?;
+    out.write_all(&f.text)?;
+    Ok(f.code)
+}
+
+/// The report as one JSON document; returns the exit code.
+pub fn report_json(checked: &Checked, out: &mut impl Write) -> std::io::Result<i32> {
+    let f = findings(checked)?;
+    let stats = checked.crds.stats();
+    let doc = serde_json::json!({
+        "ok": f.code == EXIT_OK,
+        "exitCode": f.code,
+        "objects": checked.objects,
+        "problems": f.problems,
+        "warnings": checked.translation.warnings,
+        "ignored": checked.ignored,
+        "crds": {
+            "kinds": checked.crds.describe(),
+            "celRules": stats.compiled,
+            "transitionRules": stats.transition,
+            "notCompiled": stats.failed.iter().map(|(r, e)| serde_json::json!({"rule": r, "error": e})).collect::<Vec<_>>(),
+            "notRun": crate::resources::crd::rules_not_run().iter().map(|(r, why)| serde_json::json!({"rule": r, "why": why})).collect::<Vec<_>>(),
+        },
+        "status": checked.translation.status.objects,
+        "rules": checked.translation.rules,
+    });
+    serde_json::to_writer_pretty(&mut *out, &doc)?;
+    writeln!(out)?;
+    Ok(f.code)
+}
+
+/// The problems found in status and rules, each placed at its object's
+/// file, on the line of its field when the manifest has it (a
+/// `status.*` field is not in it: the object's line).
+struct Problems<'a> {
+    list: Vec<ConfigError>,
+    locations: &'a BTreeMap<String, (String, usize)>,
+    field_lines: &'a BTreeMap<String, Lines>,
+}
+
+impl Problems<'_> {
+    fn push(&mut self, object: &str, field: String, message: String) {
+        let (file, line) = match self.locations.get(object) {
+            Some((file, line)) => {
+                let line = self.field_lines.get(object).map_or(*line, |l| l.of(&field));
+                (file.clone(), Some(line))
+            }
+            None => (String::from("-"), None),
+        };
+        self.list.push(ConfigError {
+            file,
+            line,
+            object: Some(object.to_string()),
+            field: Some(field),
+            message,
+        });
+    }
 }
 
 fn write_object(
     object: &ObjectStatus,
     out: &mut impl Write,
-    problems: &mut Vec<String>,
+    problems: &mut Problems<'_>,
 ) -> std::io::Result<()> {
     let namespace = object.metadata.namespace.as_deref();
     let name = match namespace {
@@ -216,8 +436,15 @@ fn write_object(
     };
     writeln!(out, "{name} (generation {})", object.metadata.generation)?;
     let status = &object.status;
-    write_conditions(status.get("conditions"), "  ", &name, out, problems)?;
-    for listener in array(status.get("listeners")) {
+    let at = |field: String, suffix: String| (name.clone(), field, suffix);
+    write_conditions(
+        status.get("conditions"),
+        "  ",
+        at("status.conditions".into(), String::new()),
+        out,
+        problems,
+    )?;
+    for (i, listener) in array(status.get("listeners")).iter().enumerate() {
         let listener_name = listener.get("name").and_then(Value::as_str).unwrap_or("?");
         let attached = listener
             .get("attachedRoutes")
@@ -227,14 +454,60 @@ fn write_object(
             out,
             "  listener {listener_name}: {attached} attached route(s)"
         )?;
-        let context = format!("{name} listener {listener_name}");
-        write_conditions(listener.get("conditions"), "    ", &context, out, problems)?;
+        write_conditions(
+            listener.get("conditions"),
+            "    ",
+            at(
+                format!("status.listeners[{i}]"),
+                format!(" (listener {listener_name})"),
+            ),
+            out,
+            problems,
+        )?;
     }
-    for parent in array(status.get("parents")) {
+    for (i, parent) in array(status.get("parents")).iter().enumerate() {
         let parent_name = describe_parent_ref(parent.get("parentRef"), namespace);
         writeln!(out, "  parent {parent_name}:")?;
-        let context = format!("{name} parent {parent_name}");
-        write_conditions(parent.get("conditions"), "    ", &context, out, problems)?;
+        write_conditions(
+            parent.get("conditions"),
+            "    ",
+            at(
+                format!("status.parents[{i}]"),
+                format!(" (parent {parent_name})"),
+            ),
+            out,
+            problems,
+        )?;
+    }
+    for (i, ancestor) in array(status.get("ancestors")).iter().enumerate() {
+        let ancestor_name = describe_parent_ref(ancestor.get("ancestorRef"), namespace);
+        writeln!(out, "  ancestor {ancestor_name}:")?;
+        write_conditions(
+            ancestor.get("conditions"),
+            "    ",
+            at(
+                format!("status.ancestors[{i}]"),
+                format!(" (ancestor {ancestor_name})"),
+            ),
+            out,
+            problems,
+        )?;
+    }
+    for rollout in array(status.get("rollouts")) {
+        let field = |key: &str| rollout.get(key).and_then(Value::as_str).unwrap_or("");
+        let step = match field("step") {
+            "" => String::new(),
+            step => format!(" at step {step}"),
+        };
+        writeln!(
+            out,
+            "  rollout HTTPRoute {}/{} rule {}: {}{step}: {}",
+            namespace.unwrap_or("default"),
+            field("route"),
+            rollout.get("rule").and_then(Value::as_u64).unwrap_or(0),
+            field("phase"),
+            field("message"),
+        )?;
     }
     Ok(())
 }
@@ -243,21 +516,20 @@ fn array(value: Option<&Value>) -> &[Value] {
     value.and_then(Value::as_array).map_or(&[], Vec::as_slice)
 }
 
+/// `(object, field, suffix)`: where a condition problem is reported.
+type ConditionPlace = (String, String, String);
+
 fn write_conditions(
     conditions: Option<&Value>,
     indent: &str,
-    context: &str,
+    (object, field, suffix): ConditionPlace,
     out: &mut impl Write,
-    problems: &mut Vec<String>,
+    problems: &mut Problems<'_>,
 ) -> std::io::Result<()> {
     for condition in array(conditions) {
-        let field = |key: &str| condition.get(key).and_then(Value::as_str).unwrap_or("");
-        let (kind, status, reason, message) = (
-            field("type"),
-            field("status"),
-            field("reason"),
-            field("message"),
-        );
+        let get = |key: &str| condition.get(key).and_then(Value::as_str).unwrap_or("");
+        let (kind, status, reason, message) =
+            (get("type"), get("status"), get("reason"), get("message"));
         let mut line = format!("{kind}={status} {reason}");
         if !message.is_empty() {
             line.push_str(": ");
@@ -265,7 +537,7 @@ fn write_conditions(
         }
         if condition_is_problem(kind, status) {
             writeln!(out, "{indent}{line}   <-- problem")?;
-            problems.push(format!("{context}: {line}"));
+            problems.push(&object, field.clone(), format!("{line}{suffix}"));
         } else {
             writeln!(out, "{indent}{line}")?;
         }
@@ -305,12 +577,31 @@ fn describe_parent_ref(parent_ref: Option<&Value>, route_namespace: Option<&str>
 
 fn write_rule(
     rule: &RuleSummary,
+    omitted_weights: &BTreeSet<(String, usize, usize)>,
     out: &mut impl Write,
-    problems: &mut Vec<String>,
+    problems: &mut Problems<'_>,
 ) -> std::io::Result<()> {
-    writeln!(out, "  rule {}:", rule.rule)?;
+    match &rule.rollout {
+        None => writeln!(out, "  rule {}:", rule.rule)?,
+        Some(r) => {
+            let step = r
+                .step
+                .as_deref()
+                .map(|s| format!(" at step {s}"))
+                .unwrap_or_default();
+            writeln!(
+                out,
+                "  rule {}: RolloutPolicy {}: {}{step}; spec and served shares:",
+                rule.rule, r.policy, r.phase
+            )?
+        }
+    }
     if rule.backends.is_empty() {
-        writeln!(out, "    no backendRefs (answers 500)")?;
+        writeln!(
+            out,
+            "    no backendRefs ({})",
+            Failure::of(&rule.kind).no_backends
+        )?;
         return Ok(());
     }
     let width = rule
@@ -322,8 +613,9 @@ fn write_rule(
     let weights: Vec<String> = rule
         .backends
         .iter()
-        .map(|b| {
-            if b.weight_omitted {
+        .enumerate()
+        .map(|(j, b)| {
+            if omitted_weights.contains(&(format!("{} {}", rule.kind, rule.route), rule.rule, j)) {
                 format!("{} (omitted)", b.weight)
             } else {
                 b.weight.to_string()
@@ -331,38 +623,84 @@ fn write_rule(
         })
         .collect();
     let weight_width = weights.iter().map(String::len).max().unwrap_or(0);
-    for (backend, weight) in rule.backends.iter().zip(&weights) {
-        let (outcome, problem) = describe_outcome(backend);
+    for (j, (backend, weight)) in rule.backends.iter().zip(&weights).enumerate() {
+        let (outcome, problem) = describe_outcome(&rule.kind, backend);
+        let served = match (&rule.rollout, backend.served_percent) {
+            (Some(_), Some(served)) => {
+                let removed = if backend.removed_from_spec {
+                    " (removed from the spec)"
+                } else {
+                    ""
+                };
+                format!("  served {:>8}{removed}", format_share(served))
+            }
+            _ => String::new(),
+        };
         writeln!(
             out,
-            "    {:<width$}  weight {:<weight_width$}  {:>8}  {outcome}",
+            "    {:<width$}  weight {:<weight_width$}  {:>8}{served}  {outcome}",
             backend.name,
             weight,
             format_share(backend.share_percent),
         )?;
         if problem {
-            problems.push(format!(
-                "HTTPRoute {} rule {}: backend {}: {outcome}",
-                rule.route, rule.rule, backend.name
-            ));
+            problems.push(
+                &format!("{} {}", rule.kind, rule.route),
+                format!("spec.rules[{}].backendRefs[{j}]", rule.rule),
+                format!("backend {}: {outcome}", backend.name),
+            );
         }
     }
     Ok(())
 }
 
-/// What a backend does with its share, and whether that is a problem for
-/// the exit code (an unresolved reference is; an empty Service is only a
-/// warning, as its route is still accepted and resolved).
-fn describe_outcome(backend: &BackendSummary) -> (String, bool) {
+/// What a share the gateway cannot serve gets, by route kind: HTTP
+/// statuses, gRPC's UNAVAILABLE (see `proxy::grpc`), or a closed TLS
+/// connection.
+struct Failure {
+    unresolved: &'static str,
+    no_endpoints: &'static str,
+    no_backends: &'static str,
+}
+
+impl Failure {
+    fn of(kind: &str) -> Failure {
+        match kind {
+            "GRPCRoute" => Failure {
+                unresolved: "share gets UNAVAILABLE",
+                no_endpoints: "share gets UNAVAILABLE",
+                no_backends: "answers UNAVAILABLE",
+            },
+            "TLSRoute" => Failure {
+                unresolved: "share of connections closed",
+                no_endpoints: "share of connections closed",
+                no_backends: "connections closed",
+            },
+            _ => Failure {
+                unresolved: "share gets 500",
+                no_endpoints: "share gets 503",
+                no_backends: "answers 500",
+            },
+        }
+    }
+}
+
+/// What a backend of a `kind` route does with its share, and whether that
+/// is a problem for the exit code (an unresolved reference is; an empty
+/// Service is only a warning, as its route is still accepted and
+/// resolved).
+fn describe_outcome(kind: &str, backend: &BackendSummary) -> (String, bool) {
+    let failure = Failure::of(kind);
     match &backend.outcome {
         BackendOutcome::Serves { ready_endpoints } => {
             (format!("{ready_endpoints} ready endpoint(s)"), false)
         }
-        BackendOutcome::NoReadyEndpoints => {
-            ("no ready endpoints: share gets 503".to_owned(), false)
-        }
+        BackendOutcome::NoReadyEndpoints => (
+            format!("no ready endpoints: {}", failure.no_endpoints),
+            false,
+        ),
         BackendOutcome::Unresolved { reason, message } => (
-            format!("unresolved ({reason}: {message}): share gets 500"),
+            format!("unresolved ({reason}: {message}): {}", failure.unresolved),
             true,
         ),
     }
@@ -412,6 +750,43 @@ mod tests {
         assert!(condition_is_problem("Conflicted", "True"));
         assert!(!condition_is_problem("Conflicted", "False"));
         assert!(!condition_is_problem("SomethingNew", "False"));
+    }
+
+    #[test]
+    fn what_a_failed_share_gets_depends_on_the_route_kind() {
+        let backend = |outcome| BackendSummary {
+            name: "default/web:80".into(),
+            weight: 1,
+            share_percent: 100.0,
+            outcome,
+            key: crate::rollout::BackendKey::service("default", "web", Some(80)),
+            served_weight: None,
+            served_percent: None,
+            removed_from_spec: false,
+        };
+        let unresolved = backend(BackendOutcome::Unresolved {
+            reason: "BackendNotFound".into(),
+            message: "not found".into(),
+        });
+        let empty = backend(BackendOutcome::NoReadyEndpoints);
+        for (kind, unresolved_gets, empty_gets) in [
+            ("HTTPRoute", "share gets 500", "share gets 503"),
+            (
+                "GRPCRoute",
+                "share gets UNAVAILABLE",
+                "share gets UNAVAILABLE",
+            ),
+            (
+                "TLSRoute",
+                "share of connections closed",
+                "share of connections closed",
+            ),
+        ] {
+            let (text, problem) = describe_outcome(kind, &unresolved);
+            assert!(problem && text.ends_with(unresolved_gets), "{kind}: {text}");
+            let (text, problem) = describe_outcome(kind, &empty);
+            assert!(!problem && text.ends_with(empty_gets), "{kind}: {text}");
+        }
     }
 
     #[test]

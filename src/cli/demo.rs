@@ -4,7 +4,9 @@
 //! rewritten to free ones), drives a few thousand requests through it and
 //! prints what each backend *received* — counted by the backends, not the
 //! client — next to its configured share. Then it flips the blue-green pair
-//! by rewriting the file and shows the new split after the reload.
+//! by rewriting the file and shows the new split after the reload. Last,
+//! two rollouts ([`rollouts`]): a canary promoted step by step by its
+//! RolloutPolicy, and a canary that starts failing and is rolled back.
 //!
 //! The examples put each pod on its own loopback address (127.0.1.1, ...),
 //! as a cluster would put them on their own pod IPs. Where the system does
@@ -23,16 +25,19 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use serde::Deserialize as _;
-use serde_yaml::{Mapping, Value};
+use serde_json::{Map as Mapping, Value};
 use tokio::net::TcpStream;
 
 use crate::cli::check::format_share;
 use crate::echo::{self, EchoIdentity, EchoResponse, EchoServer};
-use crate::serve::{self, ServeConfig};
+use crate::serve::{self, RunningGateway, ServeConfig};
+
+mod rollouts;
+
+pub use rollouts::{RolloutAct, RolloutStepReport};
 
 /// The manifests the demo serves: the files of `examples/`, embedded.
-pub const EXAMPLES: [(&str, &str); 4] = [
+pub const EXAMPLES: [(&str, &str); 5] = [
     ("gateway.yaml", include_str!("../../examples/gateway.yaml")),
     ("canary.yaml", include_str!("../../examples/canary.yaml")),
     (
@@ -43,6 +48,7 @@ pub const EXAMPLES: [(&str, &str); 4] = [
         "blue-green.yaml",
         include_str!("../../examples/blue-green.yaml"),
     ),
+    ("rollout.yaml", include_str!("../../examples/rollout.yaml")),
 ];
 
 const AUTOCOMPLETE_HOST: &str = "autocomplete.example.com";
@@ -98,11 +104,20 @@ pub struct ServiceCount {
 #[derive(Debug, Clone, Default)]
 pub struct DemoReport {
     pub phases: Vec<PhaseReport>,
+    /// The promotion, then the rollback.
+    pub rollouts: Vec<RolloutAct>,
 }
 
 impl DemoReport {
+    /// Requests that failed without being meant to (the failing canary's
+    /// answers are meant to).
     pub fn failed(&self) -> usize {
-        self.phases.iter().map(|p| p.failed).sum()
+        self.phases.iter().map(|p| p.failed).sum::<usize>()
+            + self
+                .rollouts
+                .iter()
+                .map(RolloutAct::unexpected_failures)
+                .sum::<usize>()
     }
 }
 
@@ -124,6 +139,7 @@ pub async fn run_with_output(
 ) -> anyhow::Result<DemoReport> {
     let dir = TempDir::create()?;
     let mut files = parse_examples()?;
+    rollouts::for_the_demo(&mut files);
     let listener_port = free_port()?;
     set_listener_ports(&mut files, listener_port);
     let pods = start_pods(&mut files).await?;
@@ -135,20 +151,12 @@ pub async fn run_with_output(
         paths: vec![dir.path.clone()],
         bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
         admin: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        crds: Vec::new(),
     })
     .await
     .context("cannot start the gateway")?;
     let gateway_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, listener_port));
-    let result = demo_phases(
-        &opts,
-        out,
-        &dir,
-        &mut files,
-        &pods,
-        gateway_addr,
-        gateway.admin_addr(),
-    )
-    .await;
+    let result = demo_phases(&opts, out, &dir, &mut files, &pods, gateway_addr, &gateway).await;
     gateway.shutdown().await;
     for pod in pods.into_values().flatten() {
         pod.shutdown().await;
@@ -163,8 +171,9 @@ async fn demo_phases(
     files: &mut [(String, Vec<Value>)],
     pods: &BTreeMap<String, Vec<EchoServer>>,
     gateway: SocketAddr,
-    admin: SocketAddr,
+    running: &RunningGateway,
 ) -> anyhow::Result<DemoReport> {
+    let admin = running.admin_addr();
     wait_ready(admin).await?;
     wait_for_backend(gateway, AUTOCOMPLETE_HOST, &[], "autocomplete-stable").await?;
     let pod_count: usize = pods.values().map(Vec::len).sum();
@@ -186,7 +195,8 @@ async fn demo_phases(
         drive(gateway, AUTOCOMPLETE_HOST, &[], opts.requests),
     )
     .await?;
-    print_weighted(out, &phase, &weights, pods, opts.verbose)?;
+    let observed = observed_shares(admin, "default/autocomplete").await;
+    print_weighted(out, &phase, &weights, &observed, pods, opts.verbose)?;
     report.phases.push(phase);
 
     let untagged = (opts.requests / 8).max(1);
@@ -203,7 +213,7 @@ async fn demo_phases(
         ("search-stable".to_owned(), None, 100.0),
         ("search-canary".to_owned(), None, 0.0),
     ];
-    print_table(out, &phase, &expected, pods, opts.verbose)?;
+    print_table(out, &phase, &expected, None, pods, opts.verbose)?;
     report.phases.push(phase);
     let phase = measure(
         pods,
@@ -215,7 +225,7 @@ async fn demo_phases(
         ("search-stable".to_owned(), None, 0.0),
         ("search-canary".to_owned(), None, 100.0),
     ];
-    print_table(out, &phase, &expected, pods, opts.verbose)?;
+    print_table(out, &phase, &expected, None, pods, opts.verbose)?;
     report.phases.push(phase);
 
     let checkout = (opts.requests / 20).max(1);
@@ -226,7 +236,8 @@ async fn demo_phases(
         drive(gateway, CHECKOUT_HOST, &[], checkout),
     )
     .await?;
-    print_weighted(out, &phase, &weights, pods, opts.verbose)?;
+    let observed = observed_shares(admin, "default/checkout").await;
+    print_weighted(out, &phase, &weights, &observed, pods, opts.verbose)?;
     report.phases.push(phase);
 
     // Flip: swap the weights in the file, as an operator would.
@@ -252,13 +263,34 @@ async fn demo_phases(
         drive(gateway, CHECKOUT_HOST, &[], checkout),
     )
     .await?;
-    print_weighted(out, &phase, &weights, pods, opts.verbose)?;
+    let observed = observed_shares(admin, "default/checkout").await;
+    print_weighted(out, &phase, &weights, &observed, pods, opts.verbose)?;
     report.phases.push(phase);
 
+    let mut stage = rollouts::Stage {
+        out: &mut *out,
+        dir,
+        files: &mut *files,
+        pods,
+        gateway,
+        running,
+    };
+    report.rollouts.push(rollouts::promotion(&mut stage).await?);
+    report.rollouts.push(rollouts::rollback(&mut stage).await?);
+
     let failed = report.failed();
-    let sent: usize = report.phases.iter().map(|p| p.sent).sum();
+    let sent: usize = report.phases.iter().map(|p| p.sent).sum::<usize>()
+        + report.rollouts.iter().map(RolloutAct::sent).sum::<usize>();
+    let meant: usize = report
+        .rollouts
+        .iter()
+        .map(RolloutAct::expected_failures)
+        .sum();
     if failed == 0 {
-        writeln!(out, "All {sent} requests answered 200.")?;
+        writeln!(
+            out,
+            "All {sent} requests answered 200, except the {meant} the failing canary answered 500 before it was rolled back."
+        )?;
     } else {
         writeln!(out, "{failed} of {sent} requests FAILED.")?;
     }
@@ -273,11 +305,11 @@ fn parse_examples() -> anyhow::Result<Vec<(String, Vec<Value>)>> {
     EXAMPLES
         .iter()
         .map(|(name, text)| {
-            let documents = serde_yaml::Deserializer::from_str(text)
-                .map(Value::deserialize)
-                .filter(|d| !matches!(d, Ok(Value::Null)))
-                .collect::<Result<Vec<_>, _>>()
-                .with_context(|| format!("examples/{name} is not valid YAML"))?;
+            let documents = crate::yaml::documents(text)
+                .with_context(|| format!("examples/{name} is not valid YAML"))?
+                .into_iter()
+                .map(|d| d.value)
+                .collect();
             Ok(((*name).to_owned(), documents))
         })
         .collect()
@@ -287,7 +319,7 @@ fn write_documents(path: &Path, documents: &[Value]) -> anyhow::Result<()> {
     let mut text = String::new();
     for document in documents {
         text.push_str("---\n");
-        text.push_str(&serde_yaml::to_string(document)?);
+        text.push_str(&crate::yaml::to_string(document)?);
     }
     // Write then rename, so the watcher never reads half a file.
     let partial = path.with_extension("yaml.partial");
@@ -317,9 +349,9 @@ fn set_listener_ports(files: &mut [(String, Vec<Value>)], port: u16) {
         let listeners = document
             .get_mut("spec")
             .and_then(|s| s.get_mut("listeners"))
-            .and_then(Value::as_sequence_mut);
+            .and_then(Value::as_array_mut);
         for listener in listeners.into_iter().flatten() {
-            if let Some(listener) = listener.as_mapping_mut() {
+            if let Some(listener) = listener.as_object_mut() {
                 listener.insert("port".into(), u64::from(port).into());
             }
         }
@@ -338,10 +370,10 @@ fn backend_refs_mut(route: &mut Value) -> anyhow::Result<&mut Vec<Value>> {
     route
         .get_mut("spec")
         .and_then(|s| s.get_mut("rules"))
-        .and_then(Value::as_sequence_mut)
+        .and_then(Value::as_array_mut)
         .and_then(|rules| rules.first_mut())
         .and_then(|rule| rule.get_mut("backendRefs"))
-        .and_then(Value::as_sequence_mut)
+        .and_then(Value::as_array_mut)
         .ok_or_else(|| anyhow!("HTTPRoute {name} has no spec.rules[0].backendRefs"))
 }
 
@@ -380,7 +412,7 @@ fn swap_weights(route: &mut Value) -> anyhow::Result<()> {
     let weight = |b: &Value| b.get("weight").cloned().unwrap_or(Value::from(1u64));
     let (first, second) = (weight(&refs[0]), weight(&refs[1]));
     for (backend, weight) in refs.iter_mut().zip([second, first]) {
-        if let Some(backend) = backend.as_mapping_mut() {
+        if let Some(backend) = backend.as_object_mut() {
             backend.insert("weight".into(), weight);
         }
     }
@@ -424,13 +456,13 @@ fn slice_pods(slice: &Value) -> anyhow::Result<(String, Vec<PodSpec>)> {
         })?;
     let endpoints = slice
         .get("endpoints")
-        .and_then(Value::as_sequence)
+        .and_then(Value::as_array)
         .map_or(&[][..], Vec::as_slice);
     let mut pods = Vec::new();
     for (index, endpoint) in endpoints.iter().enumerate() {
         let address = endpoint
             .get("addresses")
-            .and_then(Value::as_sequence)
+            .and_then(Value::as_array)
             .and_then(|a| a.first())
             .and_then(Value::as_str)
             .ok_or_else(|| {
@@ -550,26 +582,23 @@ async fn start_pods_on_own_ports(
                     .await
                     .context("cannot start an echo pod on 127.0.0.1")?;
                 let mut slice = document.clone();
-                if let Some(metadata) = slice.get_mut("metadata").and_then(Value::as_mapping_mut) {
+                if let Some(metadata) = slice.get_mut("metadata").and_then(Value::as_object_mut) {
                     metadata.insert(
                         "name".into(),
                         format!("{}-{index}", name_of(&document)).into(),
                     );
                 }
-                if let Some(slice_map) = slice.as_mapping_mut() {
+                if let Some(slice_map) = slice.as_object_mut() {
                     let mut endpoint = document
                         .get("endpoints")
-                        .and_then(Value::as_sequence)
+                        .and_then(Value::as_array)
                         .and_then(|e| e.get(index))
                         .cloned()
-                        .unwrap_or(Value::Mapping(Mapping::new()));
-                    if let Some(endpoint) = endpoint.as_mapping_mut() {
-                        endpoint.insert(
-                            "addresses".into(),
-                            Value::Sequence(vec!["127.0.0.1".into()]),
-                        );
+                        .unwrap_or(Value::Object(Mapping::new()));
+                    if let Some(endpoint) = endpoint.as_object_mut() {
+                        endpoint.insert("addresses".into(), Value::Array(vec!["127.0.0.1".into()]));
                     }
-                    slice_map.insert("endpoints".into(), Value::Sequence(vec![endpoint]));
+                    slice_map.insert("endpoints".into(), Value::Array(vec![endpoint]));
                 }
                 set_slice_port(&mut slice, server.local_addr().port());
                 all.entry(service.clone()).or_default().push(server);
@@ -582,9 +611,9 @@ async fn start_pods_on_own_ports(
 }
 
 fn set_slice_port(slice: &mut Value, port: u16) {
-    let ports = slice.get_mut("ports").and_then(Value::as_sequence_mut);
+    let ports = slice.get_mut("ports").and_then(Value::as_array_mut);
     for slice_port in ports.into_iter().flatten() {
-        if let Some(slice_port) = slice_port.as_mapping_mut() {
+        if let Some(slice_port) = slice_port.as_object_mut() {
             slice_port.insert("port".into(), u64::from(port).into());
         }
     }
@@ -721,6 +750,22 @@ async fn request_once(
     headers: &[(String, String)],
     path: &str,
 ) -> Result<Bytes, String> {
+    let (status, body) = request_raw(sender, addr, host, headers, path).await?;
+    if status != StatusCode::OK {
+        return Err(format!("{host}{path}: answered {status}"));
+    }
+    Ok(body)
+}
+
+/// One request on the kept-alive connection (opened if needed): its status
+/// and body, whatever the status.
+async fn request_raw(
+    sender: &mut Option<SendRequest<Empty<Bytes>>>,
+    addr: SocketAddr,
+    host: &str,
+    headers: &[(String, String)],
+    path: &str,
+) -> Result<(StatusCode, Bytes), String> {
     if sender.as_ref().is_none_or(SendRequest::is_closed) {
         *sender = Some(connect(addr).await?);
     }
@@ -744,10 +789,7 @@ async fn request_once(
         .await
         .map_err(|e| format!("{host}{path}: reading the body: {e}"))?
         .to_bytes();
-    if status != StatusCode::OK {
-        return Err(format!("{host}{path}: answered {status}"));
-    }
-    Ok(body)
+    Ok((status, body))
 }
 
 /// Poll the admin listener's `/readyz` until it answers 200.
@@ -797,10 +839,32 @@ async fn wait_for_backend(
 // Output
 
 /// Print a weighted route's table: configured share = weight / sum.
+/// The gateway's own observed share of each backend of `route`'s rule 0,
+/// by Service name: the `sluice_backend_observed_share` gauges of its
+/// `/metrics` (empty when they cannot be read).
+async fn observed_shares(admin: SocketAddr, route: &str) -> BTreeMap<String, f64> {
+    let mut sender = None;
+    let Ok(body) = request_once(&mut sender, admin, "localhost", &[], "/metrics").await else {
+        return BTreeMap::new();
+    };
+    let route_label = format!("route=\"{route}\",rule=\"0\",");
+    String::from_utf8_lossy(&body)
+        .lines()
+        .filter_map(|l| l.strip_prefix("sluice_backend_observed_share{"))
+        .filter(|l| l.starts_with(&route_label))
+        .filter_map(|l| {
+            let name = l.split("backend_name=\"").nth(1)?.split('"').next()?;
+            let value = l.rsplit(' ').next()?.parse::<f64>().ok()?;
+            Some((name.to_owned(), value))
+        })
+        .collect()
+}
+
 fn print_weighted(
     out: &mut (dyn Write + Send),
     phase: &PhaseReport,
     weights: &[(String, u64)],
+    observed: &BTreeMap<String, f64>,
     pods: &BTreeMap<String, Vec<EchoServer>>,
     verbose: bool,
 ) -> anyhow::Result<()> {
@@ -816,13 +880,14 @@ fn print_weighted(
             (name.clone(), Some(*weight), share)
         })
         .collect();
-    print_table(out, phase, &expected, pods, verbose)
+    print_table(out, phase, &expected, Some(observed), pods, verbose)
 }
 
 fn print_table(
     out: &mut (dyn Write + Send),
     phase: &PhaseReport,
     expected: &[(String, Option<u64>, f64)],
+    observed: Option<&BTreeMap<String, f64>>,
     pods: &BTreeMap<String, Vec<EchoServer>>,
     verbose: bool,
 ) -> anyhow::Result<()> {
@@ -835,8 +900,8 @@ fn print_table(
         .max("backend".len());
     writeln!(
         out,
-        "  {:<width$}  {:>7}  {:>10}  {:>9}  {:>8}  {:>5}",
-        "backend", "weight", "configured", "received", "actual", "pods with traffic"
+        "  {:<width$}  {:>7}  {:>10}  {:>9}  {:>8}  {:>8}  {:>5}",
+        "backend", "weight", "configured", "received", "actual", "observed", "pods with traffic"
     )?;
     let received_total: u64 = expected
         .iter()
@@ -855,9 +920,12 @@ fn print_table(
             100.0 * count.requests as f64 / received_total as f64
         };
         let weight = weight.map_or_else(|| "-".to_owned(), |w| w.to_string());
+        let seen = observed
+            .and_then(|o| o.get(name))
+            .map_or_else(|| "-".to_owned(), |f| format_share(f * 100.0));
         writeln!(
             out,
-            "  {name:<width$}  {weight:>7}  {:>10}  {:>9}  {:>8}  {}/{}",
+            "  {name:<width$}  {weight:>7}  {:>10}  {:>9}  {:>8}  {seen:>8}  {}/{}",
             format_share(*share),
             count.requests,
             format_share(actual),
@@ -882,9 +950,16 @@ fn print_table(
     };
     writeln!(
         out,
-        "  sent {}, backends received {received_total}{failed}\n",
+        "  sent {}, backends received {received_total}{failed}",
         phase.sent
     )?;
+    if observed.is_some() {
+        writeln!(
+            out,
+            "  observed: the gateway's sluice_backend_observed_share gauge (the rule's requests over the last minute)"
+        )?;
+    }
+    writeln!(out)?;
     Ok(())
 }
 
@@ -1014,7 +1089,7 @@ mod tests {
         assert_eq!(slices.len(), total);
         let mut ports: Vec<u64> = Vec::new();
         for slice in &slices {
-            assert_eq!(slice["endpoints"].as_sequence().map(Vec::len), Some(1));
+            assert_eq!(slice["endpoints"].as_array().map(Vec::len), Some(1));
             assert_eq!(
                 slice["endpoints"][0]["addresses"][0].as_str(),
                 Some("127.0.0.1")

@@ -7,3 +7,18 @@
 
 pub mod check;
 pub mod demo;
+
+use std::path::PathBuf;
+
+/// The manifests a command reads, and the CRDs that validate them: shared
+/// by the commands that load manifests without serving them, so each gets
+/// `--crds` the same way.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Manifests {
+    /// Manifest file or directory (read recursively: *.yaml, *.yml, *.json). Repeatable.
+    #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
+    pub paths: Vec<PathBuf>,
+    /// CustomResourceDefinitions (files or directories, e.g. the upstream standard-install.yaml): objects of the kinds they define are validated by their schema and CEL rules, with the API server's messages. Other documents in them are ignored. CRD documents among the -f manifests count too. Repeatable.
+    #[arg(long = "crds", value_name = "PATH")]
+    pub crds: Vec<PathBuf>,
+}

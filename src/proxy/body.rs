@@ -7,13 +7,15 @@
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::sync::mpsc;
+use tokio::time::Sleep;
 
-use super::h1::ChunkedWalker;
+use super::error::ProxyError;
 use super::h1_client::PooledBody;
 
 /// The error type of bodies sent upstream.
@@ -22,41 +24,12 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Frames a mirror may lag behind the backend before it is dropped.
 pub const MIRROR_BUFFER_FRAMES: usize = 64;
 
-/// How a request body goes to an HTTP/1.1 endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BodyFraming {
-    /// No body.
-    Empty,
-    /// This many bytes (Content-Length).
-    Length(u64),
-    /// The chunks an HTTP/1.1 client sent, framing included: passed on as
-    /// they are.
-    Chunked,
-    /// Data of a length not known in advance (HTTP/2 without
-    /// `content-length`): chunked on the way out.
-    Unknown,
-}
-
-/// A request body as the client connection delivers it: hyper's (HTTP/2),
-/// or the lean HTTP/1.1 path's.
+/// A request body as the client connection delivers it: hyper's (HTTP/2,
+/// and HTTP/1.1 before the lean path), or the lean HTTP/1.1 path's.
 #[derive(Debug)]
 pub enum RequestBody {
     Hyper(Incoming),
     Lean(LeanBody),
-}
-
-impl RequestBody {
-    /// How the body is framed; see [`BodyFraming`].
-    pub fn framing(&self) -> BodyFraming {
-        match self {
-            RequestBody::Lean(b) if b.chunked && !b.is_end_stream() => BodyFraming::Chunked,
-            _ if self.is_end_stream() => BodyFraming::Empty,
-            _ => match self.size_hint().exact() {
-                Some(n) => BodyFraming::Length(n),
-                None => BodyFraming::Unknown,
-            },
-        }
-    }
 }
 
 impl Body for RequestBody {
@@ -91,14 +64,12 @@ impl Body for RequestBody {
 /// A request body read by the lean HTTP/1.1 connection loop
 /// ([`super::h1_conn`]): its frames arrive through a small channel that
 /// the loop fills as the client's bytes come (so a body is read only as
-/// fast as the backend takes it). A chunked body's frames are its bytes as
-/// received, chunk framing included (see [`BodyFraming::Chunked`]).
+/// fast as the backend takes it).
 #[derive(Debug)]
 pub struct LeanBody {
     rx: Option<mpsc::Receiver<Result<Bytes, BoxError>>>,
     /// Bytes still to come, for a Content-Length body.
     remaining: Option<u64>,
-    chunked: bool,
 }
 
 impl LeanBody {
@@ -107,17 +78,15 @@ impl LeanBody {
         LeanBody {
             rx: None,
             remaining: Some(0),
-            chunked: false,
         }
     }
 
-    /// A body whose frames come from `rx`: `length` bytes when
-    /// Content-Length gave it, else chunks as received.
+    /// A body whose frames come from `rx`; `length` when Content-Length
+    /// gave it.
     pub fn new(rx: mpsc::Receiver<Result<Bytes, BoxError>>, length: Option<u64>) -> Self {
         LeanBody {
             rx: Some(rx),
             remaining: length,
-            chunked: length.is_none(),
         }
     }
 
@@ -168,8 +137,34 @@ impl LeanBody {
 pub struct ClientBody {
     first: Option<Frame<Bytes>>,
     inner: RequestBody,
-    /// As it was before anything was read.
-    framing: BodyFraming,
+    /// HTTP/2 (hyper's bodies): how long the client may send nothing
+    /// while the body is waited for. The lean HTTP/1.1 path times its
+    /// reads itself. Boxed: every request's future holds this body.
+    idle: Option<Box<IdleTimer>>,
+}
+
+/// How long a body may wait for the client: armed when a wait starts,
+/// disarmed when a frame comes (one timer per body, reset for each wait).
+#[derive(Debug)]
+struct IdleTimer {
+    limit: Duration,
+    sleep: Option<Pin<Box<Sleep>>>,
+    armed: bool,
+}
+
+impl IdleTimer {
+    /// The body is waiting for the client: has it waited too long?
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let deadline = tokio::time::Instant::now() + self.limit;
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if !self.armed {
+            sleep.as_mut().reset(deadline);
+            self.armed = true;
+        }
+        sleep.as_mut().poll(cx).is_ready()
+    }
 }
 
 /// The client's request body failed (malformed chunked encoding, a reset).
@@ -178,17 +173,21 @@ pub struct ClientBody {
 pub struct ClientBodyError(#[source] pub BoxError);
 
 impl ClientBody {
-    pub fn new(inner: RequestBody) -> Self {
+    /// The client's body; a hyper body fails with [`BodyTimedOut`] once
+    /// the client sent nothing of it for `idle` while it was waited for.
+    pub fn new(inner: RequestBody, idle: Duration) -> Self {
+        let idle = matches!(inner, RequestBody::Hyper(_)).then(|| {
+            Box::new(IdleTimer {
+                limit: idle,
+                sleep: None,
+                armed: false,
+            })
+        });
         ClientBody {
             first: None,
-            framing: inner.framing(),
             inner,
+            idle,
         }
-    }
-
-    /// Its frames are chunks as an HTTP/1.1 client sent them.
-    pub fn is_chunked(&self) -> bool {
-        self.framing == BodyFraming::Chunked
     }
 
     /// Read the first frame now (it is sent first when the body is polled).
@@ -213,9 +212,16 @@ impl Body for ClientBody {
         if let Some(frame) = this.first.take() {
             return Poll::Ready(Some(Ok(frame)));
         }
-        Pin::new(&mut this.inner)
-            .poll_frame(cx)
-            .map_err(ClientBodyError)
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Some(idle) = &mut this.idle {
+            if polled.is_ready() {
+                idle.armed = false;
+            } else if idle.expired(cx) {
+                this.idle = None;
+                return Poll::Ready(Some(Err(ClientBodyError(Box::new(BodyTimedOut)))));
+            }
+        }
+        polled.map_err(ClientBodyError)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -230,16 +236,25 @@ impl Body for ClientBody {
     }
 }
 
-/// Is `err`, or anything it was caused by, a failure of the client's body?
-pub fn caused_by_client_body(err: &(dyn std::error::Error + 'static)) -> bool {
+/// The client sent nothing of its request body for the body timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("the client sent nothing of its request body for too long")]
+pub struct BodyTimedOut;
+
+/// How the client's body failed, when `err` or anything it was caused by
+/// is a failure of it: it stalled past the body timeout (408), or it broke
+/// (400).
+pub fn client_body_failure(err: &(dyn std::error::Error + 'static)) -> Option<ProxyError> {
     let mut cur = Some(err);
+    let mut client = false;
     while let Some(e) = cur {
-        if e.is::<ClientBodyError>() {
-            return true;
+        if e.is::<BodyTimedOut>() {
+            return Some(ProxyError::BodyTimeout);
         }
+        client |= e.is::<ClientBodyError>();
         cur = e.source();
     }
-    false
+    client.then_some(ProxyError::BadRequest("malformed request body"))
 }
 
 /// A response body sent to the client: the backend's, streamed, or a short
@@ -305,65 +320,9 @@ pub enum UpstreamBody {
     Tee(Tee),
     /// A mirror's copy of the client's body.
     Mirror(MirrorCopy),
-    /// A chunked body's data without its framing (for HTTP/2 endpoints).
-    Dechunked(Box<Dechunked>),
-}
-
-impl UpstreamBody {
-    /// How the body goes to an HTTP/1.1 endpoint.
-    pub fn framing(&self) -> BodyFraming {
-        match self {
-            UpstreamBody::Empty => BodyFraming::Empty,
-            UpstreamBody::Incoming(b) => b.framing,
-            UpstreamBody::Tee(t) => t.inner.framing,
-            UpstreamBody::Mirror(m) => m.framing,
-            UpstreamBody::Dechunked(_) => BodyFraming::Unknown,
-        }
-    }
-
-    /// The body as data frames only (chunks decoded): what an HTTP/2
-    /// endpoint gets.
-    pub fn dechunked(self) -> Self {
-        if self.framing() == BodyFraming::Chunked {
-            UpstreamBody::Dechunked(Box::new(Dechunked {
-                inner: self,
-                walker: ChunkedWalker::default(),
-            }))
-        } else {
-            self
-        }
-    }
-}
-
-/// A chunked body's data, its framing walked off.
-#[derive(Debug)]
-pub struct Dechunked {
-    inner: UpstreamBody,
-    walker: ChunkedWalker,
-}
-
-impl Dechunked {
-    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        loop {
-            let raw = match ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(raw) => raw,
-                    Err(_) => continue,
-                },
-                other => return Poll::Ready(other),
-            };
-            let mut data = Vec::new();
-            if let Err(e) = self
-                .walker
-                .walk_with(&raw, |r| data.extend_from_slice(&raw[r]))
-            {
-                return Poll::Ready(Some(Err(Box::new(e))));
-            }
-            if !data.is_empty() {
-                return Poll::Ready(Some(Ok(Frame::data(data.into()))));
-            }
-        }
-    }
+    /// The client's body as one try of several sends it (a retry policy;
+    /// see [`super::replay`]).
+    Replay(super::replay::ReplayBody),
 }
 
 impl Body for UpstreamBody {
@@ -379,7 +338,7 @@ impl Body for UpstreamBody {
             UpstreamBody::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
             UpstreamBody::Tee(t) => t.poll_frame(cx),
             UpstreamBody::Mirror(m) => m.poll_frame(cx),
-            UpstreamBody::Dechunked(d) => d.poll_frame(cx),
+            UpstreamBody::Replay(r) => Pin::new(r).poll_frame(cx),
         }
     }
 
@@ -389,7 +348,7 @@ impl Body for UpstreamBody {
             UpstreamBody::Incoming(b) => b.is_end_stream(),
             UpstreamBody::Tee(t) => t.inner.is_end_stream(),
             UpstreamBody::Mirror(m) => m.done,
-            UpstreamBody::Dechunked(d) => d.walker.is_done() || d.inner.is_end_stream(),
+            UpstreamBody::Replay(r) => r.is_end_stream(),
         }
     }
 
@@ -399,7 +358,7 @@ impl Body for UpstreamBody {
             UpstreamBody::Incoming(b) => b.size_hint(),
             UpstreamBody::Tee(t) => t.inner.size_hint(),
             UpstreamBody::Mirror(m) => m.size,
-            UpstreamBody::Dechunked(_) => SizeHint::default(),
+            UpstreamBody::Replay(r) => r.size_hint(),
         }
     }
 }
@@ -444,7 +403,6 @@ impl Tee {
         MirrorCopy {
             rx,
             size: self.inner.size_hint(),
-            framing: self.inner.framing,
             done: false,
         }
     }
@@ -506,7 +464,6 @@ impl Tee {
 pub struct MirrorCopy {
     rx: mpsc::Receiver<MirrorFrame>,
     size: SizeHint,
-    framing: BodyFraming,
     done: bool,
 }
 

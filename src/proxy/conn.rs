@@ -9,10 +9,12 @@
 //! headers as they are read lets the proxy close such a connection, which
 //! is what Envoy does with its flood limits.
 
+use std::collections::HashMap;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -22,6 +24,48 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
 use super::body::ResponseBody;
+
+/// Open client connections per client address, for
+/// `max_connections_per_client`.
+#[derive(Debug, Default)]
+pub(super) struct PerClient {
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One open connection of a client address, counted until dropped.
+#[derive(Debug)]
+pub(super) struct ClientSlot {
+    clients: Arc<PerClient>,
+    ip: IpAddr,
+}
+
+impl PerClient {
+    /// Count a connection from `ip`, unless `max` are open already.
+    pub fn admit(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<ClientSlot> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(ip).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot {
+            clients: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut open = self.clients.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
 
 /// Requests in flight on one connection: counted from when the request
 /// arrives until its response body has been sent (or dropped), and when the
@@ -372,6 +416,24 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connections_are_counted_per_client_address() {
+        let clients = Arc::new(PerClient::default());
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let first = clients.admit(a, 2).expect("first");
+        let _second = clients.admit(a, 2).expect("second");
+        assert!(clients.admit(a, 2).is_none(), "a third from a");
+        let _other = clients.admit(b, 2).expect("b has its own count");
+        drop(first);
+        let _again = clients.admit(a, 2).expect("room again");
+        drop((_second, _again, _other));
+        assert!(
+            clients.open.lock().unwrap().is_empty(),
+            "nothing left behind"
+        );
+    }
 
     const LIMITS: FloodLimits = FloodLimits {
         max_control_frames: 3,

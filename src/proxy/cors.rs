@@ -18,34 +18,36 @@ use http::header::{
     ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_EXPOSE_HEADERS, ACCESS_CONTROL_MAX_AGE,
     ACCESS_CONTROL_REQUEST_HEADERS, ACCESS_CONTROL_REQUEST_METHOD, ORIGIN, VARY,
 };
-use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
 
 use super::body::ResponseBody;
-use super::head::{Fields, ProxyResponse};
 use crate::route::{CorsList, CorsPolicy};
 
 /// Is this request a CORS preflight?
-pub(super) fn is_preflight(method: &Method, headers: &Fields) -> bool {
+pub(super) fn is_preflight(method: &Method, headers: &HeaderMap) -> bool {
     method == Method::OPTIONS
-        && headers.contains(&ORIGIN)
-        && headers.contains(&ACCESS_CONTROL_REQUEST_METHOD)
+        && headers.contains_key(ORIGIN)
+        && headers.contains_key(ACCESS_CONTROL_REQUEST_METHOD)
 }
 
 /// The request's `Origin` when the policy allows it.
-pub(super) fn allowed_origin(policy: &CorsPolicy, headers: &Fields) -> Option<HeaderValue> {
-    let origin = headers.value(&ORIGIN)?;
+pub(super) fn allowed_origin(policy: &CorsPolicy, headers: &HeaderMap) -> Option<HeaderValue> {
+    let origin = headers.get(ORIGIN)?;
     policy
         .allows_origin(origin.to_str().ok()?)
-        .then_some(origin)
+        .then(|| origin.clone())
 }
 
 /// The gateway's answer to a preflight (see [`is_preflight`]).
-pub(super) fn preflight_response(policy: &CorsPolicy, request: &Fields) -> ProxyResponse {
-    let mut out = HeaderMap::new();
+pub(super) fn preflight_response(
+    policy: &CorsPolicy,
+    request: &HeaderMap,
+) -> Response<ResponseBody> {
+    let mut resp = Response::new(ResponseBody::empty());
+    *resp.status_mut() = StatusCode::OK;
+    let out = resp.headers_mut();
     out.append(VARY, HeaderValue::from_static("Origin"));
-    let mut resp = ProxyResponse::new(StatusCode::OK, ResponseBody::empty());
     let Some(origin) = allowed_origin(policy, request) else {
-        resp.headers = Fields::Map(out);
         return resp;
     };
     out.insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin);
@@ -55,7 +57,7 @@ pub(super) fn preflight_response(policy: &CorsPolicy, request: &Fields) -> Proxy
             HeaderValue::from_static("true"),
         );
     }
-    let echo = |name| request.value(&name);
+    let echo = |name| request.get(name).cloned();
     let methods = match &policy.allow_methods {
         CorsList::Unset => None,
         CorsList::Wildcard => echo(ACCESS_CONTROL_REQUEST_METHOD),
@@ -83,42 +85,35 @@ pub(super) fn preflight_response(policy: &CorsPolicy, request: &Fields) -> Proxy
         out.insert(ACCESS_CONTROL_EXPOSE_HEADERS, v);
     }
     out.insert(ACCESS_CONTROL_MAX_AGE, policy.max_age.clone());
-    resp.headers = Fields::Map(out);
     resp
 }
 
 /// Add the CORS headers to the backend's response to an actual request
 /// from `origin` (already known to be allowed). They replace any the
 /// backend set.
-pub(super) fn add_response_headers(policy: &CorsPolicy, origin: HeaderValue, out: &mut Fields) {
+pub(super) fn add_response_headers(policy: &CorsPolicy, origin: HeaderValue, out: &mut HeaderMap) {
     let expose = match &policy.expose_headers {
         CorsList::Unset => None,
         CorsList::Names(v) => Some(v.clone()),
         CorsList::Wildcard if !policy.allow_credentials => Some(HeaderValue::from_static("*")),
         // With credentials `*` cannot be used: name this response's headers.
         CorsList::Wildcard => {
-            let mut names: Vec<String> = Vec::new();
-            out.for_each(|name, _| {
-                let name = String::from_utf8_lossy(name).to_ascii_lowercase();
-                if !names.contains(&name) {
-                    names.push(name);
-                }
-            });
+            let names: Vec<&str> = out.keys().map(|k| k.as_str()).collect();
             (!names.is_empty())
                 .then(|| HeaderValue::from_str(&names.join(", ")).ok())
                 .flatten()
         }
     };
-    out.set(ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    out.insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin);
     out.append(VARY, HeaderValue::from_static("Origin"));
     if policy.allow_credentials {
-        out.set(
+        out.insert(
             ACCESS_CONTROL_ALLOW_CREDENTIALS,
             HeaderValue::from_static("true"),
         );
     }
     if let Some(v) = expose {
-        out.set(ACCESS_CONTROL_EXPOSE_HEADERS, v);
+        out.insert(ACCESS_CONTROL_EXPOSE_HEADERS, v);
     }
 }
 
@@ -141,7 +136,7 @@ mod tests {
         }
     }
 
-    fn request(pairs: &[(&str, &str)]) -> Fields {
+    fn request(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
             h.append(
@@ -149,14 +144,11 @@ mod tests {
                 HeaderValue::from_str(v).expect("test value"),
             );
         }
-        Fields::Map(h)
+        h
     }
 
-    fn get<'a>(r: &'a ProxyResponse, name: &str) -> Option<&'a str> {
-        let name = http::HeaderName::from_bytes(name.as_bytes()).expect("test name");
-        r.headers
-            .get(&name)
-            .map(|v| std::str::from_utf8(v).expect("ascii"))
+    fn get<'a>(r: &'a Response<ResponseBody>, name: &str) -> Option<&'a str> {
+        r.headers().get(name).map(|v| v.to_str().expect("ascii"))
     }
 
     #[test]
@@ -183,7 +175,7 @@ mod tests {
                 ("access-control-request-method", "GET"),
             ]),
         );
-        assert_eq!(r.status, 200);
+        assert_eq!(r.status(), 200);
         assert_eq!(
             get(&r, "access-control-allow-origin"),
             Some("https://xpto.www.bar.com")
@@ -211,7 +203,7 @@ mod tests {
                 ("access-control-request-method", "GET"),
             ]),
         );
-        assert_eq!(r.status, 200);
+        assert_eq!(r.status(), 200);
         for h in [
             "access-control-allow-origin",
             "access-control-allow-credentials",
@@ -273,7 +265,6 @@ mod tests {
             ("access-control-allow-origin", "*"),
         ]);
         add_response_headers(&p, origin, &mut resp);
-        let resp = resp.into_map();
         assert_eq!(resp["access-control-allow-origin"], "https://www.foo.com");
         assert_eq!(
             resp.get_all("access-control-allow-origin").iter().count(),
@@ -286,7 +277,7 @@ mod tests {
             allowed_origin(&p, &request(&[("origin", "https://foobar.com")])),
             None
         );
-        assert_eq!(allowed_origin(&p, &Fields::default()), None);
+        assert_eq!(allowed_origin(&p, &HeaderMap::new()), None);
     }
 
     #[test]
@@ -295,7 +286,6 @@ mod tests {
         p.expose_headers = CorsList::Wildcard;
         let mut resp = request(&[("x-a", "1"), ("x-b", "2")]);
         add_response_headers(&p, HeaderValue::from_static("https://a.com"), &mut resp);
-        let resp = resp.into_map();
         assert_eq!(resp["access-control-expose-headers"], "x-a, x-b");
     }
 }

@@ -1,7 +1,8 @@
 //! The one error type of the data path.
 //!
 //! Every way a request can fail is a [`ProxyError`], and every error
-//! response the proxy makes (400, 404, 414, 421, 431, 500, 502, 503, 504)
+//! response the proxy makes (400, 404, 408, 414, 421, 431, 500, 502, 503,
+//! 504)
 //! is built here from one: each variant knows where the failure came from
 //! ([`ErrorSource`]), maps to exactly one HTTP status, and says whether the
 //! connection can carry another request. Error responses carry a short
@@ -61,6 +62,15 @@ pub enum ProxyError {
     /// The chosen backend's Service has no ready endpoint.
     #[error("backend {backend} has no ready endpoints")]
     NoReadyEndpoints { backend: String },
+    /// The chosen backend has as many requests in flight as its cap
+    /// allows (`--max-requests-per-backend`): 503 at once, rather than a
+    /// pile-up behind a stalled backend.
+    #[error("backend {backend} has too many requests in flight")]
+    Overloaded { backend: String },
+    /// The client sent nothing of its request body for the body timeout
+    /// (408, closed).
+    #[error("the client's request body stalled")]
+    BodyTimeout,
     /// The endpoint refused the connection or the exchange failed.
     #[error("endpoint unreachable: {0}")]
     Unreachable(#[source] UpstreamError),
@@ -71,6 +81,20 @@ pub enum ProxyError {
     /// path, a redirect Location).
     #[error("invalid {what} after filters")]
     InvalidFilterResult { what: &'static str },
+}
+
+impl ProxyError {
+    /// Why the request was refused before routing, as the refusal counter
+    /// labels it; `None` for what is not a refusal of the request itself.
+    pub fn refusal_reason(&self) -> Option<&'static str> {
+        match self {
+            ProxyError::BadRequest(_) => Some("bad_request"),
+            ProxyError::UriTooLong => Some("uri_too_long"),
+            ProxyError::HeadTooLarge => Some("head_too_large"),
+            ProxyError::Misdirected => Some("misdirected"),
+            _ => None,
+        }
+    }
 }
 
 /// A failed exchange with an endpoint, whichever client made it: whether
@@ -133,12 +157,15 @@ impl ProxyError {
             | ProxyError::BadRequest(_)
             | ProxyError::UriTooLong
             | ProxyError::HeadTooLarge
-            | ProxyError::Misdirected => ErrorSource::Downstream,
+            | ProxyError::Misdirected
+            | ProxyError::BodyTimeout => ErrorSource::Downstream,
             ProxyError::NoBackends
             | ProxyError::AllWeightsZero
             | ProxyError::Unresolved { .. }
             | ProxyError::NoReadyEndpoints { .. } => ErrorSource::Config,
-            ProxyError::Unreachable(_) | ProxyError::Timeout => ErrorSource::Upstream,
+            ProxyError::Unreachable(_) | ProxyError::Timeout | ProxyError::Overloaded { .. } => {
+                ErrorSource::Upstream
+            }
             ProxyError::InvalidFilterResult { .. } => ErrorSource::Internal,
         }
     }
@@ -158,7 +185,10 @@ impl ProxyError {
             | ProxyError::AllWeightsZero
             | ProxyError::Unresolved { .. }
             | ProxyError::InvalidFilterResult { .. } => StatusCode::INTERNAL_SERVER_ERROR,
-            ProxyError::NoReadyEndpoints { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::NoReadyEndpoints { .. } | ProxyError::Overloaded { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProxyError::Unreachable(_) => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -178,6 +208,8 @@ impl ProxyError {
             ProxyError::AllWeightsZero => "all backend weights are zero\n",
             ProxyError::Unresolved { .. } => "backend not resolved\n",
             ProxyError::NoReadyEndpoints { .. } => "no ready endpoints\n",
+            ProxyError::Overloaded { .. } => "backend overloaded\n",
+            ProxyError::BodyTimeout => "request body timed out\n",
             ProxyError::Unreachable(_) => "backend unreachable\n",
             ProxyError::Timeout => "backend timed out\n",
             ProxyError::InvalidFilterResult { .. } => "invalid filter result\n",
@@ -190,7 +222,10 @@ impl ProxyError {
     pub fn closes_connection(&self) -> bool {
         matches!(
             self,
-            ProxyError::BadRequest(_) | ProxyError::UriTooLong | ProxyError::HeadTooLarge
+            ProxyError::BadRequest(_)
+                | ProxyError::UriTooLong
+                | ProxyError::HeadTooLarge
+                | ProxyError::BodyTimeout
         )
     }
 
@@ -247,6 +282,14 @@ mod tests {
             (ProxyError::UriTooLong, 414, ErrorSource::Downstream),
             (ProxyError::HeadTooLarge, 431, ErrorSource::Downstream),
             (ProxyError::Misdirected, 421, ErrorSource::Downstream),
+            (
+                ProxyError::Overloaded {
+                    backend: "a/b:80".into(),
+                },
+                503,
+                ErrorSource::Upstream,
+            ),
+            (ProxyError::BodyTimeout, 408, ErrorSource::Downstream),
         ];
         for (err, code, source) in cases {
             assert_eq!(err.status().as_u16(), code, "{err}");
@@ -256,7 +299,7 @@ mod tests {
             assert_eq!(resp.status().as_u16(), code);
             assert!(resp.headers().contains_key(CONTENT_LENGTH));
             assert_eq!(resp.headers().contains_key(CONNECTION), close);
-            assert_eq!(close, matches!(code, 400 | 414 | 431));
+            assert_eq!(close, matches!(code, 400 | 408 | 414 | 431));
         }
     }
 }

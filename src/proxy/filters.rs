@@ -4,10 +4,51 @@
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use http::header::{HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-use super::head::Fields;
 use crate::route::{HeaderModifier, PathModifier, Redirect};
+
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1, plus
+/// the legacy ones proxies are expected to drop).
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHENTICATE,
+];
+
+/// Remove hop-by-hop headers: the fixed list, `Proxy-Authorization`, and
+/// every header the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none: one pass over the names (standard names
+    // compare as enums) instead of nine hashed removals, twice per request.
+    if !headers
+        .keys()
+        .any(|name| HOP_BY_HOP.contains(name) || name == header::PROXY_AUTHORIZATION)
+    {
+        return;
+    }
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+    headers.remove(header::PROXY_AUTHORIZATION);
+}
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -15,26 +56,26 @@ static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-prot
 /// Append the client's address to `X-Forwarded-For` (keeping what earlier
 /// proxies wrote, as one comma-separated list) and set `X-Forwarded-Proto`
 /// to the scheme the client used (`http`, or `https` on a TLS listener).
-pub fn add_forwarded(headers: &mut Fields, client: IpAddr, proto: &'static str) {
+pub fn add_forwarded(headers: &mut HeaderMap, client: IpAddr, proto: &'static str) {
     let mut list = String::new();
-    for v in headers.values(&X_FORWARDED_FOR) {
-        if let Ok(v) = std::str::from_utf8(v) {
+    for v in headers.get_all(&X_FORWARDED_FOR) {
+        if let Ok(v) = v.to_str() {
             list.push_str(v);
             list.push_str(", ");
         }
     }
     let _ = write!(list, "{client}");
     if let Ok(v) = HeaderValue::from_str(&list) {
-        headers.set(X_FORWARDED_FOR.clone(), v);
+        headers.insert(X_FORWARDED_FOR.clone(), v);
     }
-    headers.set(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
+    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
 }
 
 /// HTTPHeaderFilter: "set" overwrites, "add" appends another value,
 /// "remove" deletes; names are case-insensitive (`HeaderName` is lower case).
-pub fn modify_headers(headers: &mut Fields, m: &HeaderModifier) {
+pub fn modify_headers(headers: &mut HeaderMap, m: &HeaderModifier) {
     for (name, value) in &m.set {
-        headers.set(name.clone(), value.clone());
+        headers.insert(name.clone(), value.clone());
     }
     for (name, value) in &m.add {
         headers.append(name.clone(), value.clone());
@@ -130,7 +171,7 @@ fn default_port(scheme: &str) -> Option<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::{HeaderMap, StatusCode};
+    use http::StatusCode;
 
     fn prefix(path: &str, to: &str, matched: &str) -> String {
         modify_path(
@@ -234,16 +275,35 @@ mod tests {
     }
 
     #[test]
+    fn hop_by_hop_headers_and_those_named_by_connection_are_removed() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "keep-alive, X-Custom-Hop"),
+            ("keep-alive", "timeout=5"),
+            ("x-custom-hop", "1"),
+            ("te", "trailers"),
+            ("upgrade", "websocket"),
+            ("proxy-authorization", "secret"),
+            ("transfer-encoding", "chunked"),
+            ("x-end-to-end", "kept"),
+        ] {
+            h.append(k, HeaderValue::from_static(v));
+        }
+        strip_hop_by_hop(&mut h);
+        let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, vec!["x-end-to-end"]);
+    }
+
+    #[test]
     fn forwarded_for_is_appended() {
-        let mut h = Fields::default();
+        let mut h = HeaderMap::new();
         add_forwarded(&mut h, "10.0.0.1".parse().unwrap(), "http");
-        let get = |h: &Fields, n: &'static str| h.get(&HeaderName::from_static(n)).map(<[u8]>::to_vec);
-        assert_eq!(get(&h, "x-forwarded-for").unwrap(), b"10.0.0.1");
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1");
         add_forwarded(&mut h, "10.0.0.2".parse().unwrap(), "http");
-        assert_eq!(get(&h, "x-forwarded-for").unwrap(), b"10.0.0.1, 10.0.0.2");
-        assert_eq!(get(&h, "x-forwarded-proto").unwrap(), b"http");
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 10.0.0.2");
+        assert_eq!(h["x-forwarded-proto"], "http");
         add_forwarded(&mut h, "10.0.0.3".parse().unwrap(), "https");
-        assert_eq!(get(&h, "x-forwarded-proto").unwrap(), b"https");
+        assert_eq!(h["x-forwarded-proto"], "https");
     }
 
     #[test]
@@ -252,7 +312,6 @@ mod tests {
         h.insert("x-set", HeaderValue::from_static("old"));
         h.insert("x-add", HeaderValue::from_static("a"));
         h.insert("x-remove", HeaderValue::from_static("gone"));
-        let mut h = Fields::Map(h);
         let m = HeaderModifier {
             set: vec![(
                 HeaderName::from_static("x-set"),
@@ -265,7 +324,6 @@ mod tests {
             remove: vec![HeaderName::from_static("x-remove")],
         };
         modify_headers(&mut h, &m);
-        let h = h.into_map();
         assert_eq!(h["x-set"], "new");
         let added: Vec<_> = h.get_all("x-add").iter().collect();
         assert_eq!(added, vec!["a", "b"]);

@@ -12,9 +12,7 @@
 use std::net::IpAddr;
 use std::str::FromStr;
 
-use http::header::{HeaderName, HeaderValue};
-
-use super::head::Fields;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
@@ -119,21 +117,21 @@ impl ForwardedTrust {
     /// Set `X-Real-IP` to the client's address, read from the request's
     /// `X-Forwarded-For` (the peer already appended to it). Any value the
     /// client sent is replaced.
-    pub fn set_real_ip(&self, headers: &mut Fields, peer: IpAddr) {
+    pub fn set_real_ip(&self, headers: &mut HeaderMap, peer: IpAddr) {
         let client = if self.trusted_hops == 0 && self.trusted_cidrs.is_empty() {
             peer
         } else {
             let entries: Vec<Option<IpAddr>> = headers
-                .values(&X_FORWARDED_FOR)
-                .into_iter()
-                .filter_map(|v| std::str::from_utf8(v).ok())
+                .get_all(&X_FORWARDED_FOR)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
                 .flat_map(|v| v.split(','))
                 .map(|e| parse_entry(e.trim()))
                 .collect();
             self.client(&entries, peer)
         };
         if let Ok(v) = HeaderValue::from_str(&client.to_string()) {
-            headers.set(X_REAL_IP.clone(), v);
+            headers.insert(X_REAL_IP.clone(), v);
         }
     }
 }
@@ -228,16 +226,14 @@ mod tests {
             trusted_hops: 1,
             ..Default::default()
         };
-        let mut h = http::HeaderMap::new();
+        let mut h = HeaderMap::new();
         h.insert("x-real-ip", HeaderValue::from_static("1.1.1.1"));
         h.append("x-forwarded-for", HeaderValue::from_static("9.9.9.9"));
         h.append(
             "x-forwarded-for",
             HeaderValue::from_static("192.0.2.10, 10.0.0.2"),
         );
-        let mut h = Fields::Map(h);
         t.set_real_ip(&mut h, ip("10.0.0.2"));
-        let h = h.into_map();
         assert_eq!(h.get_all("x-real-ip").iter().count(), 1);
         assert_eq!(h["x-real-ip"], "192.0.2.10");
     }

@@ -27,7 +27,6 @@ use std::ops::Range;
 use http::{Method, StatusCode, Uri};
 
 use super::error::ProxyError;
-use super::head::Field;
 
 /// What a request head may be (from [`ProxyLimits`](super::ProxyLimits)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +74,7 @@ pub struct RequestHead {
     /// 0 for HTTP/1.0, 1 for HTTP/1.1.
     pub minor: u8,
     /// Each header field: name and value.
-    pub headers: Vec<Field>,
+    pub headers: Vec<(Range<usize>, Range<usize>)>,
     /// The Host field's value, if any.
     pub host: Option<Range<usize>>,
     pub framing: Framing,
@@ -169,10 +168,7 @@ pub fn parse_request(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHe
         }
         let start = offset(name);
         let vstart = offset(value);
-        headers.push(Field::new(
-            start..start + name.len(),
-            vstart..vstart + value.len(),
-        ));
+        headers.push((start..start + name.len(), vstart..vstart + value.len()));
         if name.eq_ignore_ascii_case(b"host") {
             hosts += 1;
             host = Some(vstart..vstart + value.len());
@@ -252,7 +248,7 @@ fn parse_length(value: &[u8]) -> Result<u64, ProxyError> {
 /// Where a response body ends (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResponseFraming {
-    /// No body: a response to HEAD, 1xx, 204, 304.
+    /// No body: the answer to HEAD, 1xx, 204, 304, `Content-Length: 0`.
     None,
     /// `Content-Length` bytes.
     Length(u64),
@@ -270,34 +266,35 @@ pub struct ResponseHead {
     pub status: StatusCode,
     /// 0 for HTTP/1.0, 1 for HTTP/1.1.
     pub minor: u8,
-    pub fields: Vec<Field>,
+    /// Each header field: name and value.
+    pub fields: Vec<(Range<usize>, Range<usize>)>,
     pub framing: ResponseFraming,
     /// The connection may carry another request after this response.
     pub keep_alive: bool,
 }
 
-/// Most bytes of a response head.
+/// Most bytes of a response head (hyper's client read up to ~400 KiB;
+/// nginx's `proxy_buffer_size` is 4-8 KiB).
 pub const MAX_RESPONSE_HEAD_BYTES: usize = 64 * 1024;
-/// Most fields of a response head (hyper's client allowed as many).
+/// Most fields of a response head (as hyper's client allowed).
 pub const MAX_RESPONSE_FIELDS: usize = 100;
 
-/// Why a response head was refused.
+/// Why a backend's response head was refused (the client gets 502).
 #[derive(Debug, thiserror::Error)]
 #[error("invalid response head from the backend: {0}")]
 pub struct BadResponse(pub &'static str);
 
 /// Parse the response head at the start of `buf`, the answer to a request
-/// whose method was HEAD when `head_request`. `Ok(None)`: not complete yet.
+/// whose method was HEAD when `head_request`. `Ok(None)`: not complete
+/// yet.
 ///
-/// What the proxy could forward ambiguously is refused (the client gets
-/// 502): line ends other than CRLF, Content-Length together with
-/// Transfer-Encoding, differing or malformed Content-Lengths. A
-/// Transfer-Encoding whose last coding is not chunked means the body ends
-/// with the connection.
-pub fn parse_response(
-    buf: &[u8],
-    head_request: bool,
-) -> Result<Option<ResponseHead>, BadResponse> {
+/// What the proxy could forward ambiguously (response smuggling) is
+/// refused: line ends other than CRLF, Content-Length together with
+/// Transfer-Encoding, differing or malformed Content-Lengths,
+/// Transfer-Encoding on HTTP/1.0. A Transfer-Encoding whose last coding
+/// is not chunked means the body ends with the connection (RFC 9112
+/// §6.3).
+pub fn parse_response(buf: &[u8], head_request: bool) -> Result<Option<ResponseHead>, BadResponse> {
     let mut on_stack =
         [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_RESPONSE_FIELDS];
     let mut resp = httparse::Response::new(&mut []);
@@ -341,10 +338,7 @@ pub fn parse_response(
         let value = h.value;
         let start = offset(name);
         let vstart = offset(value);
-        fields.push(Field::new(
-            start..start + name.len(),
-            vstart..vstart + value.len(),
-        ));
+        fields.push((start..start + name.len(), vstart..vstart + value.len()));
         if name.eq_ignore_ascii_case(b"content-length") {
             // `n` or `n, n, ...` (all alike), as often as it comes.
             for part in value.split(|b| *b == b',') {
@@ -369,16 +363,24 @@ pub fn parse_response(
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
     let framing = match (te_chunked, length) {
+        (Some(_), Some(_)) => {
+            return Err(BadResponse("both Content-Length and Transfer-Encoding"));
+        }
+        (Some(_), None) if minor == 0 => {
+            return Err(BadResponse("Transfer-Encoding on HTTP/1.0"));
+        }
         _ if bodiless => ResponseFraming::None,
-        (Some(_), Some(_)) => return Err(BadResponse("both Content-Length and Transfer-Encoding")),
-        (Some(_), None) if minor == 0 => return Err(BadResponse("Transfer-Encoding on HTTP/1.0")),
-        (Some(true), None) if minor == 1 => ResponseFraming::Chunked,
-        (Some(_), None) => ResponseFraming::UntilClose,
+        (Some(true), None) => ResponseFraming::Chunked,
+        (Some(false), None) => ResponseFraming::UntilClose,
         (None, Some(0)) => ResponseFraming::None,
         (None, Some(n)) => ResponseFraming::Length(n),
         (None, None) => ResponseFraming::UntilClose,
     };
-    let keep_alive = if minor == 1 { !close } else { keep_alive && !close };
+    let keep_alive = if minor == 1 {
+        !close
+    } else {
+        keep_alive && !close
+    };
     Ok(Some(ResponseHead {
         len,
         status,
@@ -650,11 +652,7 @@ mod tests {
         assert_eq!(head.uri.query(), Some("b"));
         assert_eq!(&buf[head.host.clone().unwrap()], b"example.com");
         assert_eq!(head.headers.len(), 2);
-        let f = head.headers[1].clone();
-        let (n, v) = (
-            f.name.start as usize..f.name.end as usize,
-            f.value.start as usize..f.value.end as usize,
-        );
+        let (n, v) = head.headers[1].clone();
         assert_eq!((&buf[n], &buf[v]), (&b"X-A"[..], &b"1"[..]));
         assert_eq!(head.framing, Framing::None);
         assert!(head.keep_alive);

@@ -1,84 +1,108 @@
-//! The backend side of the lean HTTP/1.1 path: one request/response
-//! exchange on a pooled connection ([`super::pool`]), cleartext or TLS,
-//! driven by the request's own task.
+//! The backend side of the lean HTTP/1.1 path (issue 13): one
+//! request/response exchange on a pooled connection ([`super::pool`]),
+//! cleartext or TLS, driven by the request's own task instead of hyper's
+//! client and its connection task.
 //!
-//! The request head is written from the client's head as received, with
-//! the route's edits applied on the way ([`Fields`]): the request line, the
-//! Host field first, every other field as it came (hop-by-hop fields and
-//! the framing fields left out), the edits' fields, then the framing of
-//! the body. The head and the body's first bytes go out in one write. A
-//! body is sent by its own framing: a Content-Length body as its bytes, a
-//! chunked body from an HTTP/1.1 client as the chunks it sent (never
-//! decoded and re-chunked), a body of unknown length (HTTP/2 without
-//! `content-length`) chunked here. The response head is parsed in place
-//! ([`h1::parse_response`]) and its fields forwarded as received; the
+//! The request head is written as bytes from the request the handler
+//! edited (request line, Host, every other field, then the framing of the
+//! body); the head and the body's first bytes go out in one write when
+//! the body has them ready. A body of known length goes as its bytes, one
+//! of unknown length (a chunked upload, HTTP/2 without `content-length`)
+//! chunked. The response head is parsed in place
+//! ([`h1::parse_response`], which refuses what could be framed two ways:
+//! the client gets 502) and its field values share the bytes read; the
 //! response body streams from the connection's read buffer by the
-//! response's framing, and gives the connection back to the pool when it
-//! has ended.
+//! response's framing. A chunked body is walked, never decoded, when the
+//! client connection passes it on chunked ([`PooledBody::pass_chunks_through`]):
+//! its chunks go out as the backend sent them. Once the body has ended,
+//! the connection goes back to the pool if the response allowed
+//! keep-alive and nothing is left unread on it.
 //!
-//! A request that a reused connection turns out unable to carry (the
-//! endpoint closed it while it was idle: the write fails, or the
-//! connection closes before a byte of answer) is sent again on a new
-//! connection when it can be: it was written whole in the first write
-//! (no body, or all of it). Interim responses (100, 102, 103) are read and
-//! dropped; a 101 to a request that asked to upgrade hands the connection
-//! over ([`PooledBody::take_upgraded`]).
+//! A request that a reused connection turns out unable to carry is sent
+//! again on another connection when nothing of it can have been acted on:
+//! the pool drops idle connections the backend closed before they are
+//! used; after that, a request written whole in its first write whose
+//! connection closed before a byte of answer is sent again when its
+//! method is idempotent (RFC 9110 §9.2.2), or whatever its method when
+//! the first write itself failed (the backend had reset the connection:
+//! nothing of the request was taken). A request whose body was still
+//! streaming is never sent again here (the retry policy and its replay
+//! buffer decide that). Interim responses (100, 102, 103) are read and
+//! dropped.
+//!
+//! Upgrades (WebSocket) and HTTP/2 backends stay with hyper's clients
+//! ([`super::upstream`]).
 
 use std::future::poll_fn;
+use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
-use http::uri::PathAndQuery;
-use http::{Method, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::body::{BodyFraming, BoxError, ResponseBody, UpstreamBody};
-use super::error::{ProxyError, UpstreamError};
-use super::h1::{self, ChunkedWalker, ResponseFraming};
-use super::head::{Fields, ProxyResponse, RawFields, field_line};
+use super::body::{BoxError, UpstreamBody};
+use super::error::UpstreamError;
+use super::h1::{self, BadResponse, ChunkedWalker, ResponseFraming};
 use super::pool::{Conn, Io, Key, Pool};
 use crate::route::BackendTls;
 
 /// Free space kept in a connection's read buffer before a read.
-const READ_CHUNK: usize = 4 * 1024;
+const READ_CHUNK: usize = 8 * 1024;
 
-/// A request head on its way to an endpoint.
-#[derive(Debug, Clone)]
-pub(super) struct UpstreamHead {
-    pub method: Method,
-    /// The request target, origin-form.
-    pub target: PathAndQuery,
-    pub headers: Fields,
-    /// The head asks to switch protocols (`Connection: upgrade`): a 101
-    /// hands the connection over.
-    pub upgrade: bool,
+/// How a request body goes to the endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyFraming {
+    /// No body; `content-length: 0` said when `true`.
+    Empty(bool),
+    /// This many bytes (Content-Length).
+    Length(u64),
+    /// Of a length not known in advance: chunked here.
+    Chunked,
 }
 
-/// A request on its way to an endpoint.
-#[derive(Debug)]
-pub(super) struct UpstreamRequest {
-    pub head: UpstreamHead,
-    pub body: UpstreamBody,
-}
-
-/// Does a request with this method and no body still say its length (0)?
-/// Backends may refuse a POST without one (411).
-fn says_empty_length(method: &Method) -> bool {
-    matches!(*method, Method::POST | Method::PUT | Method::PATCH)
+/// How the body of the request `parts` goes out. The body's own length
+/// first (what the client connection read), else the Content-Length the
+/// request carries, else chunked.
+fn request_framing(parts: &http::request::Parts, body: &UpstreamBody) -> BodyFraming {
+    let declared = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if body.is_end_stream() {
+        // Backends may refuse a POST without a length (411).
+        let says = declared.is_some()
+            || matches!(parts.method, Method::POST | Method::PUT | Method::PATCH);
+        return BodyFraming::Empty(says);
+    }
+    match body.size_hint().exact().or(declared) {
+        Some(n) => BodyFraming::Length(n),
+        None => BodyFraming::Chunked,
+    }
 }
 
 /// `n` in decimal.
-pub(super) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    push_digits(out, n, 10);
+}
+
+/// `n` in hex (a chunk size).
+fn push_hex(out: &mut Vec<u8>, n: u64) {
+    push_digits(out, n, 16);
+}
+
+fn push_digits(out: &mut Vec<u8>, mut n: u64, radix: u64) {
     let mut digits = [0u8; 20];
     let mut at = digits.len();
     loop {
         at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
+        digits[at] = b"0123456789abcdef"[(n % radix) as usize];
+        n /= radix;
         if n == 0 {
             break;
         }
@@ -86,55 +110,48 @@ pub(super) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
     out.extend_from_slice(&digits[at..]);
 }
 
-/// `n` in hex (a chunk size).
-fn push_hex(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 16];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b"0123456789abcdef"[(n & 0xf) as usize];
-        n >>= 4;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
+fn field_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
 }
 
-/// Write the request head: request line, Host, the other fields, framing.
-pub(super) fn encode_head(
+/// Write the request head: request line, Host, the other fields (the
+/// handler has removed the hop-by-hop ones), the body's framing.
+fn encode_head(
     out: &mut Vec<u8>,
-    head: &UpstreamHead,
+    parts: &http::request::Parts,
     framing: BodyFraming,
-    endpoint: std::net::SocketAddr,
+    endpoint: SocketAddr,
 ) {
-    out.extend_from_slice(head.method.as_str().as_bytes());
+    out.extend_from_slice(parts.method.as_str().as_bytes());
     out.push(b' ');
-    out.extend_from_slice(head.target.as_str().as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    match head.headers.get(&HOST) {
-        Some(host) => field_line(out, b"Host", host),
-        // Requests from HTTP/2 clients without an authority.
-        None => field_line(out, b"Host", endpoint.to_string().as_bytes()),
+    match parts.uri.path_and_query() {
+        Some(pq) if !pq.as_str().is_empty() => out.extend_from_slice(pq.as_str().as_bytes()),
+        _ => out.push(b'/'),
     }
-    head.headers.write(out, |name| {
-        name.eq_ignore_ascii_case(b"host")
-            || name.eq_ignore_ascii_case(b"content-length")
-            || name.eq_ignore_ascii_case(b"transfer-encoding")
-    });
-    match framing {
-        BodyFraming::Empty if says_empty_length(&head.method) => {
-            out.extend_from_slice(b"content-length: 0\r\n");
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    match parts.headers.get(HOST) {
+        Some(host) => field_line(out, b"host", host.as_bytes()),
+        // Requests from HTTP/2 clients without an authority.
+        None => field_line(out, b"host", endpoint.to_string().as_bytes()),
+    }
+    for (name, value) in &parts.headers {
+        if name == HOST || name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
+            continue;
         }
-        BodyFraming::Empty => {}
+        field_line(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    match framing {
+        BodyFraming::Empty(true) => out.extend_from_slice(b"content-length: 0\r\n"),
+        BodyFraming::Empty(false) => {}
         BodyFraming::Length(n) => {
             out.extend_from_slice(b"content-length: ");
             push_decimal(out, n);
             out.extend_from_slice(b"\r\n");
         }
-        BodyFraming::Chunked | BodyFraming::Unknown => {
-            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-        }
+        BodyFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -142,8 +159,10 @@ pub(super) fn encode_head(
 /// Sends a request body after the head, by its framing.
 struct BodySender {
     body: UpstreamBody,
-    /// Chunk the data frames here (their length was not known).
-    encode: bool,
+    /// Chunk the data frames here.
+    chunked: bool,
+    /// Bytes still due, for a Content-Length body.
+    left: Option<u64>,
     /// Bytes of the body ready to be written.
     pending: Bytes,
     done: bool,
@@ -151,8 +170,9 @@ struct BodySender {
 
 /// Why sending a request body stopped.
 enum SendError {
-    /// The client's body failed (malformed, cut short).
-    Body,
+    /// The client's body failed (malformed, cut short, stalled), or it
+    /// did not have the length it said.
+    Body(BoxError),
     /// Writing to the endpoint failed.
     Io(std::io::Error),
 }
@@ -160,13 +180,21 @@ enum SendError {
 impl BodySender {
     /// The next bytes of the body, framed, or `None` at its end.
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, SendError>> {
+        if self.done {
+            return Poll::Ready(Ok(None));
+        }
         loop {
             let frame = match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
                 None => {
                     self.done = true;
-                    return Poll::Ready(Ok(self.encode.then(|| Bytes::from_static(b"0\r\n\r\n"))));
+                    if self.left.is_some_and(|n| n > 0) {
+                        return Poll::Ready(Err(SendError::Body(
+                            "the request body ended before its Content-Length".into(),
+                        )));
+                    }
+                    return Poll::Ready(Ok(self.chunked.then(|| Bytes::from_static(b"0\r\n\r\n"))));
                 }
-                Some(Err(_)) => return Poll::Ready(Err(SendError::Body)),
+                Some(Err(e)) => return Poll::Ready(Err(SendError::Body(e))),
                 Some(Ok(frame)) => frame,
             };
             let Ok(data) = frame.into_data() else {
@@ -175,7 +203,15 @@ impl BodySender {
             if data.is_empty() {
                 continue;
             }
-            if !self.encode {
+            if let Some(left) = &mut self.left {
+                if data.len() as u64 > *left {
+                    return Poll::Ready(Err(SendError::Body(
+                        "the request body is longer than its Content-Length".into(),
+                    )));
+                }
+                *left -= data.len() as u64;
+            }
+            if !self.chunked {
                 return Poll::Ready(Ok(Some(data)));
             }
             let mut chunk = Vec::with_capacity(data.len() + 20);
@@ -201,8 +237,9 @@ impl BodySender {
             if self.done {
                 return Pin::new(&mut *io).poll_flush(cx).map_err(SendError::Io);
             }
-            if let Some(next) = ready!(self.poll_next(cx))? {
-                self.pending = next;
+            match ready!(self.poll_next(cx))? {
+                Some(next) => self.pending = next,
+                None => self.done = true,
             }
         }
     }
@@ -212,10 +249,11 @@ impl BodySender {
 enum HeadError {
     /// The connection closed (or broke) before a byte of answer.
     Closed(std::io::Error),
-    /// It broke or sent something that is not a response head.
+    /// It broke within the head, or sent something that is not a
+    /// response head.
     Failed(BoxError),
     /// The client's body failed.
-    Body,
+    Body(BoxError),
 }
 
 /// Read into `conn.buf`: the bytes read (0 at the end of the stream).
@@ -266,56 +304,84 @@ fn poll_head(
     }
 }
 
-/// Send `req` to the endpoint of `key` on an idle connection or a new one
-/// (TLS as `tls` says).
-pub(super) async fn send(
+/// Send `req` (origin-form URI) to `endpoint` on an idle connection of
+/// the pool or a new one (TLS as `tls` says). Boxed: the exchange is
+/// large, and the future of every request holds this one.
+pub(super) fn send(
     pool: &Arc<Pool>,
-    key: Key,
+    endpoint: SocketAddr,
     tls: Option<&Arc<BackendTls>>,
-    req: UpstreamRequest,
-) -> Result<ProxyResponse, ProxyError> {
-    let UpstreamRequest { head, body } = req;
-    let framing = body.framing();
-    let head_request = head.method == Method::HEAD;
-    let mut out = Vec::with_capacity(512);
-    encode_head(&mut out, &head, framing, key.endpoint);
-    let mut sender = match framing {
-        BodyFraming::Empty => None,
-        _ => {
-            let mut s = BodySender {
-                body,
-                encode: framing == BodyFraming::Unknown,
-                pending: Bytes::new(),
-                done: false,
-            };
-            // The head and the body's first bytes go out together.
-            if let Some(first) = poll_fn(|cx| s.poll_next(cx))
-                .await
-                .map_err(|_| ProxyError::BadRequest("malformed request body"))?
-            {
-                out.extend_from_slice(&first);
-            }
-            (!s.done).then_some(s)
-        }
+    req: Request<UpstreamBody>,
+) -> Pin<Box<dyn Future<Output = Result<Response<PooledBody>, UpstreamError>> + Send + 'static>> {
+    let key = Key {
+        endpoint,
+        tls: tls.map(|t| t.key.as_str().into()),
     };
+    Box::pin(exchange(pool.clone(), key, tls.cloned(), req))
+}
+
+async fn exchange(
+    pool: Arc<Pool>,
+    key: Key,
+    tls: Option<Arc<BackendTls>>,
+    req: Request<UpstreamBody>,
+) -> Result<Response<PooledBody>, UpstreamError> {
+    let (parts, body) = req.into_parts();
+    let framing = request_framing(&parts, &body);
+    let head_request = parts.method == Method::HEAD;
+    let idempotent = parts.method.is_idempotent();
+    let mut out = Vec::with_capacity(512);
+    encode_head(&mut out, &parts, framing, key.endpoint);
+    drop(parts);
+    let mut sender = match framing {
+        BodyFraming::Empty(_) => None,
+        BodyFraming::Length(n) => Some(BodySender {
+            body,
+            chunked: false,
+            left: Some(n),
+            pending: Bytes::new(),
+            done: false,
+        }),
+        BodyFraming::Chunked => Some(BodySender {
+            body,
+            chunked: true,
+            left: None,
+            pending: Bytes::new(),
+            done: false,
+        }),
+    };
+    // The head and the body's first bytes go out together when the body
+    // has them now (all of it, for most small bodies).
+    if let Some(s) = &mut sender {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        while let Poll::Ready(next) = s.poll_next(&mut cx) {
+            match next {
+                Ok(Some(bytes)) => out.extend_from_slice(&bytes),
+                Ok(None) => break,
+                Err(SendError::Body(e)) => return Err(UpstreamError::exchange(e)),
+                Err(SendError::Io(e)) => return Err(UpstreamError::exchange(e)),
+            }
+            if out.len() >= READ_CHUNK {
+                break;
+            }
+        }
+        if s.done {
+            sender = None;
+        }
+    }
     // Written whole in the first write: it can be written again.
-    let replayable = sender.is_none();
-    let upgrade = head.upgrade;
-    drop(head);
+    let whole = sender.is_none();
     loop {
         let mut conn = match pool.checkout(&key) {
             Some(conn) => conn,
-            // Boxed: the rarer path, kept out of every request's future.
-            None => Box::pin(Pool::connect(&key, tls.map(|t| &**t)))
-                .await
-                .map_err(ProxyError::Unreachable)?,
+            None => Pool::connect(&key, tls.as_deref()).await?,
         };
-        let stale = conn.reused && replayable;
+        let again = conn.reused && whole;
         if let Err(e) = write_all(&mut conn.io, &out).await {
-            if stale {
+            if again && (idempotent || e.kind() == std::io::ErrorKind::BrokenPipe) {
                 continue;
             }
-            return Err(ProxyError::Unreachable(UpstreamError::exchange(e)));
+            return Err(UpstreamError::exchange(e));
         }
         let mut got_bytes = false;
         let mut write_failed = false;
@@ -323,7 +389,9 @@ pub(super) async fn send(
             if let Some(s) = &mut sender {
                 match s.poll_send(&mut conn.io, cx) {
                     Poll::Ready(Ok(())) => sender = None,
-                    Poll::Ready(Err(SendError::Body)) => return Poll::Ready(Err(HeadError::Body)),
+                    Poll::Ready(Err(SendError::Body(e))) => {
+                        return Poll::Ready(Err(HeadError::Body(e)));
+                    }
                     // The endpoint may have answered already (and stopped
                     // reading): read on.
                     Poll::Ready(Err(SendError::Io(e))) => {
@@ -339,29 +407,13 @@ pub(super) async fn send(
         .await;
         let head = match head {
             Ok(head) => head,
-            Err(HeadError::Closed(_)) if stale => continue,
-            Err(HeadError::Closed(e)) => {
-                return Err(ProxyError::Unreachable(UpstreamError::exchange(e)));
+            Err(HeadError::Closed(_)) if again && idempotent => continue,
+            Err(HeadError::Closed(e)) => return Err(UpstreamError::exchange(e)),
+            Err(HeadError::Failed(e)) | Err(HeadError::Body(e)) => {
+                return Err(UpstreamError::exchange(e));
             }
-            Err(HeadError::Failed(e)) => {
-                return Err(ProxyError::Unreachable(UpstreamError::exchange(e)));
-            }
-            Err(HeadError::Body) => return Err(ProxyError::BadRequest("malformed request body")),
         };
-        if head.status == StatusCode::SWITCHING_PROTOCOLS && !upgrade {
-            // Nothing after it could be read as HTTP.
-            return Err(ProxyError::Unreachable(UpstreamError::exchange(
-                "a 101 to a request that did not ask to upgrade",
-            )));
-        }
-        return Ok(response(
-            pool.clone(),
-            conn,
-            head,
-            sender,
-            write_failed,
-            upgrade,
-        ));
+        return response(pool, conn, head, sender, write_failed);
     }
 }
 
@@ -377,22 +429,41 @@ fn response(
     head: h1::ResponseHead,
     sender: Option<BodySender>,
     write_failed: bool,
-    upgrade: bool,
-) -> ProxyResponse {
-    let bytes = conn.buf.split_to(head.len).freeze();
+) -> Result<Response<PooledBody>, UpstreamError> {
     let status = head.status;
-    let headers = Fields::Raw(RawFields::new(bytes, head.fields));
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        // Upgrades go through hyper's client: nothing after a 101 here
+        // could be read as HTTP.
+        return Err(UpstreamError::exchange(BadResponse(
+            "a 101 to a request that did not ask to upgrade",
+        )));
+    }
     let state = match head.framing {
-        _ if status == StatusCode::SWITCHING_PROTOCOLS && upgrade => State::Upgraded,
         ResponseFraming::None => State::Done,
         ResponseFraming::Length(n) => State::Length(n),
-        ResponseFraming::Chunked => State::Chunked(ChunkedWalker::default()),
+        ResponseFraming::Chunked => {
+            // A malformed chunk already here is refused with the head
+            // (502) rather than after it.
+            let rest = &conn.buf[head.len..];
+            if !rest.is_empty() && ChunkedWalker::default().walk(rest).is_err() {
+                return Err(UpstreamError::exchange(BadResponse(
+                    "malformed chunked body",
+                )));
+            }
+            State::Chunked(ChunkedWalker::default())
+        }
         ResponseFraming::UntilClose => State::UntilClose,
     };
-    let reusable = head.keep_alive
-        && !write_failed
-        && status != StatusCode::SWITCHING_PROTOCOLS
-        && state != State::UntilClose;
+    let bytes = conn.buf.split_to(head.len).freeze();
+    let mut headers = HeaderMap::with_capacity(head.fields.len() + 4);
+    for (name, value) in &head.fields {
+        let name = HeaderName::from_bytes(&bytes[name.clone()])
+            .map_err(|_| UpstreamError::exchange(BadResponse("malformed field name")))?;
+        let value = HeaderValue::from_maybe_shared(bytes.slice(value.clone()))
+            .map_err(|_| UpstreamError::exchange(BadResponse("malformed field value")))?;
+        headers.append(name, value);
+    }
+    let reusable = head.keep_alive && !write_failed;
     let mut body = PooledBody {
         conn: Some(conn),
         pool,
@@ -401,31 +472,34 @@ fn response(
         raw: false,
         reusable,
     };
-    if body.state == State::Done {
+    if matches!(body.state, State::Done) {
         body.finish();
     }
-    ProxyResponse {
-        status,
-        headers,
-        body: ResponseBody::Pooled(body),
-    }
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    *resp.version_mut() = if head.minor == 0 {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    *resp.headers_mut() = headers;
+    Ok(resp)
 }
 
 /// Where a response body is.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 enum State {
     /// This many bytes left.
     Length(u64),
     Chunked(ChunkedWalker),
     /// Until the endpoint closes the connection.
     UntilClose,
-    /// A 101: the connection is to be handed over.
-    Upgraded,
     Done,
 }
 
 /// A response body read from a pooled connection; once it has ended the
-/// connection goes back to the pool. Dropped before its end, it closes
+/// connection goes back to the pool (when the response allowed keep-alive
+/// and the request was sent whole). Dropped before its end, it closes
 /// the connection.
 pub struct PooledBody {
     conn: Option<Box<Conn>>,
@@ -448,26 +522,12 @@ impl std::fmt::Debug for PooledBody {
 }
 
 impl PooledBody {
-    /// Whether the body is chunked (and not read yet).
-    pub fn is_chunked(&self) -> bool {
-        matches!(self.state, State::Chunked(_))
-    }
-
-    /// A chunked body: pass its chunks on as they are (framing and all),
-    /// for a client that reads chunked too.
-    pub fn pass_chunks_through(&mut self) {
-        self.raw = self.is_chunked();
-    }
-
-    /// After a 101: the connection and the bytes read past the head.
-    pub(crate) fn take_upgraded(&mut self) -> Option<(Io, Bytes)> {
-        if self.state != State::Upgraded {
-            return None;
-        }
-        self.state = State::Done;
-        let mut conn = self.conn.take()?;
-        let read_ahead = conn.buf.split().freeze();
-        Some((conn.io, read_ahead))
+    /// A chunked body not read yet: pass its chunks on as they are
+    /// (framing, extensions and trailers included), for a client that
+    /// reads chunked too. Returns whether it does.
+    pub fn pass_chunks_through(&mut self) -> bool {
+        self.raw = matches!(&self.state, State::Chunked(w) if *w == ChunkedWalker::default());
+        self.raw
     }
 
     /// The body ended: give the connection back if it can carry another
@@ -496,69 +556,54 @@ impl PooledBody {
         }
     }
 
+    fn fail(&mut self, e: BoxError) -> Poll<Option<Result<Bytes, BoxError>>> {
+        self.conn = None;
+        self.state = State::Done;
+        Poll::Ready(Some(Err(e)))
+    }
+
     fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BoxError>>> {
         loop {
+            if matches!(self.state, State::Done) {
+                return Poll::Ready(None);
+            }
             let Some(conn) = self.conn.as_mut() else {
                 return Poll::Ready(None);
             };
-            if matches!(self.state, State::Done | State::Upgraded) {
-                return Poll::Ready(None);
-            }
             if conn.buf.is_empty() {
                 match ready!(poll_fill(conn, cx)) {
-                    Ok(0) if self.state == State::UntilClose => {
+                    Ok(0) if matches!(self.state, State::UntilClose) => {
                         self.reusable = false;
                         self.finish();
                         return Poll::Ready(None);
                     }
                     Ok(0) => {
-                        self.conn = None;
-                        return Poll::Ready(Some(Err(
+                        return self.fail(
                             "the endpoint closed the connection within the response body".into(),
-                        )));
+                        );
                     }
                     Ok(_) => continue,
-                    Err(e) => {
-                        self.conn = None;
-                        return Poll::Ready(Some(Err(Box::new(e))));
-                    }
+                    Err(e) => return self.fail(Box::new(e)),
                 }
             }
-            let data = match &mut self.state {
+            let (data, ended) = match &mut self.state {
                 State::Length(left) => {
                     let n = usize::try_from(*left)
                         .unwrap_or(usize::MAX)
                         .min(conn.buf.len());
                     *left -= n as u64;
-                    let data = conn.buf.split_to(n).freeze();
-                    if *left == 0 {
-                        self.finish();
-                    }
-                    data
+                    (conn.buf.split_to(n).freeze(), *left == 0)
                 }
-                State::UntilClose => conn.buf.split().freeze(),
-                State::Chunked(walker) if self.raw => {
-                    let n = match walker.walk(&conn.buf) {
-                        Ok(n) => n,
-                        Err(e) => {
-                            self.conn = None;
-                            return Poll::Ready(Some(Err(Box::new(e))));
-                        }
-                    };
-                    let data = conn.buf.split_to(n).freeze();
-                    if walker.is_done() {
-                        self.finish();
-                    }
-                    data
-                }
+                State::UntilClose => (conn.buf.split().freeze(), false),
+                State::Chunked(walker) if self.raw => match walker.walk(&conn.buf) {
+                    Ok(n) => (conn.buf.split_to(n).freeze(), walker.is_done()),
+                    Err(e) => return self.fail(Box::new(e)),
+                },
                 State::Chunked(walker) => {
                     let mut ranges = Vec::new();
                     let n = match walker.walk_with(&conn.buf, |r| ranges.push(r)) {
                         Ok(n) => n,
-                        Err(e) => {
-                            self.conn = None;
-                            return Poll::Ready(Some(Err(Box::new(e))));
-                        }
+                        Err(e) => return self.fail(Box::new(e)),
                     };
                     let walked = conn.buf.split_to(n).freeze();
                     let data = match ranges.as_slice() {
@@ -573,13 +618,13 @@ impl PooledBody {
                             data.freeze()
                         }
                     };
-                    if walker.is_done() {
-                        self.finish();
-                    }
-                    data
+                    (data, walker.is_done())
                 }
-                State::Done | State::Upgraded => unreachable!("returned above"),
+                State::Done => unreachable!("returned above"),
             };
+            if ended {
+                self.finish();
+            }
             if !data.is_empty() {
                 return Poll::Ready(Some(Ok(data)));
             }
@@ -601,7 +646,7 @@ impl Body for PooledBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self.state, State::Done | State::Length(0))
+        matches!(self.state, State::Done)
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -611,13 +656,6 @@ impl Body for PooledBody {
             _ => SizeHint::default(),
         }
     }
-}
-
-/// The fields a response head written by the proxy leaves out: the
-/// framing, which it writes from the body.
-pub(super) fn is_framing_field(name: &[u8]) -> bool {
-    name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str().as_bytes())
-        || name.eq_ignore_ascii_case(TRANSFER_ENCODING.as_str().as_bytes())
 }
 
 #[cfg(test)]
@@ -635,5 +673,65 @@ mod tests {
             push_hex(&mut out, n);
             assert_eq!(out, format!("{n:x}").as_bytes());
         }
+    }
+
+    fn parts(method: Method, headers: &[(&str, &str)]) -> http::request::Parts {
+        let mut req = Request::builder().method(method).uri("/a?b");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.body(()).expect("request").into_parts().0
+    }
+
+    #[test]
+    fn the_head_names_host_first_and_the_framing_last() {
+        let p = parts(
+            Method::POST,
+            &[
+                ("x-a", "1"),
+                ("host", "example.com"),
+                ("content-length", "5"),
+            ],
+        );
+        let mut out = Vec::new();
+        encode_head(
+            &mut out,
+            &p,
+            BodyFraming::Length(5),
+            "10.0.0.1:80".parse().expect("addr"),
+        );
+        assert_eq!(
+            String::from_utf8(out).expect("ascii"),
+            "POST /a?b HTTP/1.1\r\nhost: example.com\r\nx-a: 1\r\ncontent-length: 5\r\n\r\n"
+        );
+        let p = parts(Method::GET, &[]);
+        let mut out = Vec::new();
+        encode_head(
+            &mut out,
+            &p,
+            BodyFraming::Chunked,
+            "10.0.0.1:80".parse().expect("addr"),
+        );
+        assert_eq!(
+            String::from_utf8(out).expect("ascii"),
+            "GET /a?b HTTP/1.1\r\nhost: 10.0.0.1:80\r\ntransfer-encoding: chunked\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn an_empty_body_says_its_length_where_a_backend_wants_it() {
+        let empty = UpstreamBody::Empty;
+        assert_eq!(
+            request_framing(&parts(Method::GET, &[]), &empty),
+            BodyFraming::Empty(false)
+        );
+        assert_eq!(
+            request_framing(&parts(Method::POST, &[]), &empty),
+            BodyFraming::Empty(true)
+        );
+        assert_eq!(
+            request_framing(&parts(Method::GET, &[("content-length", "0")]), &empty),
+            BodyFraming::Empty(true)
+        );
     }
 }

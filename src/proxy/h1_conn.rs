@@ -1,15 +1,12 @@
 //! The lean HTTP/1.1 path's client connections (issue 13): one loop per
 //! connection, cleartext or TLS, instead of hyper's HTTP/1 server.
 //!
-//! Each request head is parsed in place ([`h1::parse_request`]) and handed
-//! to the same codec-independent [`handler`] as HTTP/2 requests as the
-//! bytes it arrived in ([`RawFields`]: no header map is built). The
+//! Each request head is parsed in place ([`h1::parse_request`]), served by
+//! the same codec-independent [`handler`] as HTTP/2 requests, and the
 //! response is written here: head and the body's first bytes in one write
-//! when both are ready, the body by its own framing (a chunked body from a
-//! backend as the chunks it sent). A request body is read by the loop as
-//! the handler's upstream exchange takes it (a small channel of frames; a
-//! chunked body's chunks as received), also while the response streams
-//! back.
+//! when both are ready, the body by its own framing. A request body is read
+//! by the loop as the handler's upstream exchange takes it (a small channel
+//! of frames), also while the response streams back.
 //!
 //! While a connection idles it gives its memory back, as nginx does: the
 //! read and write buffers are freed once no byte has come for
@@ -24,25 +21,24 @@
 //! [`super::upgrade`] after the 101.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
-use http::header::{CONNECTION, CONTENT_LENGTH, HOST, HeaderValue};
-use http::{Method, StatusCode, Version};
+use http::header::{CONNECTION, CONTENT_LENGTH, HOST, HeaderName, HeaderValue, TRANSFER_ENCODING};
+use http::{HeaderMap, Method, Request, StatusCode, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::body::{BoxError, LeanBody, RequestBody, ResponseBody};
+use super::body::{BodyTimedOut, BoxError, LeanBody, RequestBody, ResponseBody};
 use super::error::ProxyError;
 use super::h1::{self, ChunkedWalker, Framing, HeadLimits, RequestHead};
-use super::h1_client::{is_framing_field, push_decimal};
-use super::head::{Fields, ProxyRequest, ProxyResponse, RawFields, field_line};
-use super::upgrade::{ClientUpgrade, Upgraded};
+use super::upgrade::{LeanUpgrade, Upgraded};
 use super::{Shared, TlsConnection, handler};
 
 /// Free space kept in the read buffer while a request body is read.
@@ -59,14 +55,16 @@ const WRITE_BATCH: usize = 64 * 1024;
 
 /// Serve the HTTP/1.1 requests of one client connection until it closes,
 /// idles past its timeout, or the proxy drains. `_permits` hold its places
-/// under the connection limits.
+/// under the connection limits; the first request head is due by
+/// `first_head_by`.
 pub(super) async fn serve<S>(
     shared: Arc<Shared>,
     mut io: S,
     tls: Option<TlsConnection>,
     client: SocketAddr,
     bind: SocketAddr,
-    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    _permits: super::Permits,
+    first_head_by: Instant,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -78,9 +76,10 @@ pub(super) async fn serve<S>(
         out: Vec::new(),
         released: false,
     };
+    let mut head_by = Some(first_head_by);
     loop {
         let head = match conn
-            .read_head(&shared, &mut io, &limits, &mut draining)
+            .read_head(&shared, &mut io, &limits, &mut draining, head_by.take())
             .await
         {
             Ok(Some(head)) => head,
@@ -154,20 +153,24 @@ impl Exchange<'_> {
         let keep_alive = head.keep_alive;
         let minor = head.minor;
         let is_head = head.method == Method::HEAD;
-        let (body, mut pump) = Pump::for_framing(head.framing);
+        let (body, mut pump) =
+            Pump::for_framing(head.framing, self.shared.limits.request_body_timeout);
         let expect_continue = head.expect_continue && pump.is_some() && conn.buf.is_empty();
         let upgrade = head.upgrade;
-        let mut req = match build_request(head, head_bytes, body) {
+        let mut req = match build_request(head, &head_bytes, body) {
             Ok(req) => req,
             Err(refused) => {
                 let _ = conn.write_error(io, refused).await;
                 return Next::Gone;
             }
         };
-        req.tls = self.tls.clone();
+        if let Some(tls) = self.tls {
+            req.extensions_mut().insert(tls.clone());
+        }
         let handover = upgrade.then(|| {
             let (tx, rx) = oneshot::channel();
-            req.upgrade = Some(ClientUpgrade(rx));
+            req.extensions_mut()
+                .insert(LeanUpgrade(Arc::new(Mutex::new(Some(rx)))));
             tx
         });
         if expect_continue
@@ -189,22 +192,33 @@ impl Exchange<'_> {
                         () = p.step(io, &mut conn.buf) => {}
                     }
                 }
-                _ => break (&mut handling).await,
+                // No body to read: watch the connection, so that a client
+                // that goes away ends its request (and gives its place
+                // under the backend's cap back) as hyper does.
+                _ => {
+                    let limit = self.shared.limits.max_request_header_bytes;
+                    tokio::select! {
+                        resp = &mut handling => break resp,
+                        () = closed_by_client(io, &mut conn.buf, limit) => return Next::Gone,
+                    }
+                }
             }
         };
 
-        let ProxyResponse {
-            status,
-            headers,
-            mut body,
-        } = resp;
+        let status = resp.status();
         let close = !keep_alive
             || *self.draining.borrow()
-            || headers
-                .get(&CONNECTION)
-                .is_some_and(|v| v.eq_ignore_ascii_case(b"close"));
-        let framing = encode_head(&mut conn.out, status, &headers, &mut body, is_head, minor, close);
-        drop(headers);
+            || resp.headers().get(CONNECTION).is_some_and(|v| v == "close");
+        let (parts, mut body) = resp.into_parts();
+        let mut framing = encode_head(&mut conn.out, &parts, &body, is_head, minor, close);
+        drop(parts);
+        // A backend's chunked body goes on as the backend chunked it.
+        if framing == OutFraming::Chunked
+            && let ResponseBody::Pooled(b) = &mut body
+            && b.pass_chunks_through()
+        {
+            framing = OutFraming::ChunkedAsIs;
+        }
         if conn.write_body(io, body, framing, &mut pump).await.is_err() {
             return Next::Gone;
         }
@@ -219,6 +233,19 @@ impl Exchange<'_> {
         }
         Next::Request
     }
+}
+
+/// Wait until the client closes its connection (or it fails), keeping
+/// what it sends meanwhile (a pipelined request) in `buf`; once `buf`
+/// holds `limit` bytes, wait no more.
+async fn closed_by_client<S: AsyncRead + Unpin>(io: &mut S, buf: &mut BytesMut, limit: usize) {
+    while buf.len() < limit {
+        match io.read_buf(buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+    std::future::pending().await
 }
 
 /// A connection's buffers.
@@ -236,19 +263,30 @@ impl Conn {
     /// Wait for and parse the next request head. `Ok(None)`: the connection
     /// is to close without an answer (closed by the client, timed out,
     /// draining while idle).
+    ///
+    /// The head is due by `head_by` (the connection's first), or, on a
+    /// keep-alive connection, within the request-head timeout of its first
+    /// byte, which may take the keep-alive timeout to come.
     async fn read_head<S: AsyncRead + Unpin>(
         &mut self,
         shared: &Shared,
         io: &mut S,
         limits: &HeadLimits,
         draining: &mut watch::Receiver<bool>,
+        head_by: Option<Instant>,
     ) -> Result<Option<RequestHead>, ProxyError> {
-        let wait = shared
-            .limits
-            .request_header_timeout
-            .min(shared.limits.idle_timeout);
-        let deadline = Instant::now() + wait;
-        let mut release_at = Some(Instant::now() + RELEASE_AFTER).filter(|at| *at < deadline);
+        let l = &shared.limits;
+        let head_timeout = l.request_header_timeout.min(l.idle_timeout);
+        let now = Instant::now();
+        // Waiting for the first byte of the next request on a kept-alive
+        // connection (pipelined bytes start the head at once).
+        let mut between = head_by.is_none() && self.buf.is_empty();
+        let mut deadline = match head_by {
+            Some(by) => by,
+            None if between => now + l.keepalive_timeout.min(l.idle_timeout),
+            None => now + head_timeout,
+        };
+        let mut release_at = Some(now + RELEASE_AFTER).filter(|at| *at < deadline);
         loop {
             if !self.buf.is_empty() {
                 if let Some(head) = h1::parse_request(&self.buf, limits)? {
@@ -265,7 +303,13 @@ impl Conn {
             tokio::select! {
                 read = io.read_buf(&mut self.buf) => match read {
                     Ok(0) | Err(_) => return Ok(None),
-                    Ok(_) => self.released = false,
+                    Ok(_) => {
+                        self.released = false;
+                        if between {
+                            between = false;
+                            deadline = Instant::now() + head_timeout;
+                        }
+                    }
                 },
                 () = tokio::time::sleep_until(timer) => {
                     if release_at.take().is_none() {
@@ -289,12 +333,9 @@ impl Conn {
         io: &mut S,
         refused: ProxyError,
     ) -> Result<(), ()> {
-        let ProxyResponse {
-            status,
-            headers,
-            mut body,
-        } = refused.into_response().into();
-        let framing = encode_head(&mut self.out, status, &headers, &mut body, false, 1, true);
+        let resp = refused.into_response();
+        let (parts, body) = resp.into_parts();
+        let framing = encode_head(&mut self.out, &parts, &body, false, 1, true);
         let mut none = None;
         self.write_body(io, body, framing, &mut none).await?;
         io.shutdown().await.map_err(drop)
@@ -349,7 +390,6 @@ impl Conn {
                     if data.is_empty() {
                         continue;
                     }
-                    // (Chunks passed through carry their own framing.)
                     if framing == OutFraming::Chunked {
                         self.out
                             .extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
@@ -389,34 +429,40 @@ async fn write_now<S: AsyncWrite + Unpin>(io: &mut S, bytes: &[u8]) -> std::io::
     io.flush().await
 }
 
-/// The request as the handler takes it: its fields are the head's bytes,
-/// as received (the parser checked every name and value).
+/// The request as the handler takes it: the header map is built from the
+/// head's bytes, values shared with them (no copy).
 fn build_request(
     head: RequestHead,
-    bytes: Bytes,
+    bytes: &Bytes,
     body: LeanBody,
-) -> Result<ProxyRequest, ProxyError> {
-    let mut headers = Fields::Raw(RawFields::new(bytes, head.headers));
+) -> Result<Request<RequestBody>, ProxyError> {
+    // Room for the fields the handler adds (X-Forwarded-*, X-Real-IP, a
+    // filter's): growing the map is a reallocation per request.
+    let mut headers = HeaderMap::with_capacity(head.headers.len() + 8);
+    for (name, value) in &head.headers {
+        let name = HeaderName::from_bytes(&bytes[name.clone()])
+            .map_err(|_| ProxyError::BadRequest("malformed header name"))?;
+        let value = HeaderValue::from_maybe_shared(bytes.slice(value.clone()))
+            .map_err(|_| ProxyError::BadRequest("malformed header value"))?;
+        headers.append(name, value);
+    }
     // An absolute-form target names the host, whatever the Host field
     // says (RFC 9112 §3.2.2): the field is replaced by its authority.
     if let Some(authority) = head.uri.authority() {
         let value = HeaderValue::from_str(authority.as_str())
             .map_err(|_| ProxyError::BadRequest("malformed Host"))?;
-        headers.set(HOST, value);
+        headers.insert(HOST, value);
     }
-    Ok(ProxyRequest {
-        method: head.method,
-        uri: head.uri,
-        version: if head.minor == 0 {
-            Version::HTTP_10
-        } else {
-            Version::HTTP_11
-        },
-        headers,
-        body: RequestBody::Lean(body),
-        tls: None,
-        upgrade: None,
-    })
+    let mut req = Request::new(RequestBody::Lean(body));
+    *req.method_mut() = head.method;
+    *req.uri_mut() = head.uri;
+    *req.version_mut() = if head.minor == 0 {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    *req.headers_mut() = headers;
+    Ok(req)
 }
 
 /// How a response body goes out.
@@ -426,10 +472,11 @@ enum OutFraming {
     None,
     /// As many bytes as the Content-Length says.
     Length,
-    /// Chunked (the length is not known in advance): chunked here.
+    /// Chunked (the length is not known in advance).
     Chunked,
-    /// Chunked, the backend's chunks passed on as they are.
-    ChunksAsReceived,
+    /// Chunked by the backend: its chunks are written as they came
+    /// ([`PooledBody::pass_chunks_through`](super::h1_client::PooledBody::pass_chunks_through)).
+    ChunkedAsIs,
     /// Until the connection closes (an HTTP/1.0 client, length unknown).
     UntilClose,
 }
@@ -437,66 +484,65 @@ enum OutFraming {
 /// Write the response head into `out` and say how its body goes out.
 fn encode_head(
     out: &mut Vec<u8>,
-    status: StatusCode,
-    headers: &Fields,
-    body: &mut ResponseBody,
+    parts: &http::response::Parts,
+    body: &ResponseBody,
     head_request: bool,
     minor: u8,
     close: bool,
 ) -> OutFraming {
     out.clear();
     out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(status.as_str().as_bytes());
+    out.extend_from_slice(parts.status.as_str().as_bytes());
     out.push(b' ');
-    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(parts.status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
+    let mut has_length = false;
+    let mut has_connection = false;
+    for (name, value) in &parts.headers {
+        if name == TRANSFER_ENCODING {
+            continue;
+        }
+        has_length |= name == CONTENT_LENGTH;
+        has_connection |= name == CONNECTION;
+        header_line(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    let status = parts.status;
     let bodiless = head_request
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
-    let mut has_connection = false;
-    headers.for_each(|name, value| {
-        // A body-less answer keeps the length its body would have had;
-        // otherwise the framing is written from the body below.
-        if is_framing_field(name)
-            && !(bodiless && name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str().as_bytes()))
-        {
-            return;
-        }
-        has_connection |= name.eq_ignore_ascii_case(CONNECTION.as_str().as_bytes());
-        field_line(out, name, value);
-    });
     let framing = if bodiless {
         OutFraming::None
+    } else if has_length {
+        OutFraming::Length
     } else if body.is_end_stream() {
-        field_line(out, b"content-length", b"0");
+        header_line(out, b"content-length", b"0");
         OutFraming::None
     } else if let Some(n) = body.size_hint().exact() {
-        out.extend_from_slice(b"content-length: ");
-        push_decimal(out, n);
-        out.extend_from_slice(b"\r\n");
+        header_line(out, b"content-length", n.to_string().as_bytes());
         OutFraming::Length
     } else if minor == 1 {
-        field_line(out, b"transfer-encoding", b"chunked");
-        match body {
-            ResponseBody::Pooled(p) if p.is_chunked() => {
-                p.pass_chunks_through();
-                OutFraming::ChunksAsReceived
-            }
-            _ => OutFraming::Chunked,
-        }
+        header_line(out, b"transfer-encoding", b"chunked");
+        OutFraming::Chunked
     } else {
         OutFraming::UntilClose
     };
     if !has_connection {
         if close || framing == OutFraming::UntilClose {
-            field_line(out, b"connection", b"close");
+            header_line(out, b"connection", b"close");
         } else if minor == 0 {
-            field_line(out, b"connection", b"keep-alive");
+            header_line(out, b"connection", b"keep-alive");
         }
     }
     out.extend_from_slice(b"\r\n");
     framing
+}
+
+fn header_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Reads a request body from the connection into the handler's
@@ -505,6 +551,10 @@ struct Pump {
     tx: Option<mpsc::Sender<Result<Bytes, BoxError>>>,
     framing: PumpFraming,
     failed: bool,
+    /// How long the client may send nothing while the pump waits for it.
+    idle_limit: Duration,
+    /// Since when the pump has waited for the client's next bytes.
+    waiting_since: Option<Instant>,
 }
 
 enum PumpFraming {
@@ -515,7 +565,7 @@ enum PumpFraming {
 
 impl Pump {
     /// The handler's body and, for a request that has one, its pump.
-    fn for_framing(framing: Framing) -> (LeanBody, Option<Pump>) {
+    fn for_framing(framing: Framing, idle_limit: Duration) -> (LeanBody, Option<Pump>) {
         let (framing, length) = match framing {
             Framing::None => return (LeanBody::empty(), None),
             Framing::Length(n) => (PumpFraming::Length(n), Some(n)),
@@ -526,6 +576,8 @@ impl Pump {
             tx: Some(tx),
             framing,
             failed: false,
+            idle_limit,
+            waiting_since: None,
         };
         (LeanBody::new(rx, length), Some(pump))
     }
@@ -561,9 +613,15 @@ impl Pump {
             if buf.capacity() < 1024 {
                 buf.reserve(READ_CHUNK);
             }
-            match io.read_buf(buf).await {
-                Ok(0) | Err(_) => self.fail("the client closed its connection in the body".into()),
-                Ok(_) => {}
+            // The wait for the client survives this future being dropped
+            // and made again (it is raced against the handler).
+            let since = *self.waiting_since.get_or_insert_with(Instant::now);
+            match tokio::time::timeout_at(since + self.idle_limit, io.read_buf(buf)).await {
+                Err(_) => self.fail(Box::new(BodyTimedOut)),
+                Ok(Ok(0) | Err(_)) => {
+                    self.fail("the client closed its connection in the body".into())
+                }
+                Ok(Ok(_)) => self.waiting_since = None,
             }
             return;
         }
@@ -582,21 +640,34 @@ impl Pump {
                     self.tx = None;
                 }
             }
-            // Chunks go on as received: the walker only finds where the
-            // body ends (and refuses malformed chunking).
-            PumpFraming::Chunked(walker) => match walker.walk(buf) {
-                Err(e) => {
-                    permit.send(Err(Box::new(e)));
-                    self.tx = None;
-                    self.failed = true;
-                }
-                Ok(n) => {
-                    permit.send(Ok(buf.split_to(n).freeze()));
-                    if walker.is_done() {
+            PumpFraming::Chunked(walker) => {
+                let mut ranges: Vec<Range<usize>> = Vec::new();
+                match walker.walk_with(buf, |r| ranges.push(r)) {
+                    Err(e) => {
+                        permit.send(Err(Box::new(e)));
                         self.tx = None;
+                        self.failed = true;
+                    }
+                    Ok(n) => {
+                        let walked = buf.split_to(n).freeze();
+                        match ranges.as_slice() {
+                            [] => drop(permit),
+                            [one] => permit.send(Ok(walked.slice(one.clone()))),
+                            many => {
+                                let mut data =
+                                    BytesMut::with_capacity(many.iter().map(|r| r.len()).sum());
+                                for r in many {
+                                    data.extend_from_slice(&walked[r.clone()]);
+                                }
+                                permit.send(Ok(data.freeze()));
+                            }
+                        }
+                        if walker.is_done() {
+                            self.tx = None;
+                        }
                     }
                 }
-            },
+            }
         }
     }
 }
@@ -605,25 +676,18 @@ impl Pump {
 mod tests {
     use super::*;
 
-    fn head_of(status: u16, headers: &[(&str, &str)], mut body: ResponseBody, minor: u8) -> String {
-        let mut map = http::HeaderMap::new();
+    fn head_of(status: u16, headers: &[(&str, &str)], body: ResponseBody, minor: u8) -> String {
+        let mut resp = http::Response::new(());
+        *resp.status_mut() = StatusCode::from_u16(status).unwrap();
         for (k, v) in headers {
-            map.append(
-                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            resp.headers_mut().append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
                 HeaderValue::from_str(v).unwrap(),
             );
         }
-        let status = StatusCode::from_u16(status).unwrap();
+        let (parts, ()) = resp.into_parts();
         let mut out = Vec::new();
-        let framing = encode_head(
-            &mut out,
-            status,
-            &Fields::Map(map),
-            &mut body,
-            false,
-            minor,
-            false,
-        );
+        let framing = encode_head(&mut out, &parts, &body, false, minor, false);
         format!("{framing:?} {}", String::from_utf8(out).unwrap())
     }
 

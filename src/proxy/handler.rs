@@ -1,32 +1,33 @@
 //! One request, start to finish, against the route table current when it
 //! arrived: lookup, rule filters, mirrors, weighted backend, endpoint,
-//! forward, response filters, metrics. The same for every codec: the
-//! request is a [`ProxyRequest`] (an HTTP/1.1 head as received, or
-//! hyper's HTTP/2 head), the answer a [`ProxyResponse`].
+//! forward, response filters, metrics.
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use http::header::{HOST, LOCATION};
-use http::uri::PathAndQuery;
-use http::{HeaderName, HeaderValue, Method, Request, Uri, Version};
+use http::request::Parts;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
 
 use super::Shared;
-use super::body::{ClientBody, ResponseBody, Tee, UpstreamBody};
+use super::body::{BodyTimedOut, ClientBody, RequestBody, ResponseBody, Tee, UpstreamBody};
 use super::error::ProxyError;
-use super::filters::{add_forwarded, modify_headers, modify_path, redirect_location};
-use super::h1_client::{UpstreamHead, UpstreamRequest};
-use super::head::{Fields, ProxyRequest, ProxyResponse, strip_hop_by_hop};
+use super::filters::{
+    add_forwarded, modify_headers, modify_path, redirect_location, strip_hop_by_hop,
+};
+use super::replay::Replay;
+use super::retry::{Endpoints, Trying};
+use super::session::Sticky;
 use super::upgrade::UpgradeRequest;
-use super::upstream::{Upstream, origin_target};
-use super::{cors, retry, tls};
-use crate::metrics::RequestKey;
+use super::upstream::{ClientUpstream, Upstream, origin_uri};
+use super::{cors, grpc, h1, retry, tls};
+use crate::metrics::{Rejection, RequestKey};
 use crate::route::{
-    AppProtocol, Backend, BackendChoice, BackendTarget, EndpointSet, Filter, Lookup, Mirror,
-    PathMatch, RouteTable, Rule, normalize_host,
+    Backend, BackendChoice, BackendTarget, EndpointSet, Failure, Filter, Lookup, Mirror, PathMatch,
+    RouteTable, Rule, normalize_host,
 };
 
 /// How long a mirrored request may take before it is abandoned.
@@ -58,34 +59,53 @@ impl Peer {
 struct Outcome<'t> {
     rule: Option<&'t Rule>,
     backend: Option<&'t Backend>,
+    /// The endpoint a try is waiting for: the request's own timeout
+    /// cutting it counts against that endpoint.
+    trying: Trying<'t>,
 }
 
 /// Serve one request that arrived on the socket bound at `bind` from
 /// `client`. Never fails: every error becomes its response.
 pub(super) async fn handle(
     shared: &Shared,
-    req: ProxyRequest,
+    req: Request<RequestBody>,
     client: &Peer,
     bind: SocketAddr,
-) -> ProxyResponse {
+) -> Response<ResponseBody> {
     let start = Instant::now();
     // One atomic load: the request finishes on this table whatever reloads.
     let table = shared.table.load_full();
     let mut outcome = Outcome::default();
-    let resp = match route(shared, &table, req, client, bind, &mut outcome).await {
-        Ok(resp) => resp,
+    let (req, grpc) = is_grpc(req);
+    let (resp, code) = match route(shared, &table, req, client, bind, &mut outcome).await {
+        Ok(resp) => {
+            let code = resp.status().as_u16();
+            (resp, code)
+        }
         Err(err) => {
             tracing::debug!(error = %err, source = ?err.source_of_failure(), "request failed");
-            err.into_response().into()
+            if let Some(reason) = err.refusal_reason() {
+                shared.metrics.record_refusal(reason);
+            }
+            // A gRPC call gets a gRPC answer; metrics count the HTTP
+            // status the error stands for.
+            let code = err.status().as_u16();
+            let resp = if grpc {
+                grpc::error_response(&err)
+            } else {
+                err.into_response()
+            };
+            (resp, code)
         }
     };
     // Labels borrowed from the table: no allocation per request.
     let key = RequestKey {
+        kind: outcome.rule.map_or("", |r| r.id.kind.metrics_prefix()),
         namespace: outcome.rule.map_or("", |r| r.id.namespace.as_str()),
         route: outcome.rule.map_or("", |r| r.id.route.as_str()),
         rule: outcome.rule.map(|r| r.id.index),
         backend: outcome.backend.map_or("", |b| b.service.as_str()),
-        code: resp.status.as_u16(),
+        code,
     };
     shared.metrics.record(&key, start.elapsed());
     resp
@@ -94,29 +114,32 @@ pub(super) async fn handle(
 async fn route<'t>(
     shared: &Shared,
     table: &'t RouteTable,
-    req: ProxyRequest,
+    req: Request<RequestBody>,
     client: &Peer,
     bind: SocketAddr,
     outcome: &mut Outcome<'t>,
-) -> Result<ProxyResponse, ProxyError> {
-    let host = request_host(&req.headers, &req.uri);
-    if tls::misdirected(table, bind, req.tls.as_ref(), &host) {
+) -> Result<Response<ResponseBody>, ProxyError> {
+    check_request_head(&req)?;
+    let host = request_host(&req);
+    if tls::misdirected(table, bind, &req, &host) {
         return Err(ProxyError::Misdirected);
     }
+    let uri = req.uri();
     let found = table.lookup(
         bind,
         &host,
-        &req.method,
-        req.uri.path(),
-        req.uri.query(),
-        &req.headers,
+        req.method(),
+        uri.path(),
+        uri.query(),
+        req.headers(),
     );
     let Lookup::Matched(found) = found else {
         return Err(ProxyError::NoRoute);
     };
     let rule: &'t Rule = found.rule;
     outcome.rule = Some(rule);
-    let matched_prefix = match &found.matched.path {
+    let matched_path = &found.matched.path;
+    let matched_prefix = match matched_path {
         PathMatch::Prefix(p) => Some(p.as_str()),
         _ => None,
     };
@@ -129,6 +152,7 @@ async fn route<'t>(
     let request = Forwarding {
         shared,
         rule,
+        matched_path,
         matched_prefix,
         host,
         client,
@@ -137,22 +161,27 @@ async fn route<'t>(
     // Without route timeouts, a request without a body waits at most the
     // proxy's default (Envoy's route timeout) for the backend's answer.
     let limit = match (rule.timeouts.request, rule.timeouts.backend_request) {
-        (None, None) if req.body.is_end_stream() => shared.limits.backend_timeout,
+        (None, None) if req.body().is_end_stream() => shared.limits.backend_timeout,
         (limit, _) => limit,
     };
     match limit {
-        Some(limit) => tokio::time::timeout(limit, request.run(req, outcome))
-            .await
-            .unwrap_or(Err(ProxyError::Timeout)),
+        Some(limit) => match tokio::time::timeout(limit, request.run(req, outcome)).await {
+            Ok(result) => result,
+            Err(_) => {
+                if let Some((health, index)) = outcome.trying.take() {
+                    shared.health.record(health, index, Some(Failure::Timeout));
+                }
+                Err(ProxyError::Timeout)
+            }
+        },
         None => request.run(req, outcome).await,
     }
 }
 
 /// Refuse request heads that a backend could read differently from us
-/// (request smuggling) or that name no single host: the checks the proxy
-/// made after hyper's HTTP/1 server parsed a head. The lean HTTP/1.1
-/// parser makes them itself; this is the reference of the differential
-/// fuzz target (`crate::fuzzing::h1_framing`).
+/// (request smuggling) or that name no single host. hyper already refuses
+/// malformed Content-Length values, differing duplicates, obs-fold, bare CR
+/// and NUL; these are the cases it accepts.
 pub(super) fn check_request_head<B>(req: &Request<B>) -> Result<(), ProxyError> {
     use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
     let headers = req.headers();
@@ -175,16 +204,32 @@ pub(super) fn check_request_head<B>(req: &Request<B>) -> Result<(), ProxyError> 
             0 | 1 => {}
             _ => return Err(ProxyError::BadRequest("more than one Host")),
         }
+    } else {
+        // HTTP/2: `:authority` and a Host field are `host[:port]` (RFC
+        // 3986), as the HTTP/1.1 parser checks Host and an absolute-form
+        // target; hyper takes `user@a` and a Host of any bytes.
+        if req
+            .uri()
+            .authority()
+            .is_some_and(|a| !h1::valid_host(a.as_str().as_bytes()))
+            || headers
+                .get_all(HOST)
+                .iter()
+                .any(|h| !h1::valid_host(h.as_bytes()))
+        {
+            return Err(ProxyError::BadRequest("malformed :authority or Host"));
+        }
     }
     Ok(())
 }
 
 /// The request's host as hostnames are matched: the Host header, or the
 /// URI authority (HTTP/2, absolute-form).
-fn request_host<'a>(headers: &'a Fields, uri: &'a Uri) -> Cow<'a, str> {
-    match headers.get(&HOST).and_then(|h| std::str::from_utf8(h).ok()) {
+fn request_host<B>(req: &Request<B>) -> Cow<'_, str> {
+    match req.headers().get(HOST).and_then(|h| h.to_str().ok()) {
         Some(h) => normalize_host(h),
-        None => uri
+        None => req
+            .uri()
             .authority()
             .map(|a| normalize_host(a.as_str()))
             .unwrap_or_default(),
@@ -205,19 +250,19 @@ fn has_redirect(rule: &Rule) -> bool {
 /// them; without an incoming `X-Forwarded-For` or trusted hops (the usual
 /// case) from the connection's ready-made value, with no formatting.
 fn set_forwarded_headers(
-    headers: &mut Fields,
+    headers: &mut HeaderMap,
     client: &Peer,
     scheme: &'static str,
     trust: &super::ForwardedTrust,
 ) {
-    if headers.contains(&X_FORWARDED_FOR) {
+    if headers.contains_key(&X_FORWARDED_FOR) {
         add_forwarded(headers, client.addr.ip(), scheme);
     } else {
-        headers.set(X_FORWARDED_FOR.clone(), client.ip.clone());
-        headers.set(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(scheme));
+        headers.insert(X_FORWARDED_FOR.clone(), client.ip.clone());
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(scheme));
     }
     if trust.trusted_hops == 0 && trust.trusted_cidrs.is_empty() {
-        headers.set(X_REAL_IP.clone(), client.ip.clone());
+        headers.insert(X_REAL_IP.clone(), client.ip.clone());
     } else {
         trust.set_real_ip(headers, client.addr.ip());
     }
@@ -227,6 +272,8 @@ fn set_forwarded_headers(
 struct Forwarding<'a, 't> {
     shared: &'a Shared,
     rule: &'t Rule,
+    /// The path condition that matched (a session cookie's `Path`).
+    matched_path: &'t PathMatch,
     matched_prefix: Option<&'t str>,
     /// Normalized request host (for redirects; empty when the rule has
     /// none).
@@ -238,35 +285,29 @@ struct Forwarding<'a, 't> {
 impl<'t> Forwarding<'_, 't> {
     async fn run(
         &self,
-        req: ProxyRequest,
+        req: Request<RequestBody>,
         outcome: &mut Outcome<'t>,
-    ) -> Result<ProxyResponse, ProxyError> {
-        let ProxyRequest {
-            method,
-            uri,
-            version,
-            mut headers,
-            body,
-            tls,
-            upgrade,
-        } = req;
-        let scheme = tls::scheme(tls.as_ref());
-        let upgrade = UpgradeRequest::take(version, &headers, upgrade);
-        if !headers.contains(&HOST)
-            && let Some(authority) = uri.authority()
+    ) -> Result<Response<ResponseBody>, ProxyError> {
+        let (mut parts, body) = req.into_parts();
+        let scheme = tls::scheme(&parts.extensions);
+        let upgrade = UpgradeRequest::take(&mut parts);
+        let chunked = parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+        let te_trailers = grpc::te_trailers(&parts.headers);
+        if !parts.headers.contains_key(HOST)
+            && let Some(authority) = parts.uri.authority()
             && let Ok(v) = HeaderValue::from_str(authority.as_str())
         {
-            headers.set(HOST, v);
+            parts.headers.insert(HOST, v);
         }
-        strip_hop_by_hop(&mut headers);
+        strip_hop_by_hop(&mut parts.headers);
         set_forwarded_headers(
-            &mut headers,
+            &mut parts.headers,
             self.client,
             scheme,
             &self.shared.limits.forwarded,
         );
         if let Some(u) = &upgrade {
-            u.restore_request_headers(&mut headers);
+            u.restore_request_headers(&mut parts.headers);
         }
 
         // Rule filters, in the order the route lists them.
@@ -275,17 +316,17 @@ impl<'t> Forwarding<'_, 't> {
         let mut cors_origin = None;
         for filter in &self.rule.filters {
             match filter {
-                Filter::RequestHeaderModifier(m) => modify_headers(&mut headers, m),
+                Filter::RequestHeaderModifier(m) => modify_headers(&mut parts.headers, m),
                 Filter::ResponseHeaderModifier(_) => {}
                 Filter::RequestRedirect(r) => {
-                    let current = path.as_deref().unwrap_or(uri.path());
+                    let current = path.as_deref().unwrap_or(parts.uri.path());
                     let location = redirect_location(
                         r,
                         scheme,
                         &self.host,
                         self.bind.port(),
                         current,
-                        uri.query(),
+                        parts.uri.query(),
                         self.matched_prefix,
                     );
                     let location = HeaderValue::from_str(&location).map_err(|_| {
@@ -293,53 +334,70 @@ impl<'t> Forwarding<'_, 't> {
                             what: "redirect Location",
                         }
                     })?;
-                    let mut resp = ProxyResponse::new(r.status, ResponseBody::empty());
-                    resp.headers.set(LOCATION, location);
+                    let mut resp = Response::new(ResponseBody::empty());
+                    *resp.status_mut() = r.status;
+                    resp.headers_mut().insert(LOCATION, location);
                     apply_response_filters(&self.rule.filters, &mut resp);
                     return Ok(resp);
                 }
                 Filter::UrlRewrite(u) => {
                     if let Some(h) = &u.hostname {
-                        set_host(&mut headers, h)?;
+                        set_host(&mut parts, h)?;
                     }
                     if let Some(m) = &u.path {
-                        let current = path.as_deref().unwrap_or(uri.path());
+                        let current = path.as_deref().unwrap_or(parts.uri.path());
                         path = Some(modify_path(current, m, self.matched_prefix));
                     }
                 }
                 Filter::RequestMirror(m) => mirrors.push(m),
-                Filter::Cors(c) if cors::is_preflight(&method, &headers) => {
-                    let mut resp = cors::preflight_response(c, &headers);
+                Filter::Cors(c) if cors::is_preflight(&parts.method, &parts.headers) => {
+                    let mut resp = cors::preflight_response(c, &parts.headers);
                     apply_response_filters(&self.rule.filters, &mut resp);
                     return Ok(resp);
                 }
                 Filter::Cors(c) => {
-                    cors_origin = cors::allowed_origin(c, &headers).map(|o| (c, o));
+                    cors_origin = cors::allowed_origin(c, &parts.headers).map(|o| (c, o));
                 }
             }
         }
 
-        let mut body = if body.is_end_stream() {
+        let (body, body_length, no_body) = measure(body);
+        let mut body = if no_body {
             UpstreamBody::Empty
         } else {
-            let mut body = ClientBody::new(body);
-            if body.is_chunked() {
+            let mut body = ClientBody::new(body, self.shared.limits.request_body_timeout);
+            if chunked {
                 // A chunked body is refused before any backend sees the
                 // request when its first chunk is malformed.
-                body.read_ahead()
-                    .await
-                    .map_err(|_| ProxyError::BadRequest("malformed chunked body"))?;
+                body.read_ahead().await.map_err(|e| {
+                    if e.is::<BodyTimedOut>() {
+                        ProxyError::BodyTimeout
+                    } else {
+                        ProxyError::BadRequest("malformed chunked body")
+                    }
+                })?;
             }
             UpstreamBody::Incoming(body)
         };
         if !mirrors.is_empty() {
-            body = self.spawn_mirrors(&mirrors, &method, &headers, &uri, path.as_deref(), body);
+            body = self.spawn_mirrors(&mirrors, &parts, path.as_deref(), body);
         }
 
-        let backend = match self.rule.backends.choose() {
-            BackendChoice::Backend(b) => b,
-            BackendChoice::AllWeightsZero => return Err(ProxyError::AllWeightsZero),
-            BackendChoice::NoBackends => return Err(ProxyError::NoBackends),
+        // A valid session wins (sessionPersistence), then a rollout's
+        // consistentBy key, then the exact weighted split of the served
+        // shares: `choose_for` does the last two (docs/sessions.md).
+        let sticky = self
+            .rule
+            .session
+            .as_ref()
+            .map(|policy| Sticky::read(policy, &parts.headers));
+        let (backend, pinned) = match sticky.as_ref().and_then(|s| s.pinned(&self.rule.backends)) {
+            Some((_, backend, endpoint)) => (backend, endpoint),
+            None => match self.rule.backends.choose_for(&parts.headers) {
+                BackendChoice::Backend(b) => (b, None),
+                BackendChoice::AllWeightsZero => return Err(ProxyError::AllWeightsZero),
+                BackendChoice::NoBackends => return Err(ProxyError::NoBackends),
+            },
         };
         outcome.backend = Some(backend);
         let endpoints = match &backend.target {
@@ -356,17 +414,31 @@ impl<'t> Forwarding<'_, 't> {
                 });
             }
         };
+        let health = self.shared.health.of(&backend.service, endpoints);
+        // Counted against the backend's cap until the response head is
+        // here: a stalled backend gets 503s at once instead of a pile-up.
+        let Some(_in_flight) = health
+            .backend
+            .begin(self.shared.limits.max_requests_per_backend)
+        else {
+            self.shared
+                .metrics
+                .record_rejected(&backend.service, Rejection::BackendOverloaded);
+            return Err(ProxyError::Overloaded {
+                backend: backend.id.clone(),
+            });
+        };
         // Backend filters come after the rule's. Redirects and mirrors
         // are rule-level only and are ignored here.
         for filter in &backend.filters {
             match filter {
-                Filter::RequestHeaderModifier(m) => modify_headers(&mut headers, m),
+                Filter::RequestHeaderModifier(m) => modify_headers(&mut parts.headers, m),
                 Filter::UrlRewrite(u) => {
                     if let Some(h) = &u.hostname {
-                        set_host(&mut headers, h)?;
+                        set_host(&mut parts, h)?;
                     }
                     if let Some(m) = &u.path {
-                        let current = path.as_deref().unwrap_or(uri.path());
+                        let current = path.as_deref().unwrap_or(parts.uri.path());
                         path = Some(modify_path(current, m, self.matched_prefix));
                     }
                 }
@@ -374,61 +446,122 @@ impl<'t> Forwarding<'_, 't> {
             }
         }
 
-        let endpoint = endpoints.pick();
-        let head = UpstreamHead {
-            method,
-            target: origin_target(path.as_deref(), &uri)?,
-            headers,
-            upgrade: upgrade.is_some(),
-        };
-        drop(uri);
+        // The session's endpoint, unless it is gone or ejected: then
+        // another of the same backend, as when its pod goes away.
+        let index = pinned
+            .filter(|i| !self.shared.health.is_ejected(health, *i))
+            .unwrap_or_else(|| self.shared.health.pick(endpoints, health));
+        parts.uri = origin_uri(path.as_deref(), &parts.uri)?;
         // Upgrades (WebSocket) are HTTP/1.1 whatever the appProtocol.
-        let h2 = endpoints.protocol == AppProtocol::H2c && upgrade.is_none();
-        let upstream = self.upstream(endpoints, h2);
-        // Only a request without a body can be sent again (bodies stream).
-        let retry = (upgrade.is_none() && matches!(body, UpstreamBody::Empty))
+        let h2 = endpoints.protocol.is_http2(endpoints.tls.is_some()) && upgrade.is_none();
+        parts.version = if h2 {
+            Version::HTTP_2
+        } else {
+            Version::HTTP_11
+        };
+        if h2 && te_trailers {
+            grpc::restore_te(&mut parts.headers);
+        }
+        let upstream = self.upstream(endpoints, h2, upgrade.is_some());
+        let per_try = self.rule.timeouts.backend_request;
+        // A request with a body can be sent again when it fits the replay
+        // buffer; a larger one is streamed once.
+        let buffer = self.shared.limits.retry_buffer_bytes;
+        let replayable =
+            matches!(body, UpstreamBody::Empty) || (buffer > 0 && body_length <= buffer as u64);
+        let retry = (upgrade.is_none() && replayable)
             .then_some(self.rule.retry.as_ref())
             .flatten();
-        let per_try = self.rule.timeouts.backend_request;
-        let mut resp = if let Some(policy) = retry {
+        let (index, resp) = match retry {
             // Boxed: the retry loop is large and only rules with a retry
             // policy take it; the common path's future stays small.
-            Box::pin(retry::send_with_retries(
-                &upstream, policy, endpoints, endpoint, &head, per_try,
-            ))
-            .await?
-        } else {
-            let pending = upstream.send(endpoint, UpstreamRequest { head, body });
-            match per_try {
-                Some(limit) => tokio::time::timeout(limit, pending)
-                    .await
-                    .map_err(|_| ProxyError::Timeout)?,
-                None => pending.await,
-            }?
+            Some(policy) => {
+                let replay = match body {
+                    UpstreamBody::Empty => None,
+                    body => Some(Replay::new(body, buffer)),
+                };
+                let to = Endpoints {
+                    health: &self.shared.health,
+                    set: endpoints,
+                    state: health,
+                    upstream,
+                    per_try,
+                };
+                Box::pin(retry::send_with_retries(
+                    &to,
+                    policy,
+                    index,
+                    &parts,
+                    replay,
+                    &mut outcome.trying,
+                    &self.shared.metrics,
+                ))
+                .await
+            }
+            // One try, written out rather than through `Endpoints::send`:
+            // this future is part of every request's and is moved whole.
+            None => {
+                outcome.trying = Some((health, index));
+                let req = Request::from_parts(parts, body);
+                let pending = upstream.send(endpoints.addrs()[index], req);
+                let result = match per_try {
+                    Some(limit) => tokio::time::timeout(limit, pending)
+                        .await
+                        .unwrap_or(Err(ProxyError::Timeout)),
+                    None => pending.await,
+                };
+                outcome.trying = None;
+                retry::record_try(&self.shared.health, health, index, &result);
+                (index, result)
+            }
         };
+        let resp = resp?;
 
-        strip_hop_by_hop(&mut resp.headers);
+        let (mut parts, body) = resp.into_parts();
+        parts.version = Version::HTTP_11;
+        strip_hop_by_hop(&mut parts.headers);
         if let Some(u) = upgrade {
-            u.finish(&mut resp);
+            u.finish(&mut parts);
         }
+        let mut resp = Response::from_parts(parts, body);
         apply_response_filters(&self.rule.filters, &mut resp);
         apply_response_filters(&backend.filters, &mut resp);
         if let Some((policy, origin)) = cors_origin {
-            cors::add_response_headers(policy, origin, &mut resp.headers);
+            cors::add_response_headers(policy, origin, resp.headers_mut());
+        }
+        if let Some(sticky) = &sticky
+            && let Some(backend_index) = self.rule.backends.index_of(backend)
+        {
+            sticky.answer(
+                &mut resp,
+                backend_index,
+                endpoints.addrs()[index],
+                self.matched_path,
+                scheme == "https",
+            );
         }
         Ok(resp)
     }
 
-    /// The client for `endpoints`: sluice's HTTP/1.1 pool (over TLS per
-    /// their BackendTLSPolicy), or hyper-util's HTTP/2 client for h2c.
-    fn upstream(&self, endpoints: &EndpointSet, h2: bool) -> Upstream {
+    /// The client for `endpoints`: HTTP/2 per endpoint (cleartext or TLS)
+    /// for h2c and GRPCRoute backends, hyper-util's for upgrades (TLS per
+    /// their BackendTLSPolicy), sluice's own HTTP/1.1 client and pool for
+    /// the rest, cleartext or TLS.
+    fn upstream(&self, endpoints: &EndpointSet, h2: bool, upgrade: bool) -> Upstream {
         let shared = self.shared;
         match &endpoints.tls {
-            None if h2 => Upstream::H2c(Box::new(shared.h2_client.clone())),
-            tls => Upstream::H1 {
-                pool: shared.pool.clone(),
-                tls: tls.clone(),
-            },
+            _ if h2 => Upstream::Client(Box::new(ClientUpstream::H2(
+                shared.h2.clone(),
+                endpoints.tls.clone(),
+            ))),
+            Some(tls) if upgrade => Upstream::Client(Box::new(ClientUpstream::Tls(
+                shared.backend_tls.client(tls),
+                tls.clone(),
+            ))),
+            None if upgrade => {
+                Upstream::Client(Box::new(ClientUpstream::Plain(shared.client.clone())))
+            }
+            tls => Upstream::Pool(shared.pool.clone(), tls.clone()),
         }
     }
 
@@ -438,9 +571,7 @@ impl<'t> Forwarding<'_, 't> {
     fn spawn_mirrors(
         &self,
         mirrors: &[&Mirror],
-        method: &Method,
-        headers: &Fields,
-        uri: &Uri,
+        parts: &Parts,
         path: Option<&str>,
         body: UpstreamBody,
     ) -> UpstreamBody {
@@ -457,31 +588,32 @@ impl<'t> Forwarding<'_, 't> {
                 metrics.record_mirror(false);
                 continue;
             };
-            let endpoint = set.pick();
-            let Ok(target) = origin_target(path, uri) else {
+            let health = self.shared.health.of(&mirror.backend.service, set);
+            let endpoint = set.addrs()[self.shared.health.pick(set, health)];
+            let Ok(uri) = origin_uri(path, &parts.uri) else {
                 metrics.record_mirror(false);
                 continue;
             };
-            let h2 = set.protocol == AppProtocol::H2c;
-            let copy = UpstreamRequest {
-                head: UpstreamHead {
-                    method: method.clone(),
-                    target,
-                    headers: headers.clone(),
-                    upgrade: false,
-                },
-                body: match &mut tee {
-                    Some(t) => UpstreamBody::Mirror(t.add_mirror()),
-                    None => UpstreamBody::Empty,
-                },
+            let h2 = set.protocol.is_http2(set.tls.is_some());
+            let mut copy = Request::new(match &mut tee {
+                Some(t) => UpstreamBody::Mirror(t.add_mirror()),
+                None => UpstreamBody::Empty,
+            });
+            *copy.method_mut() = parts.method.clone();
+            *copy.uri_mut() = uri;
+            *copy.version_mut() = if h2 {
+                Version::HTTP_2
+            } else {
+                Version::HTTP_11
             };
-            let upstream = self.upstream(set, h2);
+            *copy.headers_mut() = parts.headers.clone();
+            let upstream = self.upstream(set, h2, false);
             tokio::spawn(async move {
                 let sent = async {
                     let resp = upstream.send(endpoint, copy).await.ok()?;
                     // Read the response to its end so the connection can go
                     // back to the pool; the content is discarded.
-                    let mut body = resp.body;
+                    let mut body = resp.into_body();
                     while let Some(frame) = body.frame().await {
                         frame.ok()?;
                     }
@@ -501,27 +633,38 @@ impl<'t> Forwarding<'_, 't> {
     }
 }
 
-fn set_host(headers: &mut Fields, host: &str) -> Result<(), ProxyError> {
+/// The request, and whether it is a gRPC call. A function rather than a
+/// borrow of `req` in [`handle`], which would keep a copy of the request
+/// in every request's future until its end.
+fn is_grpc(req: Request<RequestBody>) -> (Request<RequestBody>, bool) {
+    let grpc = grpc::is_grpc(req.headers());
+    (req, grpc)
+}
+
+/// The client's body, the least number of bytes it has, and whether it is
+/// empty. A function rather than borrows of `body` in
+/// [`Forwarding::run`]: a local borrowed once is kept in that future (part
+/// of every request's, moved whole) until its end, even once moved out.
+fn measure(body: RequestBody) -> (RequestBody, u64, bool) {
+    let length = body.size_hint().lower();
+    let empty = body.is_end_stream();
+    (body, length, empty)
+}
+
+fn set_host(parts: &mut Parts, host: &str) -> Result<(), ProxyError> {
     let v = HeaderValue::from_str(host).map_err(|_| ProxyError::InvalidFilterResult {
         what: "rewritten hostname",
     })?;
-    headers.set(HOST, v);
+    parts.headers.insert(HOST, v);
     Ok(())
 }
 
-fn apply_response_filters(filters: &[Filter], resp: &mut ProxyResponse) {
+fn apply_response_filters(filters: &[Filter], resp: &mut Response<ResponseBody>) {
     for f in filters {
         if let Filter::ResponseHeaderModifier(m) = f {
-            modify_headers(&mut resp.headers, m);
+            modify_headers(resp.headers_mut(), m);
         }
     }
-}
-
-/// The request target the backend gets (see [`origin_target`]); kept for
-/// the path rewrite of retries and mirrors.
-#[allow(dead_code)]
-fn target_of(path: Option<&str>, uri: &Uri) -> Result<PathAndQuery, ProxyError> {
-    origin_target(path, uri)
 }
 
 #[cfg(test)]
@@ -534,10 +677,10 @@ mod tests {
         std::mem::size_of::<F>()
     }
 
-    /// Every request's future is moved whole (into each parent future when
-    /// first awaited, into hyper's dispatcher for HTTP/2): it was 5.6 KB,
-    /// with memcpy ~14% of sluice's instructions per request. Rarely taken
-    /// paths (retries, hyper-util's client, new connections) are boxed.
+    /// Every request's future is moved whole (into hyper's dispatcher, into
+    /// each parent future when first awaited): it was 5.6 KB, with memcpy
+    /// ~14% of sluice's instructions per request. Rarely taken paths
+    /// (retries, hyper-util's clients, new connections) are boxed.
     #[test]
     fn the_request_future_stays_small() {
         let handle_future = || {

@@ -9,17 +9,42 @@ use http::Request;
 
 use super::error::ProxyError;
 use super::forwarded::ForwardedTrust;
+use crate::route::OutlierPolicy;
 
 /// What a client may ask of the proxy, and how long anything may take.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyLimits {
-    /// From when the proxy starts waiting for a request head (a new
-    /// connection, or the next request on a keep-alive one) until the head
-    /// is complete; a slower client is disconnected (slowloris). hyper
-    /// measures it from the end of the previous response, so it also bounds
-    /// how long an HTTP/1 connection may sit idle between requests.
-    /// Envoy edge (Istio EDGE profile): `request_headers_timeout: 60s`.
+    /// How long a client may take to send a request head: from the
+    /// accept for the first request of a connection, from the head's
+    /// first byte for the next ones on a keep-alive connection; a slower
+    /// client is disconnected (slowloris). HAProxy's recommended `timeout
+    /// http-request 10s` (Envoy starts its `request_headers_timeout` at
+    /// the first byte too).
     pub request_header_timeout: Duration,
+    /// HTTP/1.1: how long a keep-alive connection may wait for the first
+    /// byte of its next request. nginx: `keepalive_timeout 75s`; sluice
+    /// kept HTTP/1.1 connections 60 s before this had a knob of its own.
+    pub keepalive_timeout: Duration,
+    /// How long the client may send nothing of a request body the proxy
+    /// is waiting for (the backend is ready for more); then 408 and the
+    /// connection closed. nginx: `client_body_timeout 60s`.
+    pub request_body_timeout: Duration,
+    /// Open connections per client address (0: no limit); more are
+    /// accepted and closed at once. No limit by default: behind a NAT or
+    /// a load balancer that does not keep client addresses, every client
+    /// shares a few addresses (nginx `limit_conn`, HAProxy `sc_conn_cur`).
+    pub max_connections_per_client: usize,
+    /// Requests in flight to one backend (a Service port, across every
+    /// route that uses it) from when it is chosen until its response head
+    /// arrives; more get 503 at once (0: no cap). Envoy's circuit breaker
+    /// `max_requests: 1024`.
+    pub max_requests_per_backend: usize,
+    /// The request body bytes kept so that a rule's retry policy can send
+    /// the request again (0: requests with a body are never retried);
+    /// a larger body is streamed and sent once.
+    pub retry_buffer_bytes: usize,
+    /// Passive outlier ejection of endpoints within their backend.
+    pub outliers: OutlierPolicy,
     /// How long a connection may have no request in flight before it is
     /// closed (HTTP/2: GOAWAY). Envoy edge: `common_http_protocol_options.idle_timeout: 3600s`.
     pub idle_timeout: Duration,
@@ -74,12 +99,25 @@ pub struct ProxyLimits {
     /// Which proxies in front of the gateway are trusted to report the
     /// client's address in `X-Forwarded-For`. Envoy: `xff_num_trusted_hops: 0`.
     pub forwarded: ForwardedTrust,
+    /// TLS listeners: how long a client may take to send its whole
+    /// ClientHello (the gateway needs its SNI to route); a slower one is
+    /// closed. Envoy: `listener_filters_timeout: 15s`.
+    pub client_hello_timeout: Duration,
+    /// TLS listeners: the largest ClientHello accepted, in bytes; a larger
+    /// one is closed. Envoy's TLS inspector: `max_client_hello_size: 64KiB`.
+    pub max_client_hello_bytes: usize,
 }
 
 impl Default for ProxyLimits {
     fn default() -> Self {
         ProxyLimits {
-            request_header_timeout: Duration::from_secs(60),
+            request_header_timeout: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(60),
+            request_body_timeout: Duration::from_secs(60),
+            max_connections_per_client: 0,
+            max_requests_per_backend: 1024,
+            retry_buffer_bytes: 64 * 1024,
+            outliers: OutlierPolicy::default(),
             idle_timeout: Duration::from_secs(3600),
             max_request_header_bytes: 60 * 1024,
             max_request_headers: 100,
@@ -95,6 +133,8 @@ impl Default for ProxyLimits {
             drain_timeout: Duration::from_secs(10),
             reject_underscore_headers: true,
             forwarded: ForwardedTrust::default(),
+            client_hello_timeout: Duration::from_secs(15),
+            max_client_hello_bytes: 64 * 1024,
         }
     }
 }

@@ -10,11 +10,12 @@
 //! SNI, ALPN `h2`/`http/1.1`); cleartext sockets serve HTTP/1.1 and h2c
 //! with prior knowledge. HTTP/1.1 is served by sluice's own lean loop
 //! ([`h1_conn`], heads parsed in place by [`h1`]); HTTP/2 by hyper. Both
-//! hand each request to the same codec-independent [`handler`]. Requests
-//! go to endpoints over sluice's own HTTP/1.1 client ([`h1_client`], on
-//! the connections of [`pool`], cleartext or TLS), or hyper's HTTP/2
-//! client for h2c endpoints. HTTP/1.1 upgrades (WebSocket) are passed
-//! through ([`upgrade`]).
+//! hand each request to the same codec-independent [`handler`]. HTTP/1.1
+//! upgrades (WebSocket) are passed through ([`upgrade`]). gRPC requests
+//! get their errors in gRPC terms ([`grpc`]), and rules with session
+//! persistence keep a client on its endpoint ([`session`]). Sockets of TLS
+//! listeners carry no HTTP: each connection is routed by its SNI to a
+//! TLSRoute and relayed ([`passthrough`]).
 //!
 //! Every connection is held to [`ProxyLimits`]: a connection limit per
 //! socket and in total, a deadline for request heads, an idle timeout,
@@ -25,20 +26,26 @@
 //! Not supported yet: timeouts cover the time to the response headers, not
 //! the streaming of the body after them.
 
+mod backend_tls;
 mod body;
 mod conn;
 mod cors;
 mod error;
 mod filters;
 mod forwarded;
+mod grpc;
 pub mod h1;
 mod h1_client;
 mod h1_conn;
+mod h2;
 mod handler;
-mod head;
 mod limits;
+mod outliers;
+mod passthrough;
 mod pool;
+mod replay;
 mod retry;
+mod session;
 mod tls;
 mod upgrade;
 mod upstream;
@@ -60,7 +67,6 @@ use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use head::{Fields, ProxyRequest};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpSocket};
@@ -69,9 +75,17 @@ use tokio::task::AbortHandle;
 use tokio_rustls::TlsAcceptor;
 
 use crate::metrics::Metrics;
-use crate::route::RouteTable;
+use crate::route::{EndpointReport, Outliers, RouteTable};
 use body::{RequestBody, UpstreamBody};
-use conn::{FloodLimits, InFlight, TrackedBody, Watched};
+use conn::{ClientSlot, FloodLimits, InFlight, PerClient, TrackedBody, Watched};
+
+/// What holds a client connection's places under the connection limits:
+/// per socket, in total, and per client address (when limited).
+type Permits = (
+    OwnedSemaphorePermit,
+    OwnedSemaphorePermit,
+    Option<ClientSlot>,
+);
 
 /// Whether the proxy refuses a request hyper's HTTP/1 server parsed, before
 /// routing it: the limits (target length, `_` in names) and the framing and
@@ -95,12 +109,16 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 pub(crate) struct Shared {
     table: ArcSwap<RouteTable>,
     metrics: Arc<Metrics>,
-    /// HTTP/1.1 connections to endpoints (cleartext, or TLS per a
-    /// BackendTLSPolicy), pooled per endpoint address and TLS setting;
+    /// HTTP/1.1 to cleartext endpoints, pooled per endpoint address;
     /// outlives tables.
     pool: Arc<pool::Pool>,
-    /// HTTP/2 with prior knowledge, for `appProtocol: kubernetes.io/h2c`.
-    h2_client: Client<HttpConnector, UpstreamBody>,
+    /// HTTP/1.1 through hyper-util's pooled client, for upgrades.
+    client: Client<HttpConnector, UpstreamBody>,
+    /// HTTP/2 (`appProtocol: kubernetes.io/h2c`, GRPCRoute backends), one
+    /// client per endpoint; outlives tables.
+    h2: Arc<h2::H2Clients>,
+    /// TLS to backends with a BackendTLSPolicy, pooled per TLS setting.
+    backend_tls: backend_tls::BackendTlsClients,
     /// How client connections are served: HTTP/1.1 with keep-alive, or
     /// HTTP/2 with prior knowledge (h2c), detected per connection.
     server: auto::Builder<TokioExecutor>,
@@ -109,6 +127,11 @@ pub(crate) struct Shared {
     limits: ProxyLimits,
     /// One permit per open client connection, across all sockets.
     connections: Arc<Semaphore>,
+    /// Open connections per client address (when limited).
+    per_client: Arc<PerClient>,
+    /// Outlier ejection and the overload cap: per backend and endpoint,
+    /// outlives tables.
+    health: Arc<outliers::Health>,
     /// Set once on shutdown: every connection finishes what it is doing
     /// and closes.
     draining: watch::Sender<bool>,
@@ -133,11 +156,9 @@ impl Proxy {
             .min(Semaphore::MAX_PERMITS);
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        let h2_client = Client::builder(TokioExecutor::new())
+        let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .http2_only(true)
             .build(connector);
         let mut server = auto::Builder::new(TokioExecutor::new());
         // hyper's read buffer bounds the request head: a head that does not
@@ -165,11 +186,15 @@ impl Proxy {
             shared: Arc::new(Shared {
                 server,
                 table: ArcSwap::from_pointee(RouteTable::default()),
-                metrics,
+                metrics: metrics.clone(),
                 pool: pool::Pool::new(POOL_IDLE_TIMEOUT),
-                h2_client,
+                client,
+                h2: Default::default(),
+                backend_tls: Default::default(),
                 listeners: Mutex::new(BTreeMap::new()),
                 connections: Arc::new(Semaphore::new(limits.max_connections)),
+                per_client: Arc::default(),
+                health: outliers::Health::new(Outliers::new(limits.outliers), metrics.clone()),
                 limits,
                 draining: watch::Sender::new(false),
             }),
@@ -217,7 +242,16 @@ impl Proxy {
     pub async fn apply(&self, table: RouteTable) -> Vec<BindFailure> {
         let wanted: Vec<SocketAddr> = table.binds().collect();
         self.shared.table.store(Arc::new(table));
+        // Endpoint state of backends and endpoints gone from the tables
+        // is forgotten, unless an ejection is still worth remembering.
+        self.shared.health.sweep();
         self.sync_listeners(&wanted)
+    }
+
+    /// The endpoints ejected now or not long ago, and those failing
+    /// (admin `/endpoints`).
+    pub fn endpoint_report(&self) -> Vec<EndpointReport> {
+        self.shared.health.outliers.report()
     }
 
     /// The table requests are served from now.
@@ -320,12 +354,31 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAdd
             tracing::debug!(%bind, %client, "connection limit reached; closing");
             continue;
         };
-        let permits = (listener_permit, total_permit);
+        let per_client = match shared.limits.max_connections_per_client {
+            0 => None,
+            max => match shared.per_client.admit(client.ip(), max) {
+                Some(slot) => Some(slot),
+                None => {
+                    tracing::debug!(%bind, %client, "connection limit per client reached; closing");
+                    continue;
+                }
+            },
+        };
+        let permits = (listener_permit, total_permit, per_client);
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         // Whether the socket terminates TLS is read per connection: a
-        // reload may turn a port's listeners from HTTP to HTTPS.
-        let is_tls = shared.table.load().port(bind).is_some_and(|p| p.is_tls());
+        // reload may turn a port's listeners from HTTP to HTTPS (or TLS).
+        let (is_tls, is_stream) = shared
+            .table
+            .load()
+            .port(bind)
+            .map_or((false, false), |p| (p.is_tls(), p.is_stream()));
+        if is_stream {
+            // TLS listeners: routed by SNI, relayed (passthrough.rs).
+            tokio::spawn(passthrough::serve(shared, stream, client, bind, permits));
+            continue;
+        }
         if !is_tls {
             tokio::spawn(serve_cleartext(shared, stream, client, bind, permits));
             continue;
@@ -353,7 +406,8 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAdd
                 // Boxed: HTTP/1.1 connections' tasks are not sized for it.
                 Box::pin(serve(shared, stream, tls, client, bind, permits)).await;
             } else {
-                h1_conn::serve(shared, stream, tls, client, bind, permits).await;
+                let head_by = tokio::time::Instant::now() + shared.limits.request_header_timeout;
+                h1_conn::serve(shared, stream, tls, client, bind, permits, head_by).await;
             }
         });
     }
@@ -367,7 +421,7 @@ async fn serve_cleartext(
     stream: tokio::net::TcpStream,
     client: SocketAddr,
     bind: SocketAddr,
-    permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    permits: Permits,
 ) {
     let deadline = tokio::time::Instant::now() + shared.limits.request_header_timeout;
     let mut draining = shared.draining.subscribe();
@@ -380,7 +434,8 @@ async fn serve_cleartext(
         // Boxed: HTTP/1.1 connections' tasks are not sized for it.
         Box::pin(serve(shared, stream, None, client, bind, permits)).await;
     } else {
-        h1_conn::serve(shared, stream, None, client, bind, permits).await;
+        // The first head is due by the same deadline as the first bytes.
+        h1_conn::serve(shared, stream, None, client, bind, permits, deadline).await;
     }
 }
 
@@ -422,7 +477,7 @@ async fn serve<S>(
     tls: Option<TlsConnection>,
     client: SocketAddr,
     bind: SocketAddr,
-    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    _permits: Permits,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -430,29 +485,22 @@ async fn serve<S>(
     let for_requests = shared.clone();
     let requests = in_flight.clone();
     let peer = handler::Peer::new(client);
-    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+    let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         let guard = requests.begin();
         let shared = for_requests.clone();
         let peer = peer.clone();
-        let tls = tls.clone();
+        if let Some(tls) = &tls {
+            req.extensions_mut().insert(tls.clone());
+        }
         async move {
             let resp = match limits::refuse(&shared.limits, &req) {
-                Some(refused) => refused.into_response(),
-                None => {
-                    let (parts, body) = req.into_parts();
-                    let req = ProxyRequest {
-                        method: parts.method,
-                        uri: parts.uri,
-                        version: parts.version,
-                        headers: Fields::Map(parts.headers),
-                        body: RequestBody::Hyper(body),
-                        tls,
-                        upgrade: None,
-                    };
-                    handler::handle(&shared, req, &peer, bind)
-                        .await
-                        .into_http()
+                Some(refused) => {
+                    if let Some(reason) = refused.refusal_reason() {
+                        shared.metrics.record_refusal(reason);
+                    }
+                    refused.into_response()
                 }
+                None => handler::handle(&shared, req.map(RequestBody::Hyper), &peer, bind).await,
             };
             Ok::<_, Infallible>(resp.map(|body| TrackedBody::new(body, guard)))
         }

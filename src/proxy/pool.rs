@@ -133,7 +133,10 @@ impl Conn {
         let mut cx = Context::from_waker(Waker::noop());
         let mut byte = [0u8; 1];
         let mut buf = ReadBuf::new(&mut byte);
-        !matches!(Pin::new(&mut self.io).poll_read(&mut cx, &mut buf), Poll::Pending)
+        !matches!(
+            Pin::new(&mut self.io).poll_read(&mut cx, &mut buf),
+            Poll::Pending
+        )
     }
 }
 
@@ -265,8 +268,7 @@ impl Pool {
         let now = Instant::now();
         self.lock().retain(|_, stack| {
             stack.retain_mut(|idle| {
-                now.duration_since(idle.since) < self.idle_timeout
-                    && !idle.conn.closed_while_idle()
+                now.duration_since(idle.since) < self.idle_timeout && !idle.conn.closed_while_idle()
             });
             !stack.is_empty()
         });
@@ -289,5 +291,159 @@ async fn sweep(pool: Weak<Pool>) {
             return;
         };
         pool.sweep();
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::body::UpstreamBody;
+    use crate::proxy::h1_client::{self, PooledBody};
+    use bytes::Bytes;
+    use http::header::HOST;
+    use http::{HeaderValue, Request, Response};
+    use http_body::Body;
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// A backend that answers each request on a connection with `ok`, and
+    /// closes the connection after `per_conn` answers.
+    async fn backend(per_conn: usize) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    for _ in 0..per_conn {
+                        loop {
+                            if buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                                break;
+                            }
+                            let mut chunk = [0u8; 1024];
+                            match s.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        let end = buf
+                            .windows(4)
+                            .position(|w| w == b"\r\n\r\n")
+                            .expect("head end found above")
+                            + 4;
+                        buf.drain(..end);
+                        let resp = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if s.write_all(resp).await.is_err() {
+                            return;
+                        }
+                    }
+                    // Close after the last answer.
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    fn key(endpoint: SocketAddr) -> Key {
+        Key {
+            endpoint,
+            tls: None,
+        }
+    }
+
+    fn get() -> Request<UpstreamBody> {
+        let mut req = Request::new(UpstreamBody::Empty);
+        *req.uri_mut() = "/x".parse().expect("uri");
+        req.headers_mut()
+            .insert(HOST, HeaderValue::from_static("example.com"));
+        req
+    }
+
+    async fn read(resp: Response<PooledBody>) -> Bytes {
+        resp.into_body().collect().await.expect("body").to_bytes()
+    }
+
+    #[tokio::test]
+    async fn reuses_one_connection_for_sequential_requests() {
+        let (addr, accepted) = backend(usize::MAX).await;
+        let pool = Pool::new(Duration::from_secs(90));
+        for _ in 0..5 {
+            let resp = h1_client::send(&pool, addr, None, get())
+                .await
+                .expect("answered");
+            assert_eq!(read(resp).await, "ok");
+            assert_eq!(pool.idle_count(&key(addr)), 1);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_backend_closed_while_idle_is_not_used() {
+        let (addr, accepted) = backend(1).await;
+        let pool = Pool::new(Duration::from_secs(90));
+        for _ in 0..5 {
+            let resp = h1_client::send(&pool, addr, None, get())
+                .await
+                .expect("answered");
+            assert_eq!(read(resp).await, "ok");
+            // Let the backend's close arrive before the next request.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while pool.idle_count(&key(addr)) > 0 && Instant::now() < deadline {
+                pool.sweep();
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 5);
+    }
+
+    #[tokio::test]
+    async fn expired_connections_are_not_reused() {
+        let (addr, accepted) = backend(usize::MAX).await;
+        let pool = Pool::new(Duration::ZERO);
+        for _ in 0..3 {
+            let resp = h1_client::send(&pool, addr, None, get())
+                .await
+                .expect("answered");
+            assert_eq!(read(resp).await, "ok");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+        pool.sweep();
+        assert_eq!(pool.idle_count(&key(addr)), 0);
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_before_its_end_closes_the_connection() {
+        let (addr, accepted) = backend(usize::MAX).await;
+        let pool = Pool::new(Duration::from_secs(90));
+        let resp = h1_client::send(&pool, addr, None, get())
+            .await
+            .expect("answered");
+        let body = resp.into_body();
+        // `Content-Length: 2` not read yet: nothing is returned.
+        if body.is_end_stream() {
+            panic!("body of two bytes reported empty");
+        }
+        drop(body);
+        assert_eq!(pool.idle_count(&key(addr)), 0);
+        let resp = h1_client::send(&pool, addr, None, get())
+            .await
+            .expect("answered");
+        assert_eq!(read(resp).await, "ok");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn connect_failures_are_marked_as_such() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        drop(listener);
+        let pool = Pool::new(Duration::from_secs(90));
+        let err = h1_client::send(&pool, addr, None, get())
+            .await
+            .expect_err("nothing listens");
+        assert!(err.is_connect(), "{err}");
     }
 }

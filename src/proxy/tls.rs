@@ -21,6 +21,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::Request;
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert, StoresServerSessions};
@@ -67,6 +68,20 @@ pub(super) fn server_config(shared: Arc<Shared>, bind: SocketAddr) -> Arc<Server
         shared,
         bind,
     });
+    Arc::new(config)
+}
+
+/// The rustls configuration that terminates TLS on a socket of TLS
+/// listeners in `Terminate` mode: the certificate of the listener that owns
+/// the SNI, no client certificate, and no ALPN (the bytes relayed are the
+/// backend's protocol, which the gateway does not speak for it).
+pub(super) fn stream_server_config(shared: Arc<Shared>, bind: SocketAddr) -> Arc<ServerConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("the ring provider supports the default protocol versions")
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(ListenerCertificates { shared, bind }));
     Arc::new(config)
 }
 
@@ -244,13 +259,17 @@ impl ResolvesServerCert for ListenerCertificates {
 /// Is the request, on a TLS connection, for a Host that belongs to another
 /// listener than the one its handshake chose (answered 421)? Never on a
 /// cleartext connection.
-pub(super) fn misdirected(
+pub(super) fn misdirected<B>(
     table: &RouteTable,
     bind: SocketAddr,
-    tls: Option<&TlsConnection>,
+    req: &Request<B>,
     host: &str,
 ) -> bool {
-    let Some(sni) = tls.and_then(|tls| tls.server_name.as_deref()) else {
+    let Some(sni) = req
+        .extensions()
+        .get::<TlsConnection>()
+        .and_then(|tls| tls.server_name.as_deref())
+    else {
         return false;
     };
     table
@@ -259,8 +278,8 @@ pub(super) fn misdirected(
 }
 
 /// The scheme a request arrived with, as the client sees it.
-pub(super) fn scheme(tls: Option<&TlsConnection>) -> &'static str {
-    if tls.is_some() {
+pub(super) fn scheme(extensions: &http::Extensions) -> &'static str {
+    if extensions.get::<TlsConnection>().is_some() {
         "https"
     } else {
         "http"

@@ -4,29 +4,35 @@
 //! `Upgrade` and `Connection` are hop-by-hop, so the forwarding path strips
 //! them; for a request that asks to upgrade they are put back on the way to
 //! the backend, and when the backend answers 101 Switching Protocols on the
-//! way back. Both connections are then handed over (the client's by the
-//! lean HTTP/1.1 loop, the backend's by the response of sluice's HTTP/1.1
-//! client) and the bytes are copied both ways by a task of their own,
-//! which holds no route table: a reload never cuts an upgraded connection.
+//! way back. Both connections are then handed over (the client's by hyper
+//! or by the lean HTTP/1.1 loop, the backend's by hyper's client) and the
+//! bytes are copied both ways by a task of their own, which holds no route
+//! table: a reload never cuts an upgraded connection.
 
 use std::io;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
 use http::header::{CONNECTION, UPGRADE};
-use http::{HeaderValue, StatusCode, Version};
+use http::{HeaderMap, HeaderValue, StatusCode, Version, request, response};
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
-
-use super::body::ResponseBody;
-use super::head::{Fields, ProxyResponse};
 
 /// A client request that asks to switch protocols.
 pub(super) struct UpgradeRequest {
     /// The `Upgrade` header value (`websocket`).
     protocol: HeaderValue,
-    client: oneshot::Receiver<Upgraded>,
+    client: ClientSide,
+}
+
+/// The client's connection once it is handed over.
+enum ClientSide {
+    Hyper(OnUpgrade),
+    Lean(oneshot::Receiver<Upgraded>),
 }
 
 /// What the lean HTTP/1.1 loop hands over after a 101: the connection and
@@ -36,34 +42,54 @@ pub(super) struct Upgraded {
     pub read_ahead: Bytes,
 }
 
-/// A connection that can be handed over.
+/// A client connection that can be handed over.
 pub(super) trait UpgradedIo: AsyncRead + AsyncWrite + Unpin + Send {}
 
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> UpgradedIo for T {}
 
-/// Where the lean loop will hand a client's connection over, for a request
-/// its parser found asking to upgrade (`Connection: upgrade` and an
-/// `Upgrade` field, on HTTP/1.1).
-pub(super) struct ClientUpgrade(pub oneshot::Receiver<Upgraded>);
+/// A request extension of the lean loop's upgrade requests: where the loop
+/// will hand the connection over (an extension must be `Clone`).
+#[derive(Clone)]
+pub(super) struct LeanUpgrade(pub Arc<Mutex<Option<oneshot::Receiver<Upgraded>>>>);
 
 impl UpgradeRequest {
-    /// The upgrade a request asks for, if the client's connection can be
-    /// handed over (HTTP/2 has no such upgrades).
-    pub fn take(version: Version, headers: &Fields, client: Option<ClientUpgrade>) -> Option<Self> {
-        let client = client?;
-        if version != Version::HTTP_11 {
+    /// Take the upgrade out of an HTTP/1.1 request that carries
+    /// `Connection: upgrade` and an `Upgrade` header; `None` for any other
+    /// request (HTTP/2 has no such upgrades).
+    pub fn take(parts: &mut request::Parts) -> Option<Self> {
+        if parts.version != Version::HTTP_11 {
             return None;
         }
-        let protocol = headers.value(&UPGRADE)?;
-        Some(UpgradeRequest {
-            protocol,
-            client: client.0,
-        })
+        // Most requests have no Upgrade field: one lookup decides.
+        let protocol = parts.headers.get(UPGRADE)?.clone();
+        let asks = parts
+            .headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+        if !asks {
+            return None;
+        }
+        let client = match parts.extensions.remove::<OnUpgrade>() {
+            Some(hyper) => ClientSide::Hyper(hyper),
+            None => ClientSide::Lean(
+                parts
+                    .extensions
+                    .remove::<LeanUpgrade>()?
+                    .0
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()?,
+            ),
+        };
+        Some(UpgradeRequest { protocol, client })
     }
 
     /// Put the upgrade headers back on the request to the backend (after
     /// hop-by-hop headers were stripped).
-    pub fn restore_request_headers(&self, headers: &mut Fields) {
+    pub fn restore_request_headers(&self, headers: &mut HeaderMap) {
         set_upgrade_headers(headers, self.protocol.clone());
     }
 
@@ -71,44 +97,53 @@ impl UpgradeRequest {
     /// headers back on the response to the client and splice the two
     /// connections once both are handed over. Otherwise the upgrade is
     /// dropped and the response is an ordinary one.
-    pub fn finish(self, resp: &mut ProxyResponse) {
-        if resp.status != StatusCode::SWITCHING_PROTOCOLS {
+    pub fn finish(self, parts: &mut response::Parts) {
+        if parts.status != StatusCode::SWITCHING_PROTOCOLS {
             return;
         }
-        let backend = match &mut resp.body {
-            ResponseBody::Pooled(body) => body.take_upgraded(),
-            _ => None,
-        };
-        let Some((io, read_ahead)) = backend else {
-            // Only sluice's HTTP/1.1 client carries upgrades; without the
-            // backend's half there is nothing to splice.
+        let Some(backend) = parts.extensions.remove::<OnUpgrade>() else {
+            // Cannot happen with the HTTP/1.1 pool (it serves upgrades);
+            // without the backend's half there is nothing to splice.
             tracing::warn!("backend answered 101 but its connection cannot be taken over");
-            resp.status = StatusCode::BAD_GATEWAY;
+            parts.status = StatusCode::BAD_GATEWAY;
             return;
         };
-        set_upgrade_headers(&mut resp.headers, self.protocol);
-        let backend = ReadAhead {
-            first: read_ahead,
-            io: Box::new(io),
-        };
+        set_upgrade_headers(&mut parts.headers, self.protocol);
         tokio::spawn(splice(self.client, backend));
     }
 }
 
-fn set_upgrade_headers(headers: &mut Fields, protocol: HeaderValue) {
-    headers.set(CONNECTION, HeaderValue::from_static("upgrade"));
-    headers.set(UPGRADE, protocol);
+fn set_upgrade_headers(headers: &mut HeaderMap, protocol: HeaderValue) {
+    headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(UPGRADE, protocol);
 }
 
 /// Copy bytes both ways until either side closes.
-async fn splice(client: oneshot::Receiver<Upgraded>, mut backend: ReadAhead) {
-    let mut client = match client.await {
-        Ok(up) => ReadAhead {
-            first: up.read_ahead,
-            io: up.io,
+async fn splice(client: ClientSide, backend: OnUpgrade) {
+    let backend = match backend.await {
+        Ok(backend) => backend,
+        Err(e) => {
+            tracing::debug!(error = %e, "upgrade failed");
+            return;
+        }
+    };
+    let mut backend = TokioIo::new(backend);
+    let mut client: Box<dyn UpgradedIo> = match client {
+        ClientSide::Hyper(client) => match client.await {
+            Ok(client) => Box::new(TokioIo::new(client)),
+            Err(e) => {
+                tracing::debug!(error = %e, "upgrade failed");
+                return;
+            }
         },
-        // The loop did not hand the connection over (it closed).
-        Err(_) => return,
+        ClientSide::Lean(client) => match client.await {
+            Ok(up) => Box::new(ReadAhead {
+                first: up.read_ahead,
+                io: up.io,
+            }),
+            // The loop did not hand the connection over (it closed).
+            Err(_) => return,
+        },
     };
     match tokio::io::copy_bidirectional(&mut client, &mut backend).await {
         Ok((up, down)) => tracing::debug!(up, down, "upgraded connection closed"),

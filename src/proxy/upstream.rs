@@ -1,101 +1,178 @@
-//! Which client carries a request to an endpoint, and the request target
-//! each one needs.
+//! Which client carries a request to an endpoint, and the request URI each
+//! one needs.
 //!
-//! HTTP/1.1, cleartext or TLS as a BackendTLSPolicy says, goes through
-//! sluice's own client ([`h1_client`]) on its pool ([`Pool`]); h2c
-//! endpoints through hyper-util's pooled HTTP/2 client. Requests, retries
-//! and mirrors all go through [`Upstream::send`], so each gets the same
-//! treatment whatever the client.
+//! HTTP/1.1 to endpoints, cleartext or TLS (BackendTLSPolicy), goes
+//! through sluice's own client and pool ([`h1_client`], [`Pool`]);
+//! upgrades (WebSocket) through hyper-util's pooled clients (cleartext, or
+//! the client of their BackendTLSPolicy settings); HTTP/2 (h2c, and GRPCRoute backends in cleartext or TLS)
+//! through a client per endpoint that keeps the request's authority
+//! ([`super::h2`]). Requests, retries and mirrors all go through
+//! [`Upstream::send`], so each gets the same treatment whatever the client.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 
+use std::pin::Pin;
+
+use futures_util::FutureExt;
 use futures_util::future::Either;
-use http::uri::{PathAndQuery, Scheme};
-use http::{Uri, Version};
+use http::uri::{Authority, Scheme};
+use http::{Request, Response, Uri, Version};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 
-use super::body::{ResponseBody, UpstreamBody, caused_by_client_body};
+use super::backend_tls::BackendTlsConnector;
+use super::body::{ResponseBody, UpstreamBody, client_body_failure};
 use super::error::{ProxyError, UpstreamError};
-use super::h1_client::{self, UpstreamRequest};
-use super::head::ProxyResponse;
-use super::pool::{Key, Pool};
+use super::h1_client;
+use super::h2::H2Clients;
+use super::pool::Pool;
 use crate::route::BackendTls;
 
-/// The client for one backend's endpoints.
+/// The client for one backend's endpoints. hyper-util's clients are
+/// boxed: this is held across the request's awaits, and the common case
+/// (the pool) should not make every request's future a few hundred bytes
+/// larger.
 #[derive(Clone)]
 pub(super) enum Upstream {
-    /// HTTP/1.1: sluice's own, over TLS when the endpoints have a
-    /// BackendTLSPolicy.
-    H1 {
-        pool: Arc<Pool>,
-        tls: Option<Arc<BackendTls>>,
-    },
-    /// HTTP/2 with prior knowledge (`appProtocol: kubernetes.io/h2c`).
-    /// Boxed: the common case should not make every request's future
-    /// larger.
-    H2c(Box<Client<HttpConnector, UpstreamBody>>),
+    /// HTTP/1.1, cleartext or TLS (a BackendTLSPolicy's): sluice's own
+    /// client ([`super::h1_client`]) on its pool.
+    Pool(Arc<Pool>, Option<Arc<BackendTls>>),
+    /// One of hyper-util's clients (h2c, upgrades, TLS).
+    Client(Box<ClientUpstream>),
+}
+
+/// The rarer paths, through hyper-util's pooled clients.
+#[derive(Clone)]
+pub(super) enum ClientUpstream {
+    /// Cleartext upgrades (WebSocket).
+    Plain(Client<HttpConnector, UpstreamBody>),
+    /// Upgrades over TLS as a BackendTLSPolicy says (HTTP/1.1; ALPN is
+    /// not offered).
+    Tls(Client<BackendTlsConnector, UpstreamBody>, Arc<BackendTls>),
+    /// HTTP/2, over TLS per the setting when given.
+    H2(Arc<H2Clients>, Option<Arc<BackendTls>>),
 }
 
 impl Upstream {
-    /// Send `req` to `endpoint`.
+    /// Send `req` (origin-form URI) to `endpoint`.
+    ///
+    /// Not an `async fn`: that would keep `req` in the future next to the
+    /// pool's, which holds it already; the future is part of every
+    /// request's and is moved whole.
     pub fn send(
         &self,
         endpoint: SocketAddr,
-        req: UpstreamRequest,
-    ) -> impl Future<Output = Result<ProxyResponse, ProxyError>> + Send + '_ {
-        match self {
-            Upstream::H1 { pool, tls } => {
-                let key = Key {
-                    endpoint,
-                    tls: tls.as_ref().map(|t| t.key.clone()),
-                };
-                Either::Left(h1_client::send(pool, key, tls.as_ref(), req))
+        req: Request<UpstreamBody>,
+    ) -> impl Future<Output = Result<Response<ResponseBody>, ProxyError>> + Send + '_ {
+        let pending = match self {
+            Upstream::Pool(pool, tls) => Either::Left(
+                h1_client::send(pool, endpoint, tls.as_ref(), req)
+                    .map(|r| r.map(|r| r.map(ResponseBody::Pooled)).map_err(Ok)),
+            ),
+            // Boxed: h2c, upgrades and TLS are the rarer paths, and the
+            // future of the common one (the pool) stays small.
+            Upstream::Client(client) => {
+                let client = (**client).clone();
+                Either::Right(
+                    Box::pin(client.send(endpoint, req)) as Pin<Box<dyn Future<Output = _> + Send>>
+                )
             }
-            // Boxed: h2c is the rarer path, and the future of the common
-            // one stays small.
-            Upstream::H2c(client) => Either::Right(Box::pin(send_h2c(client, endpoint, req))
-                as Pin<Box<dyn Future<Output = _> + Send + '_>>),
-        }
-    }
-}
-
-/// [`Upstream::send`] through hyper-util's HTTP/2 client, which takes the
-/// request with its absolute URI and data frames only.
-async fn send_h2c(
-    client: &Client<HttpConnector, UpstreamBody>,
-    endpoint: SocketAddr,
-    req: UpstreamRequest,
-) -> Result<ProxyResponse, ProxyError> {
-    let UpstreamRequest { head, body } = req;
-    let mut out = http::Request::new(body.dechunked());
-    *out.method_mut() = head.method;
-    *out.uri_mut() = absolute_uri(endpoint, &head.target)?;
-    *out.version_mut() = Version::HTTP_2;
-    *out.headers_mut() = head.headers.into_map();
-    match client.request(out).await {
-        Ok(resp) => Ok(ProxyResponse::from(resp.map(ResponseBody::Upstream))),
-        Err(e) => {
-            let e = UpstreamError::from(e);
-            Err(if caused_by_client_body(&e) {
-                ProxyError::BadRequest("malformed request body")
-            } else {
-                ProxyError::Unreachable(e)
+        };
+        // Combinators rather than an `async` block, which would keep
+        // `pending` twice.
+        pending.map(|result| {
+            result.map_err(|e| match e {
+                Ok(e) => client_body_failure(&e).unwrap_or(ProxyError::Unreachable(e)),
+                Err(e) => e,
             })
+        })
+    }
+}
+
+impl ClientUpstream {
+    /// [`Upstream::send`] through one of hyper-util's clients, which take
+    /// the request with its absolute URI. `Err(Err(_))`: no URI could be
+    /// made; `Err(Ok(_))`: the backend could not be reached.
+    async fn send(
+        self,
+        endpoint: SocketAddr,
+        mut req: Request<UpstreamBody>,
+    ) -> Result<Response<ResponseBody>, Result<UpstreamError, ProxyError>> {
+        if let ClientUpstream::H2(clients, tls) = self {
+            // The client's authority goes in the URI (`:authority`); the
+            // client of this endpoint dials it whatever the URI says.
+            let authority = req
+                .headers_mut()
+                .remove(http::header::HOST)
+                .and_then(|h| Authority::try_from(h.as_bytes()).ok());
+            *req.uri_mut() =
+                authority_uri(endpoint, authority, tls.is_some(), req.uri()).map_err(Err)?;
+            *req.version_mut() = Version::HTTP_2;
+            return clients
+                .client(endpoint, tls.as_ref())
+                .request(req)
+                .await
+                .map(|r| r.map(ResponseBody::Upstream))
+                .map_err(|e| Ok(UpstreamError::from(e)));
+        }
+        *req.uri_mut() = absolute_uri(endpoint, req.uri()).map_err(Err)?;
+        match self {
+            ClientUpstream::Plain(client) => client
+                .request(req)
+                .await
+                .map(|r| r.map(ResponseBody::Upstream))
+                .map_err(|e| Ok(UpstreamError::from(e))),
+            ClientUpstream::Tls(client, tls) => {
+                *req.version_mut() = Version::HTTP_11;
+                client
+                    .request(req)
+                    .await
+                    .map(|r| r.map(ResponseBody::Upstream))
+                    .map_err(|e| {
+                        tracing::debug!(policy = %tls.policy, error = %e, "TLS backend unreachable");
+                        Ok(UpstreamError::from(e))
+                    })
+            }
+            ClientUpstream::H2(..) => unreachable!("sent above"),
         }
     }
 }
 
-/// The request target a backend gets: the request's own path and query
-/// (no copy) or, after a path rewrite, `path` with the request's query.
-pub(super) fn origin_target(path: Option<&str>, original: &Uri) -> Result<PathAndQuery, ProxyError> {
+/// The URI of an HTTP/2 request: `authority` (the client's), or the
+/// endpoint's address when the request has none.
+fn authority_uri(
+    endpoint: SocketAddr,
+    authority: Option<Authority>,
+    tls: bool,
+    origin: &Uri,
+) -> Result<Uri, ProxyError> {
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(if tls { Scheme::HTTPS } else { Scheme::HTTP });
+    parts.authority = match authority {
+        Some(a) => Some(a),
+        None => endpoint_authority(endpoint),
+    };
+    parts.path_and_query = origin
+        .path_and_query()
+        .cloned()
+        .or_else(|| Some(http::uri::PathAndQuery::from_static("/")));
+    Uri::from_parts(parts).map_err(|_| ProxyError::InvalidFilterResult {
+        what: "request path",
+    })
+}
+
+pub(super) fn origin_uri(path: Option<&str>, original: &Uri) -> Result<Uri, ProxyError> {
+    // The usual case: the path is not rewritten, so the request's own path
+    // and query are reused as they are (no copy, no parse).
     if path.is_none()
         && let Some(pq) = original.path_and_query()
         && pq.path().starts_with('/')
     {
-        return Ok(pq.clone());
+        return Ok(Uri::from(pq.clone()));
     }
     let path = path.unwrap_or(original.path());
     let path = if path.is_empty() { "/" } else { path };
@@ -105,28 +182,57 @@ pub(super) fn origin_target(path: Option<&str>, original: &Uri) -> Result<PathAn
         s.push('?');
         s.push_str(q);
     }
-    PathAndQuery::try_from(s).map_err(|_| ProxyError::InvalidFilterResult {
+    Uri::try_from(s).map_err(|_| ProxyError::InvalidFilterResult {
         what: "request path",
     })
 }
 
-/// The absolute URI hyper-util's client needs (it connects to the
-/// authority).
-fn absolute_uri(endpoint: SocketAddr, target: &PathAndQuery) -> Result<Uri, ProxyError> {
-    let mut parts = http::uri::Parts::default();
-    parts.scheme = Some(Scheme::HTTP);
-    parts.authority = Some(
-        endpoint
-            .to_string()
-            .parse()
-            .map_err(|_| ProxyError::InvalidFilterResult {
-                what: "request path",
-            })?,
-    );
-    parts.path_and_query = Some(target.clone());
-    Uri::from_parts(parts).map_err(|_| ProxyError::InvalidFilterResult {
-        what: "request path",
+/// Endpoint addresses as URI authorities, made once per address and
+/// thread (formatting an address is a good part of building the URI).
+const MAX_CACHED_AUTHORITIES: usize = 4096;
+
+thread_local! {
+    static AUTHORITIES: RefCell<HashMap<SocketAddr, Authority>> = RefCell::new(HashMap::new());
+}
+
+fn endpoint_authority(endpoint: SocketAddr) -> Option<Authority> {
+    AUTHORITIES.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if let Some(a) = cache.get(&endpoint) {
+            return Some(a.clone());
+        }
+        let authority = Authority::try_from(endpoint.to_string()).ok()?;
+        if cache.len() >= MAX_CACHED_AUTHORITIES {
+            // Endpoints come and go over reloads: start afresh.
+            cache.clear();
+        }
+        cache.insert(endpoint, authority.clone());
+        Some(authority)
     })
+}
+
+/// The absolute URI hyper-util's client needs (it connects to the
+/// authority and sends the request in origin-form).
+fn absolute_uri(endpoint: SocketAddr, origin: &Uri) -> Result<Uri, ProxyError> {
+    let invalid = || ProxyError::InvalidFilterResult {
+        what: "request path",
+    };
+    if let Some(authority) = endpoint_authority(endpoint) {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(Scheme::HTTP);
+        parts.authority = Some(authority);
+        parts.path_and_query = origin.path_and_query().cloned();
+        if let Ok(uri) = Uri::from_parts(parts) {
+            return Ok(uri);
+        }
+    }
+    let mut s = String::with_capacity(64);
+    let _ = write!(s, "http://{endpoint}");
+    match origin.path_and_query() {
+        Some(pq) if pq.as_str().starts_with('/') => s.push_str(pq.as_str()),
+        _ => s.push('/'),
+    }
+    Uri::try_from(s).map_err(|_| invalid())
 }
 
 #[cfg(test)]
@@ -134,22 +240,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn origin_target_keeps_or_rewrites_the_path_and_keeps_the_query() {
+    fn origin_uri_keeps_or_rewrites_the_path_and_keeps_the_query() {
         let uri: Uri = "http://example.com/a/b?x=1&y".parse().expect("uri");
-        assert_eq!(origin_target(None, &uri).expect("valid"), "/a/b?x=1&y");
-        assert_eq!(origin_target(Some("/c"), &uri).expect("valid"), "/c?x=1&y");
-        assert_eq!(origin_target(Some(""), &uri).expect("valid"), "/?x=1&y");
+        assert_eq!(origin_uri(None, &uri).expect("valid"), "/a/b?x=1&y");
+        assert_eq!(origin_uri(Some("/c"), &uri).expect("valid"), "/c?x=1&y");
+        assert_eq!(origin_uri(Some(""), &uri).expect("valid"), "/?x=1&y");
         let origin: Uri = "/p".parse().expect("uri");
-        assert_eq!(origin_target(None, &origin).expect("valid"), "/p");
-        assert!(origin_target(Some("/a b"), &uri).is_err());
+        assert_eq!(origin_uri(None, &origin).expect("valid"), "/p");
+        assert!(origin_uri(Some("/a b"), &uri).is_err());
+    }
+
+    #[test]
+    fn http2_uris_keep_the_clients_authority() {
+        let uri: Uri = "/a.B/C?x".parse().expect("uri");
+        let endpoint = "10.0.0.1:8080".parse().expect("addr");
+        let host = Authority::from_static("grpc.example.com");
+        let kept = authority_uri(endpoint, Some(host), false, &uri).expect("valid");
+        assert_eq!(kept.to_string(), "http://grpc.example.com/a.B/C?x");
+        let tls = authority_uri(endpoint, None, true, &uri).expect("valid");
+        assert_eq!(tls.to_string(), "https://10.0.0.1:8080/a.B/C?x");
     }
 
     #[test]
     fn absolute_uri_names_the_endpoint() {
-        let pq: PathAndQuery = "/a/b?x=1&y".parse().expect("target");
-        let v4 = absolute_uri("127.0.0.1:2".parse().expect("addr"), &pq).expect("valid");
+        let uri: Uri = "/a/b?x=1&y".parse().expect("uri");
+        let v4 = absolute_uri("127.0.0.1:2".parse().expect("addr"), &uri).expect("valid");
         assert_eq!(v4.to_string(), "http://127.0.0.1:2/a/b?x=1&y");
-        let v6 = absolute_uri("[::1]:3".parse().expect("addr"), &pq).expect("valid");
+        let v6 = absolute_uri("[::1]:3".parse().expect("addr"), &uri).expect("valid");
         assert_eq!(v6.to_string(), "http://[::1]:3/a/b?x=1&y");
     }
 }

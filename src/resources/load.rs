@@ -9,8 +9,11 @@
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use super::crd::{self, Crds};
+use super::defaults::apply_defaults;
 use super::validate::validate;
 use super::{DEFAULT_NAMESPACE, is_namespaced_kind, object_id};
+use crate::yaml::{Document, Lines};
 
 pub use super::Object;
 
@@ -21,6 +24,10 @@ pub struct LoadedObject {
     /// First line of the document the object came from (1-based).
     pub line: usize,
     pub object: Object,
+    /// `(rule, backendRef)` indices of a route's backendRefs whose
+    /// weight the manifest omitted: the CRD default made them 1, and `check`
+    /// still points out an omitted weight next to explicit ones.
+    pub omitted_weights: Vec<(usize, usize)>,
 }
 
 /// Everything read from one file.
@@ -62,25 +69,38 @@ impl std::error::Error for LoadError {}
 
 /// Parse one manifest file's text. `file` is only used in messages.
 pub fn parse_manifests(text: &str, file: &str) -> ParsedFile {
-    let documents = match split_documents(text, file) {
-        Ok(d) => d,
-        Err(e) => {
-            return ParsedFile {
-                errors: vec![e],
-                ..ParsedFile::default()
-            };
-        }
-    };
+    parse_manifests_with(text, file, &Crds::new())
+}
+
+/// Parse one manifest file's text, validating the kinds `crds` defines by
+/// their CRD (see [`crate::resources::crd`]) and the others by hand.
+pub fn parse_manifests_with(text: &str, file: &str, crds: &Crds) -> ParsedFile {
+    match read_documents(text, file) {
+        Ok(documents) => load_documents(&documents, file, crds),
+        Err(e) => ParsedFile {
+            errors: vec![e],
+            ..ParsedFile::default()
+        },
+    }
+}
+
+/// Load the documents of one file (see [`read_documents`]).
+pub fn load_documents(documents: &[Document], file: &str, crds: &Crds) -> ParsedFile {
     let mut out = ParsedFile::default();
-    for (line, value) in documents {
-        load_document(value, file, line, "", &mut out);
+    for doc in documents {
+        let at = Doc {
+            file,
+            lines: &doc.lines,
+            crds,
+        };
+        load_document(doc.value.clone(), &at, "", &mut out);
     }
     out
 }
 
-/// The documents of a file with the line each starts on, or the syntax
+/// The documents of a file with the line of each node, or the syntax
 /// error that makes the whole file fail.
-fn split_documents(text: &str, file: &str) -> Result<Vec<(usize, Value)>, LoadError> {
+pub fn read_documents(text: &str, file: &str) -> Result<Vec<Document>, LoadError> {
     let syntax = |line: usize, message: String| LoadError {
         file: file.to_string(),
         line,
@@ -91,16 +111,22 @@ fn split_documents(text: &str, file: &str) -> Result<Vec<(usize, Value)>, LoadEr
     let trimmed = text.trim_start();
     if trimmed.starts_with('{') || trimmed.starts_with('[') {
         // JSON (one or more concatenated values). YAML would read most of
-        // it too, but JSON's own parser gives better errors.
+        // it too, but JSON's own parser gives better errors (and lines
+        // only per document).
         let mut docs = Vec::new();
         let mut stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
         loop {
             let start = stream.byte_offset();
             match stream.next() {
                 None => break,
-                Some(Ok(v)) => {
+                Some(Ok(value)) => {
                     let skipped = text[start..].len() - text[start..].trim_start().len();
-                    docs.push((line_of(text, start + skipped), v));
+                    let line = line_of(text, start + skipped);
+                    docs.push(Document {
+                        line,
+                        value,
+                        lines: Lines::whole(line),
+                    });
                 }
                 Some(Err(e)) => {
                     return Err(syntax(e.line().max(1), format!("invalid JSON: {e}")));
@@ -110,36 +136,7 @@ fn split_documents(text: &str, file: &str) -> Result<Vec<(usize, Value)>, LoadEr
         return Ok(docs);
     }
 
-    let mut values = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        match <serde_yaml::Value as serde::Deserialize>::deserialize(doc) {
-            Ok(v) => values.push(v),
-            Err(e) => {
-                let line = e.location().map(|l| l.line()).unwrap_or(1);
-                return Err(syntax(line, format!("invalid YAML: {e}")));
-            }
-        }
-    }
-    let starts = yaml_document_starts(text);
-    // Our scan of `---` markers and the parser agree on the number of
-    // documents in every ordinary file; if they do not, line 1 is the best
-    // we can say.
-    let lines_known = starts.len() == values.len();
-    let line_for = |i: usize| if lines_known { starts[i] } else { 1 };
-    let mut docs = Vec::new();
-    for (i, v) in values.into_iter().enumerate() {
-        let json = match serde_json::to_value(&v) {
-            Ok(j) => j,
-            Err(e) => {
-                return Err(syntax(
-                    line_for(i),
-                    format!("YAML that has no JSON equivalent: {e}"),
-                ));
-            }
-        };
-        docs.push((line_for(i), json));
-    }
-    Ok(docs)
+    crate::yaml::documents(text).map_err(|e| syntax(e.line, format!("invalid YAML: {e}")))
 }
 
 fn line_of(text: &str, byte: usize) -> usize {
@@ -150,58 +147,30 @@ fn line_of(text: &str, byte: usize) -> usize {
         + 1
 }
 
-/// First content line of each YAML document, as the parser splits them: a
-/// `---` line starts a document; text before the first marker is a
-/// document only when it holds something besides comments.
-fn yaml_document_starts(text: &str) -> Vec<usize> {
-    let mut starts = Vec::new();
-    // (start line of the current document, first content line seen)
-    let mut current: Option<(usize, Option<usize>)> = Some((1, None));
-    let mut explicit = false;
-    for (i, raw) in text.lines().enumerate() {
-        let line = i + 1;
-        let is_marker =
-            raw.starts_with("---") && raw[3..].chars().next().is_none_or(char::is_whitespace);
-        if is_marker {
-            if let Some((start, content)) = current.take()
-                && (explicit || content.is_some())
-            {
-                starts.push(content.unwrap_or(start));
-            }
-            explicit = true;
-            let rest = raw[3..].trim();
-            let content = (!rest.is_empty() && !rest.starts_with('#')).then_some(line);
-            current = Some((line + 1, content));
-            continue;
-        }
-        if raw.starts_with("...") {
-            continue;
-        }
-        let t = raw.trim();
-        if let Some((_, content @ None)) = &mut current
-            && !t.is_empty()
-            && !t.starts_with('#')
-        {
-            *content = Some(line);
+/// Where a document came from, and what it is checked against.
+struct Doc<'a> {
+    file: &'a str,
+    /// The lines of the file's document (of the whole `List` for its items).
+    lines: &'a Lines,
+    crds: &'a Crds,
+}
+
+impl Doc<'_> {
+    /// An error about `field` (`None`: the whole object) on its line.
+    fn error(&self, object: Option<&str>, field: Option<String>, message: String) -> LoadError {
+        LoadError {
+            file: self.file.to_string(),
+            line: self.lines.of(field.as_deref().unwrap_or("")),
+            object: object.map(str::to_string),
+            field,
+            message,
         }
     }
-    if let Some((start, content)) = current
-        && (explicit || content.is_some())
-    {
-        starts.push(content.unwrap_or(start));
-    }
-    starts
 }
 
 /// Load one document (or one item of a `List`, with `prefix` `items[3].`).
-fn load_document(mut value: Value, file: &str, line: usize, prefix: &str, out: &mut ParsedFile) {
-    let error = |object: Option<String>, field: Option<String>, message: String| LoadError {
-        file: file.to_string(),
-        line,
-        object,
-        field,
-        message,
-    };
+fn load_document(mut value: Value, at: &Doc<'_>, prefix: &str, out: &mut ParsedFile) {
+    let here = (!prefix.is_empty()).then(|| prefix.trim_end_matches('.').to_string());
     let map = match &mut value {
         Value::Null => return, // an empty document
         Value::Object(m) => m,
@@ -211,9 +180,9 @@ fn load_document(mut value: Value, file: &str, line: usize, prefix: &str, out: &
                 Value::String(_) => "a string",
                 _ => "a scalar",
             };
-            out.errors.push(error(
+            out.errors.push(at.error(
                 None,
-                (!prefix.is_empty()).then(|| prefix.trim_end_matches('.').to_string()),
+                here,
                 format!("expected a Kubernetes object (a mapping with apiVersion and kind), found {what}"),
             ));
             return;
@@ -235,7 +204,7 @@ fn load_document(mut value: Value, file: &str, line: usize, prefix: &str, out: &
         } else {
             "kind"
         };
-        out.errors.push(error(
+        out.errors.push(at.error(
             None,
             Some(format!("{prefix}{missing}")),
             "is required".to_string(),
@@ -248,7 +217,7 @@ fn load_document(mut value: Value, file: &str, line: usize, prefix: &str, out: &
             Some(Value::Array(items)) => items,
             Some(Value::Null) | None => Vec::new(),
             Some(_) => {
-                out.errors.push(error(
+                out.errors.push(at.error(
                     None,
                     Some(format!("{prefix}items")),
                     "must be a list of objects".to_string(),
@@ -257,10 +226,15 @@ fn load_document(mut value: Value, file: &str, line: usize, prefix: &str, out: &
             }
         };
         for (i, item) in items.into_iter().enumerate() {
-            load_document(item, file, line, &format!("{prefix}items[{i}]."), out);
+            load_document(item, at, &format!("{prefix}items[{i}]."), out);
         }
         return;
     }
+    if kind == "CustomResourceDefinition" && api_version == crd::CRD_API_VERSION {
+        // Read by the source, which validates with it (see `FileSet`).
+        return;
+    }
+    let line = at.lines.of(prefix.trim_end_matches('.'));
 
     // Names for messages, before the document is known to fit its type.
     let namespaced = is_namespaced_kind(&kind);
@@ -287,70 +261,131 @@ fn load_document(mut value: Value, file: &str, line: usize, prefix: &str, out: &
         namespace.as_deref(),
         name.as_deref().unwrap_or("<unnamed>"),
     );
+    let in_doc = |field: &str| format!("{prefix}{field}");
 
-    let gateway = matches!(
-        api_version.as_str(),
-        "gateway.networking.k8s.io/v1" | "gateway.networking.k8s.io/v1beta1"
-    );
-    let parsed: Result<Object, (Option<String>, String)> =
-        match (kind.as_str(), api_version.as_str()) {
-            ("GatewayClass", _) if gateway => typed(value).map(Object::GatewayClass),
-            ("Gateway", _) if gateway => typed(value).map(Object::Gateway),
-            ("HTTPRoute", _) if gateway => typed(value).map(Object::HttpRoute),
-            ("ReferenceGrant", _) if gateway => typed(value).map(Object::ReferenceGrant),
-            ("ListenerSet", "gateway.networking.k8s.io/v1") => {
-                typed(value).map(Object::ListenerSet)
+    // Before any default fills them in.
+    let omitted_weights = omitted_weights(&kind, &value);
+    // With a CRD for the kind, the API server's checks decide (and its
+    // schema defaults apply); without, the hand-written ones.
+    let by_crd = match at.crds.admit(&api_version, &kind, &mut value) {
+        None => false,
+        Some(problems) if problems.is_empty() => true,
+        Some(problems) => {
+            for p in problems {
+                let field = (!p.path.is_root()).then(|| in_doc(p.path.as_str()));
+                out.errors.push(at.error(Some(&id), field, p.body()));
             }
-            ("BackendTLSPolicy", "gateway.networking.k8s.io/v1") => {
-                typed(value).map(Object::BackendTlsPolicy)
-            }
-            ("ConfigMap", "v1") => typed(value).map(Object::ConfigMap),
-            ("Service", "v1") => typed(value).map(Object::Service),
-            ("Namespace", "v1") => typed(value).map(Object::Namespace),
-            ("Secret", "v1") => typed(value).map(Object::Secret),
-            ("EndpointSlice", "discovery.k8s.io/v1") => typed(value).map(Object::EndpointSlice),
-            _ => {
-                out.ignored.push(format!(
-                    "{file}:{line}: {id} ({api_version}): not a kind sluice reads"
-                ));
-                return;
-            }
-        };
-    let object = match parsed {
-        Ok(o) => o,
-        Err((field, message)) => {
-            out.errors.push(error(
-                Some(id),
-                field.map(|f| format!("{prefix}{f}")),
-                message,
+            return;
+        }
+    };
+
+    let parsed = match typed_object(&kind, &api_version, value) {
+        Some(parsed) => parsed,
+        None => {
+            out.ignored.push(format!(
+                "{}:{line}: {id} ({api_version}): not a kind sluice reads",
+                at.file
             ));
             return;
         }
     };
+    let mut object = match parsed {
+        Ok(o) => o,
+        Err((field, message)) => {
+            out.errors
+                .push(at.error(Some(&id), field.map(|f| in_doc(&f)), message));
+            return;
+        }
+    };
     if name.as_deref().is_none_or(str::is_empty) {
-        out.errors.push(error(
-            Some(id),
-            Some(format!("{prefix}metadata.name")),
+        out.errors.push(at.error(
+            Some(&id),
+            Some(in_doc("metadata.name")),
             "is required".to_string(),
         ));
         return;
     }
-    let problems = validate(&object);
+    apply_defaults(&mut object);
+    let problems = if by_crd {
+        Vec::new()
+    } else {
+        validate(&object)
+    };
     if !problems.is_empty() {
         for (field, message) in problems {
-            out.errors.push(error(
-                Some(id.clone()),
-                Some(format!("{prefix}{field}")),
-                message,
-            ));
+            out.errors
+                .push(at.error(Some(&id), Some(in_doc(&field)), message));
         }
         return;
     }
     out.objects.push(LoadedObject {
-        file: file.to_string(),
+        file: at.file.to_string(),
         line,
         object,
+        omitted_weights,
     });
+}
+
+/// The backendRefs of a route document (HTTPRoute, GRPCRoute, TLSRoute)
+/// without a weight, before defaults.
+fn omitted_weights(kind: &str, value: &Value) -> Vec<(usize, usize)> {
+    if !matches!(kind, "HTTPRoute" | "GRPCRoute" | "TLSRoute") {
+        return Vec::new();
+    }
+    let rules = value["spec"]["rules"].as_array().into_iter().flatten();
+    rules
+        .enumerate()
+        .flat_map(|(i, rule)| {
+            let refs = rule["backendRefs"].as_array().into_iter().flatten();
+            refs.enumerate()
+                .filter(|(_, b)| b.get("weight").is_none_or(Value::is_null))
+                .map(move |(j, _)| (i, j))
+        })
+        .collect()
+}
+
+/// The typed object of a document of a kind sluice reads (`None` for other
+/// kinds and versions), or the field at fault and why it does not fit.
+pub(crate) fn typed_object(
+    kind: &str,
+    api_version: &str,
+    value: Value,
+) -> Option<Result<Object, (Option<String>, String)>> {
+    let gateway = matches!(
+        api_version,
+        "gateway.networking.k8s.io/v1" | "gateway.networking.k8s.io/v1beta1"
+    );
+    Some(match (kind, api_version) {
+        ("GatewayClass", _) if gateway => typed(value).map(Object::GatewayClass),
+        ("Gateway", _) if gateway => typed(value).map(Object::Gateway),
+        ("HTTPRoute", _) if gateway => typed(value).map(Object::HttpRoute),
+        // GRPCRoute is v1 since Gateway API 1.1 (v1alpha2 before, same
+        // schema); TLSRoute is v1 since 1.5, whose schema v1alpha2 and
+        // v1alpha3 manifests fit when they give hostnames and one rule.
+        ("GRPCRoute", "gateway.networking.k8s.io/v1" | "gateway.networking.k8s.io/v1alpha2") => {
+            typed(value).map(Object::GrpcRoute)
+        }
+        (
+            "TLSRoute",
+            "gateway.networking.k8s.io/v1"
+            | "gateway.networking.k8s.io/v1alpha3"
+            | "gateway.networking.k8s.io/v1alpha2",
+        ) => typed(value).map(Object::TlsRoute),
+        ("ReferenceGrant", _) if gateway => typed(value).map(Object::ReferenceGrant),
+        ("ListenerSet", "gateway.networking.k8s.io/v1") => typed(value).map(Object::ListenerSet),
+        ("BackendTLSPolicy", "gateway.networking.k8s.io/v1") => {
+            typed(value).map(Object::BackendTlsPolicy)
+        }
+        ("ConfigMap", "v1") => typed(value).map(Object::ConfigMap),
+        ("RolloutPolicy", super::ROLLOUT_POLICY_API_VERSION) => {
+            typed(value).map(Object::RolloutPolicy)
+        }
+        ("Service", "v1") => typed(value).map(Object::Service),
+        ("Namespace", "v1") => typed(value).map(Object::Namespace),
+        ("Secret", "v1") => typed(value).map(Object::Secret),
+        ("EndpointSlice", "discovery.k8s.io/v1") => typed(value).map(Object::EndpointSlice),
+        _ => return None,
+    })
 }
 
 /// Deserialize into a typed object, with the path of the field at fault.
@@ -456,7 +491,8 @@ spec:
             e.field.as_deref(),
             Some("spec.rules[0].backendRefs[1].weight")
         );
-        assert_eq!(e.line, 1);
+        // The line of the field, not of the document.
+        assert_eq!(e.line, 10);
     }
 
     #[test]
@@ -466,7 +502,7 @@ spec:
         assert!(parsed.objects.is_empty());
         assert_eq!(
             parsed.errors[0].to_string(),
-            "routes.yaml:1: HTTPRoute default/checkout: spec.rules[0].backendRefs[1].weight: \
+            "routes.yaml:10: HTTPRoute default/checkout: spec.rules[0].backendRefs[1].weight: \
              2000000 is outside 0..=1000000"
         );
     }

@@ -10,24 +10,41 @@
 //! the API server's CRD schema would refuse, with errors that name the file,
 //! line, object and field.
 
+pub mod crd;
+pub mod defaults;
 mod duration;
 pub mod generations;
 pub mod load;
+pub mod rollout_policy;
+mod routes;
 mod validate;
 
+pub use defaults::apply_defaults;
 pub use duration::parse_gateway_duration;
 pub use generations::Generations;
-pub use load::{LoadError, LoadedObject, ParsedFile, parse_manifests};
+pub use load::{
+    LoadError, LoadedObject, ParsedFile, load_documents, parse_manifests, parse_manifests_with,
+    read_documents,
+};
+pub use rollout_policy::{
+    ConsistentKey, OnFailure, Percent, ROLLOUT_POLICY_API_VERSION, RolloutPolicy, RolloutSettings,
+    SLUICE_GROUP,
+};
+pub use routes::{grpc_rule_as_http, tls_backend_refs_as_http};
 pub(crate) use validate::filter_type_name;
 
 pub use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 pub use gateway_api::experimental::gatewayclasses::GatewayClass;
 pub use gateway_api::experimental::gateways::Gateway;
+pub use gateway_api::experimental::grpcroutes::GrpcRoute;
 pub use gateway_api::experimental::httproutes::HttpRoute;
 pub use gateway_api::experimental::listenersets::ListenerSet;
 pub use gateway_api::experimental::referencegrants::ReferenceGrant;
+pub use gateway_api::experimental::tlsroutes::TlsRoute;
 pub use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 pub use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use std::collections::BTreeSet;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -46,6 +63,10 @@ pub struct Snapshot {
     pub gateway_classes: Vec<GatewayClass>,
     pub gateways: Vec<Gateway>,
     pub http_routes: Vec<HttpRoute>,
+    /// GRPCRoutes: gRPC services and methods on HTTP/2 listeners.
+    pub grpc_routes: Vec<GrpcRoute>,
+    /// TLSRoutes: TLS streams chosen by SNI on `TLS` listeners.
+    pub tls_routes: Vec<TlsRoute>,
     pub reference_grants: Vec<ReferenceGrant>,
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
@@ -64,6 +85,14 @@ pub struct Snapshot {
     /// ConfigMaps, for CA certificates (`ca.crt`): frontend client
     /// certificate validation and BackendTLSPolicy validation.
     pub config_maps: Vec<ConfigMap>,
+    /// RolloutPolicies (`sluice.dev/v1alpha1`): how weight changes of the
+    /// HTTPRoutes they target are served.
+    pub rollout_policies: Vec<RolloutPolicy>,
+    /// `(Kind namespace/name, rule, backendRef)` of the routes' backendRefs whose
+    /// weight the manifest omitted before the CRD default made it 1, so that
+    /// an omitted weight next to explicit ones is still pointed out. Only
+    /// files know it: a cluster's objects arrive defaulted.
+    pub omitted_weights: BTreeSet<(String, usize, usize)>,
 }
 
 impl Snapshot {
@@ -75,6 +104,8 @@ impl Snapshot {
                 Object::GatewayClass(o) => s.gateway_classes.push(o),
                 Object::Gateway(o) => s.gateways.push(o),
                 Object::HttpRoute(o) => s.http_routes.push(o),
+                Object::GrpcRoute(o) => s.grpc_routes.push(o),
+                Object::TlsRoute(o) => s.tls_routes.push(o),
                 Object::ReferenceGrant(o) => s.reference_grants.push(o),
                 Object::Service(o) => s.services.push(o),
                 Object::EndpointSlice(o) => s.endpoint_slices.push(o),
@@ -83,9 +114,35 @@ impl Snapshot {
                 Object::ListenerSet(o) => s.listener_sets.push(o),
                 Object::BackendTlsPolicy(o) => s.backend_tls_policies.push(o),
                 Object::ConfigMap(o) => s.config_maps.push(o),
+                Object::RolloutPolicy(o) => s.rollout_policies.push(o),
             }
         }
         s
+    }
+
+    /// Sort loaded objects into a snapshot, keeping what their manifests
+    /// omitted before defaults; `assign` fills in generations (see
+    /// [`Generations`]) between loading and sorting.
+    pub fn from_loaded(
+        loaded: impl IntoIterator<Item = LoadedObject>,
+        assign: impl FnOnce(&mut Vec<Object>),
+    ) -> Snapshot {
+        let mut omitted_weights = BTreeSet::new();
+        let mut objects = Vec::new();
+        for l in loaded {
+            let route = l.object.id();
+            omitted_weights.extend(
+                l.omitted_weights
+                    .iter()
+                    .map(|&(i, j)| (route.clone(), i, j)),
+            );
+            objects.push(l.object);
+        }
+        assign(&mut objects);
+        Snapshot {
+            omitted_weights,
+            ..Snapshot::from_objects(objects)
+        }
     }
 }
 
@@ -95,6 +152,8 @@ pub enum Object {
     GatewayClass(GatewayClass),
     Gateway(Gateway),
     HttpRoute(HttpRoute),
+    GrpcRoute(GrpcRoute),
+    TlsRoute(TlsRoute),
     ReferenceGrant(ReferenceGrant),
     Service(Service),
     EndpointSlice(EndpointSlice),
@@ -103,6 +162,7 @@ pub enum Object {
     ListenerSet(ListenerSet),
     BackendTlsPolicy(BackendTlsPolicy),
     ConfigMap(ConfigMap),
+    RolloutPolicy(RolloutPolicy),
 }
 
 impl Object {
@@ -112,6 +172,8 @@ impl Object {
             Object::GatewayClass(_) => "GatewayClass",
             Object::Gateway(_) => "Gateway",
             Object::HttpRoute(_) => "HTTPRoute",
+            Object::GrpcRoute(_) => "GRPCRoute",
+            Object::TlsRoute(_) => "TLSRoute",
             Object::ReferenceGrant(_) => "ReferenceGrant",
             Object::Service(_) => "Service",
             Object::EndpointSlice(_) => "EndpointSlice",
@@ -120,6 +182,7 @@ impl Object {
             Object::ListenerSet(_) => "ListenerSet",
             Object::BackendTlsPolicy(_) => "BackendTLSPolicy",
             Object::ConfigMap(_) => "ConfigMap",
+            Object::RolloutPolicy(_) => "RolloutPolicy",
         }
     }
 
@@ -133,6 +196,8 @@ impl Object {
             Object::GatewayClass(o) => &o.metadata,
             Object::Gateway(o) => &o.metadata,
             Object::HttpRoute(o) => &o.metadata,
+            Object::GrpcRoute(o) => &o.metadata,
+            Object::TlsRoute(o) => &o.metadata,
             Object::ReferenceGrant(o) => &o.metadata,
             Object::Service(o) => &o.metadata,
             Object::EndpointSlice(o) => &o.metadata,
@@ -141,6 +206,7 @@ impl Object {
             Object::ListenerSet(o) => &o.metadata,
             Object::BackendTlsPolicy(o) => &o.metadata,
             Object::ConfigMap(o) => &o.metadata,
+            Object::RolloutPolicy(o) => &o.metadata,
         }
     }
 
@@ -149,6 +215,8 @@ impl Object {
             Object::GatewayClass(o) => &mut o.metadata,
             Object::Gateway(o) => &mut o.metadata,
             Object::HttpRoute(o) => &mut o.metadata,
+            Object::GrpcRoute(o) => &mut o.metadata,
+            Object::TlsRoute(o) => &mut o.metadata,
             Object::ReferenceGrant(o) => &mut o.metadata,
             Object::Service(o) => &mut o.metadata,
             Object::EndpointSlice(o) => &mut o.metadata,
@@ -157,6 +225,7 @@ impl Object {
             Object::ListenerSet(o) => &mut o.metadata,
             Object::BackendTlsPolicy(o) => &mut o.metadata,
             Object::ConfigMap(o) => &mut o.metadata,
+            Object::RolloutPolicy(o) => &mut o.metadata,
         }
     }
 
@@ -191,6 +260,8 @@ impl Object {
             Object::GatewayClass(o) => serde_json::to_value(&o.spec),
             Object::Gateway(o) => serde_json::to_value(&o.spec),
             Object::HttpRoute(o) => serde_json::to_value(&o.spec),
+            Object::GrpcRoute(o) => serde_json::to_value(&o.spec),
+            Object::TlsRoute(o) => serde_json::to_value(&o.spec),
             Object::ReferenceGrant(o) => serde_json::to_value(&o.spec),
             Object::Service(o) => serde_json::to_value(&o.spec),
             Object::Namespace(o) => serde_json::to_value(&o.spec),
@@ -210,6 +281,7 @@ impl Object {
                 "data": o.data,
                 "binaryData": o.binary_data,
             })),
+            Object::RolloutPolicy(o) => serde_json::to_value(&o.spec),
         };
         // Serializing these plain data types cannot fail (no maps with
         // non-string keys); a null spec only makes generations coarser.

@@ -10,12 +10,20 @@
 use std::collections::HashSet;
 use std::net::IpAddr;
 
+use gateway_api::experimental::grpcroutes::{
+    GrpcRouteRulesMatches, GrpcRouteRulesMatchesHeadersType, GrpcRouteRulesMatchesMethodType,
+};
 use gateway_api::experimental::httproutes::{
-    HttpRouteRules, HttpRouteRulesFilters, HttpRouteRulesFiltersType, HttpRouteRulesMatchesPathType,
+    HttpRouteRules, HttpRouteRulesFilters, HttpRouteRulesFiltersType,
+    HttpRouteRulesMatchesPathType, HttpRouteRulesSessionPersistence,
+    HttpRouteRulesSessionPersistenceCookieConfigLifetimeType, HttpRouteRulesSessionPersistenceType,
 };
 use http::{HeaderName, HeaderValue};
 
-use super::{Gateway, GatewayClass, HttpRoute, Object, Service, parse_gateway_duration};
+use super::{
+    Gateway, GatewayClass, GrpcRoute, HttpRoute, Object, Service, TlsRoute, grpc_rule_as_http,
+    parse_gateway_duration, tls_backend_refs_as_http,
+};
 
 pub(crate) type Problems = Vec<(String, String)>;
 
@@ -26,7 +34,14 @@ pub(crate) fn validate(object: &Object) -> Problems {
         Object::GatewayClass(o) => gateway_class(o, &mut p),
         Object::Gateway(o) => gateway(o, &mut p),
         Object::HttpRoute(o) => http_route(o, &mut p),
+        Object::GrpcRoute(o) => grpc_route(o, &mut p),
+        Object::TlsRoute(o) => tls_route(o, &mut p),
         Object::Service(o) => service(o, &mut p),
+        Object::RolloutPolicy(o) => {
+            if let Err(problems) = o.settings() {
+                p.extend(problems);
+            }
+        }
         Object::ReferenceGrant(_)
         | Object::EndpointSlice(_)
         | Object::Namespace(_)
@@ -42,6 +57,18 @@ pub const MAX_WEIGHT: i32 = 1_000_000;
 
 fn push(p: &mut Problems, field: impl Into<String>, message: impl Into<String>) {
     p.push((field.into(), message.into()));
+}
+
+/// The CRDs' `maxItems`: a list of `count` `what` at `field` has at most
+/// `max`.
+fn at_most(p: &mut Problems, field: impl Into<String>, count: usize, max: usize, what: &str) {
+    if count > max {
+        push(
+            p,
+            field,
+            format!("has {count} {what}; at most {max} are allowed"),
+        );
+    }
 }
 
 fn check_port(p: &mut Problems, field: String, port: i32) {
@@ -138,16 +165,11 @@ pub(crate) fn check_hostname(h: &str) -> Result<(), String> {
 }
 
 fn http_route(o: &HttpRoute, p: &mut Problems) {
-    for (i, h) in o.spec.hostnames.iter().flatten().enumerate() {
-        if let Err(e) = check_hostname(h) {
-            push(p, format!("spec.hostnames[{i}]"), e);
-        }
-    }
-    for (i, r) in o.spec.parent_refs.iter().flatten().enumerate() {
-        if let Some(port) = r.port {
-            check_port(p, format!("spec.parentRefs[{i}].port"), port);
-        }
-    }
+    route_common(
+        o.spec.hostnames.iter().flatten(),
+        o.spec.parent_refs.iter().flatten().map(|r| r.port),
+        p,
+    );
     let rules = o.spec.rules.as_deref().unwrap_or_default();
     if rules.len() > 16 {
         push(
@@ -158,6 +180,262 @@ fn http_route(o: &HttpRoute, p: &mut Problems) {
     }
     for (i, rule) in rules.iter().enumerate() {
         http_rule(rule, &format!("spec.rules[{i}]"), p);
+    }
+    unique_rule_names(rules.iter().map(|r| r.name.as_deref()), p);
+}
+
+/// The CRDs' "Rule name must be unique within the route".
+fn unique_rule_names<'a>(names: impl Iterator<Item = Option<&'a str>>, p: &mut Problems) {
+    let mut seen = HashSet::new();
+    for (i, name) in names.enumerate() {
+        if let Some(name) = name
+            && !seen.insert(name)
+        {
+            push(
+                p,
+                format!("spec.rules[{i}].name"),
+                format!(
+                    "{name:?} is used by another rule; rule names must be unique within the route"
+                ),
+            );
+        }
+    }
+}
+
+/// Hostnames and parentRef ports, as every route kind has them.
+fn route_common<'a>(
+    hostnames: impl Iterator<Item = &'a String>,
+    parent_ports: impl Iterator<Item = Option<i32>>,
+    p: &mut Problems,
+) {
+    for (i, h) in hostnames.enumerate() {
+        if let Err(e) = check_hostname(h) {
+            push(p, format!("spec.hostnames[{i}]"), e);
+        }
+    }
+    for (i, port) in parent_ports.enumerate() {
+        if let Some(port) = port {
+            check_port(p, format!("spec.parentRefs[{i}].port"), port);
+        }
+    }
+}
+
+fn grpc_route(o: &GrpcRoute, p: &mut Problems) {
+    let hostnames = o.spec.hostnames.as_deref().unwrap_or_default();
+    at_most(p, "spec.hostnames", hostnames.len(), 16, "entries");
+    route_common(
+        hostnames.iter(),
+        o.spec.parent_refs.iter().flatten().map(|r| r.port),
+        p,
+    );
+    let rules = o.spec.rules.as_deref().unwrap_or_default();
+    at_most(p, "spec.rules", rules.len(), 16, "rules");
+    let total: usize = rules
+        .iter()
+        .map(|r| r.matches.as_ref().map_or(0, Vec::len))
+        .sum();
+    if total > 128 {
+        push(
+            p,
+            "spec.rules",
+            format!(
+                "has {total} matches in all; the total number of matches across all rules in a route must be less than 128"
+            ),
+        );
+    }
+    for (i, rule) in rules.iter().enumerate() {
+        let f = format!("spec.rules[{i}]");
+        let matches = rule.matches.as_deref().unwrap_or_default();
+        at_most(p, format!("{f}.matches"), matches.len(), 64, "entries");
+        for (j, m) in matches.iter().enumerate() {
+            grpc_match(m, &format!("{f}.matches[{j}]"), p);
+        }
+        // Filters, backendRefs and sessionPersistence are HTTPRoute's.
+        match grpc_rule_as_http(rule) {
+            Ok(http) => http_rule(&http, &f, p),
+            Err(e) => push(p, f, format!("cannot be read: {e}")),
+        }
+    }
+    unique_rule_names(rules.iter().map(|r| r.name.as_deref()), p);
+}
+
+/// The CRD's GRPCMethodMatch and GRPCHeaderMatch rules.
+fn grpc_match(m: &GrpcRouteRulesMatches, f: &str, p: &mut Problems) {
+    if let Some(method) = &m.method {
+        let mf = format!("{f}.method");
+        let exact = !matches!(
+            method.r#type,
+            Some(GrpcRouteRulesMatchesMethodType::RegularExpression)
+        );
+        if method.service.is_none() && method.method.is_none() {
+            push(
+                p,
+                mf.clone(),
+                "One or both of 'service' or 'method' must be specified",
+            );
+        }
+        for (field, value) in [("service", &method.service), ("method", &method.method)] {
+            let Some(value) = value else { continue };
+            if value.len() > 1024 {
+                push(p, format!("{mf}.{field}"), "is longer than 1024 characters");
+            } else if !exact {
+                if let Err(e) = regex::Regex::new(value) {
+                    push(
+                        p,
+                        format!("{mf}.{field}"),
+                        format!("invalid regular expression: {e}"),
+                    );
+                }
+            } else if !grpc_name_ok(field, value) {
+                let pattern = if field == "service" {
+                    r"^(?i)\.?[a-z_][a-z_0-9]*(\.[a-z_][a-z_0-9]*)*$"
+                } else {
+                    r"^[A-Za-z_][A-Za-z_0-9]*$"
+                };
+                push(
+                    p,
+                    format!("{mf}.{field}"),
+                    format!("{field} must only contain valid characters (matching {pattern})"),
+                );
+            }
+        }
+    }
+    let headers = m.headers.as_deref().unwrap_or_default();
+    at_most(p, format!("{f}.headers"), headers.len(), 16, "entries");
+    for (k, h) in headers.iter().enumerate() {
+        if HeaderName::from_bytes(h.name.as_bytes()).is_err() {
+            push(
+                p,
+                format!("{f}.headers[{k}].name"),
+                format!("{:?} is not a valid header name", h.name),
+            );
+        }
+        if h.value.is_empty() {
+            push(p, format!("{f}.headers[{k}].value"), "must not be empty");
+        }
+        if matches!(
+            h.r#type,
+            Some(GrpcRouteRulesMatchesHeadersType::RegularExpression)
+        ) && let Err(e) = regex::Regex::new(&h.value)
+        {
+            push(
+                p,
+                format!("{f}.headers[{k}].value"),
+                format!("invalid regular expression: {e}"),
+            );
+        }
+    }
+}
+
+/// An Exact service (`pkg.Service`, an optional leading dot, letters in
+/// any case) or method (`Method`) name, as the CRD's patterns allow.
+fn grpc_name_ok(field: &str, value: &str) -> bool {
+    let ident = |s: &str| {
+        let mut chars = s.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    if field == "method" {
+        return ident(value);
+    }
+    let value = value.strip_prefix('.').unwrap_or(value);
+    value.split('.').all(ident)
+}
+
+fn tls_route(o: &TlsRoute, p: &mut Problems) {
+    let hostnames = &o.spec.hostnames;
+    if hostnames.is_empty() || hostnames.len() > 1024 {
+        push(
+            p,
+            "spec.hostnames",
+            format!("has {} entries; 1 to 1024 are allowed", hostnames.len()),
+        );
+    }
+    route_common(
+        hostnames.iter(),
+        o.spec.parent_refs.iter().flatten().map(|r| r.port),
+        p,
+    );
+    if o.spec.rules.len() != 1 {
+        push(
+            p,
+            "spec.rules",
+            format!("has {} rules; exactly 1 is allowed", o.spec.rules.len()),
+        );
+    }
+    for (i, rule) in o.spec.rules.iter().enumerate() {
+        let f = format!("spec.rules[{i}]");
+        let n = rule.backend_refs.len();
+        if n == 0 || n > 16 {
+            push(
+                p,
+                format!("{f}.backendRefs"),
+                format!("has {n} entries; 1 to 16 are allowed"),
+            );
+        }
+        match tls_backend_refs_as_http(&rule.backend_refs) {
+            Ok(refs) => backend_refs(&refs, &f, true, p),
+            Err(e) => push(
+                p,
+                format!("{f}.backendRefs"),
+                format!("cannot be read: {e}"),
+            ),
+        }
+    }
+}
+
+/// GEP-1619's `sessionPersistence` of a route rule, with the CRD's rules.
+fn session_persistence(s: &HttpRouteRulesSessionPersistence, f: &str, p: &mut Problems) {
+    let f = format!("{f}.sessionPersistence");
+    for (field, value) in [
+        ("absoluteTimeout", &s.absolute_timeout),
+        ("idleTimeout", &s.idle_timeout),
+    ] {
+        if let Some(d) = value {
+            match parse_gateway_duration(d) {
+                Err(e) => push(p, format!("{f}.{field}"), e),
+                Ok(d) if d.is_zero() => push(p, format!("{f}.{field}"), "must be longer than 0s"),
+                Ok(_) => {}
+            }
+        }
+    }
+    let header = matches!(s.r#type, Some(HttpRouteRulesSessionPersistenceType::Header));
+    if let Some(c) = &s.cookie_config {
+        if header {
+            push(
+                p,
+                format!("{f}.cookieConfig"),
+                "cookieConfig can only be set with type Cookie",
+            );
+        }
+        if matches!(
+            c.lifetime_type,
+            Some(HttpRouteRulesSessionPersistenceCookieConfigLifetimeType::Permanent)
+        ) && s.absolute_timeout.is_none()
+        {
+            push(
+                p,
+                f.clone(),
+                "AbsoluteTimeout must be specified when cookie lifetimeType is Permanent",
+            );
+        }
+    }
+    if let Some(name) = &s.session_name {
+        let token = !name.is_empty()
+            && name.len() <= 128
+            && HeaderName::from_bytes(name.as_bytes()).is_ok();
+        if !token {
+            push(
+                p,
+                format!("{f}.sessionName"),
+                format!(
+                    "{name:?} is not a valid {} name (1 to 128 token characters)",
+                    if header { "header" } else { "cookie" }
+                ),
+            );
+        }
     }
 }
 
@@ -237,7 +515,50 @@ fn http_rule(rule: &HttpRouteRules, f: &str, p: &mut Problems) {
         p,
     );
 
-    for (j, b) in rule.backend_refs.iter().flatten().enumerate() {
+    backend_refs(
+        rule.backend_refs.as_deref().unwrap_or_default(),
+        f,
+        prefix_match_only,
+        p,
+    );
+    if let Some(sp) = &rule.session_persistence {
+        session_persistence(sp, f, p);
+    }
+
+    if let Some(t) = &rule.timeouts {
+        let request = t.request.as_deref().map(|d| (d, parse_gateway_duration(d)));
+        let backend = t
+            .backend_request
+            .as_deref()
+            .map(|d| (d, parse_gateway_duration(d)));
+        if let Some((_, Err(e))) = &request {
+            push(p, format!("{f}.timeouts.request"), e.clone());
+        }
+        if let Some((_, Err(e))) = &backend {
+            push(p, format!("{f}.timeouts.backendRequest"), e.clone());
+        }
+        if let (Some((_, Ok(r))), Some((bd, Ok(b)))) = (&request, &backend)
+            && !r.is_zero()
+            && (b.is_zero() || b > r)
+        {
+            push(
+                p,
+                format!("{f}.timeouts.backendRequest"),
+                format!("{bd:?} cannot be longer than request timeout"),
+            );
+        }
+    }
+}
+
+/// A rule's backendRefs (at `f`, the rule's field): weights, ports and
+/// backend filters.
+fn backend_refs(
+    refs: &[gateway_api::experimental::httproutes::HttpRouteRulesBackendRefs],
+    f: &str,
+    prefix_match_only: bool,
+    p: &mut Problems,
+) {
+    for (j, b) in refs.iter().enumerate() {
         let bf = format!("{f}.backendRefs[{j}]");
         if let Some(w) = b.weight
             && !(0..=MAX_WEIGHT).contains(&w)
@@ -271,30 +592,6 @@ fn http_rule(rule: &HttpRouteRules, f: &str, p: &mut Problems) {
             })
             .collect();
         filters(&converted, &format!("{bf}.filters"), prefix_match_only, p);
-    }
-
-    if let Some(t) = &rule.timeouts {
-        let request = t.request.as_deref().map(|d| (d, parse_gateway_duration(d)));
-        let backend = t
-            .backend_request
-            .as_deref()
-            .map(|d| (d, parse_gateway_duration(d)));
-        if let Some((_, Err(e))) = &request {
-            push(p, format!("{f}.timeouts.request"), e.clone());
-        }
-        if let Some((_, Err(e))) = &backend {
-            push(p, format!("{f}.timeouts.backendRequest"), e.clone());
-        }
-        if let (Some((_, Ok(r))), Some((bd, Ok(b)))) = (&request, &backend)
-            && !r.is_zero()
-            && (b.is_zero() || b > r)
-        {
-            push(
-                p,
-                format!("{f}.timeouts.backendRequest"),
-                format!("{bd:?} cannot be longer than request timeout"),
-            );
-        }
     }
 }
 
@@ -832,6 +1129,162 @@ mod tests {
             fields,
             vec!["spec.listeners[1].name", "spec.addresses[0].value"],
             "{p:?}"
+        );
+    }
+
+    fn grpc_rule(rule: &str) -> String {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {{name: g}}\n\
+             spec:\n  rules:\n  - {rule}\n"
+        )
+    }
+
+    #[test]
+    fn grpc_routes_are_checked_like_the_crd_does() {
+        assert_eq!(
+            problems(&grpc_rule(
+                "matches: [{method: {service: grpc.examples.echo.Echo, method: Echo}, headers: [{name: version, value: one}]}]\n    \
+                 backendRefs: [{name: a, port: 80, weight: 3}]\n    \
+                 filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}}}]"
+            )),
+            vec![]
+        );
+        one_problem(
+            &grpc_rule("matches: [{method: {type: Exact}}]"),
+            "spec.rules[0].matches[0].method",
+            "One or both of 'service' or 'method'",
+        );
+        one_problem(
+            &grpc_rule("matches: [{method: {service: 'a/b'}}]"),
+            "spec.rules[0].matches[0].method.service",
+            "valid characters",
+        );
+        one_problem(
+            &grpc_rule("matches: [{method: {method: 'Echo.Two'}}]"),
+            "spec.rules[0].matches[0].method.method",
+            "valid characters",
+        );
+        one_problem(
+            &grpc_rule("matches: [{method: {type: RegularExpression, service: '(x'}}]"),
+            "spec.rules[0].matches[0].method.service",
+            "invalid regular expression",
+        );
+        one_problem(
+            &grpc_rule("backendRefs: [{name: a, port: 80, weight: -2}]"),
+            "spec.rules[0].backendRefs[0].weight",
+            "outside",
+        );
+        one_problem(
+            &grpc_rule("backendRefs: [{name: a}]"),
+            "spec.rules[0].backendRefs[0].port",
+            "required",
+        );
+        one_problem(
+            &grpc_rule("filters: [{type: RequestHeaderModifier}]"),
+            "spec.rules[0].filters[0]",
+            "must be specified",
+        );
+        // A leading dot and upper-case letters are allowed in a service.
+        assert_eq!(
+            problems(&grpc_rule("matches: [{method: {service: .Pkg.Svc_1}}]")),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn rule_names_are_unique() {
+        one_problem(
+            &grpc_rule("{name: a}\n  - {name: a}"),
+            "spec.rules[1].name",
+            "unique",
+        );
+        one_problem(
+            &route_rule("{name: a}\n  - {name: a}"),
+            "spec.rules[1].name",
+            "unique",
+        );
+    }
+
+    fn tls_route(spec: &str) -> String {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: TLSRoute\nmetadata: {{name: t}}\nspec:\n{spec}"
+        )
+    }
+
+    #[test]
+    fn tls_routes_need_hostnames_and_one_rule_with_backends() {
+        assert_eq!(
+            problems(&tls_route(
+                "  hostnames: [abc.example.com, '*.example.org']\n  rules: [{backendRefs: [{name: db, port: 443, weight: 2}]}]\n"
+            )),
+            vec![]
+        );
+        one_problem(
+            &tls_route("  hostnames: []\n  rules: [{backendRefs: [{name: db, port: 443}]}]\n"),
+            "spec.hostnames",
+            "1 to 1024",
+        );
+        one_problem(
+            &tls_route(
+                "  hostnames: [a.b]\n  rules: [{backendRefs: [{name: db, port: 443}]}, {backendRefs: [{name: db, port: 443}]}]\n",
+            ),
+            "spec.rules",
+            "exactly 1",
+        );
+        one_problem(
+            &tls_route("  hostnames: [a.b]\n  rules: [{backendRefs: [{name: db}]}]\n"),
+            "spec.rules[0].backendRefs[0].port",
+            "required",
+        );
+        one_problem(
+            &tls_route(
+                "  hostnames: [10.0.0.1]\n  rules: [{backendRefs: [{name: db, port: 1}]}]\n",
+            ),
+            "spec.hostnames[0]",
+            "IP address",
+        );
+        // Without hostnames the v1 schema refuses the object, naming it.
+        let p = problems(&tls_route(
+            "  rules: [{backendRefs: [{name: db, port: 1}]}]\n",
+        ));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].1.contains("hostnames"), "{p:?}");
+    }
+
+    #[test]
+    fn session_persistence_is_checked_like_the_crd_does() {
+        assert_eq!(
+            problems(&route_rule(
+                "sessionPersistence: {sessionName: sid, absoluteTimeout: 1h, idleTimeout: 10m, cookieConfig: {lifetimeType: Permanent}}"
+            )),
+            vec![]
+        );
+        one_problem(
+            &route_rule("sessionPersistence: {cookieConfig: {lifetimeType: Permanent}}"),
+            "spec.rules[0].sessionPersistence",
+            "AbsoluteTimeout must be specified",
+        );
+        one_problem(
+            &route_rule(
+                "sessionPersistence: {type: Header, cookieConfig: {lifetimeType: Session}}",
+            ),
+            "spec.rules[0].sessionPersistence.cookieConfig",
+            "only be set with type Cookie",
+        );
+        one_problem(
+            &route_rule("sessionPersistence: {absoluteTimeout: 1 hour}"),
+            "spec.rules[0].sessionPersistence.absoluteTimeout",
+            "duration",
+        );
+        one_problem(
+            &route_rule("sessionPersistence: {sessionName: 'a b'}"),
+            "spec.rules[0].sessionPersistence.sessionName",
+            "cookie name",
+        );
+        one_problem(
+            &grpc_rule("sessionPersistence: {type: Header, idleTimeout: 0s}"),
+            "spec.rules[0].sessionPersistence.idleTimeout",
+            "longer than 0s",
         );
     }
 

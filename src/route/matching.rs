@@ -8,23 +8,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use http::{HeaderMap, HeaderName, Method};
-
-/// A request's header fields as matching reads them. The proxy's own
-/// HTTP/1.1 heads implement it without building a header map.
-pub trait HeaderSource {
-    /// Does any value of `name` satisfy `f`?
-    fn any_value(&self, name: &HeaderName, f: &mut dyn FnMut(&[u8]) -> bool) -> bool;
-}
-
-impl HeaderSource for HeaderMap {
-    fn any_value(&self, name: &HeaderName, f: &mut dyn FnMut(&[u8]) -> bool) -> bool {
-        self.get_all(name).iter().any(|v| f(v.as_bytes()))
-    }
-}
 use regex_automata::meta;
 use regex_automata::nfa::thompson::WhichCaptures;
 use regex_syntax::hir::literal::{ExtractKind, Extractor};
 use regex_syntax::hir::{Hir, Look};
+
+use super::grpc::GrpcMethodMatch;
 
 /// A path condition.
 #[derive(Debug, Clone)]
@@ -35,6 +24,9 @@ pub enum PathMatch {
     Prefix(String),
     /// Anchored at both ends: the whole path must match.
     RegularExpression(AnchoredRegex),
+    /// A GRPCRoute match's service and method, compared with the two parts
+    /// of a gRPC request path `/<service>/<method>`.
+    Grpc(GrpcMethodMatch),
 }
 
 impl PathMatch {
@@ -62,6 +54,7 @@ impl PathMatch {
                         && matches!(path.as_bytes().get(p.len()), None | Some(b'/')))
             }
             PathMatch::RegularExpression(re) => re.is_match(path),
+            PathMatch::Grpc(m) => m.matches(path),
         }
     }
 
@@ -94,6 +87,7 @@ impl PathMatch {
                 }
                 Some(segments)
             }
+            PathMatch::Grpc(m) => m.first_segments(),
         }
     }
 }
@@ -324,6 +318,17 @@ impl Default for RequestMatch {
     }
 }
 
+/// The first condition of a match a request fails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mismatch<'a> {
+    Method,
+    Path,
+    /// The header of this name is missing or has no matching value.
+    Header(&'a HeaderName),
+    /// The query parameter of this name is missing or does not match.
+    Query(&'a str),
+}
+
 impl RequestMatch {
     /// Does a request with this method, path, query and headers match?
     pub fn matches(
@@ -331,30 +336,48 @@ impl RequestMatch {
         method: &Method,
         path: &str,
         query: Option<&str>,
-        headers: &dyn HeaderSource,
+        headers: &HeaderMap,
     ) -> bool {
+        self.mismatch(method, path, query, headers).is_none()
+    }
+
+    /// The first condition the request fails (method, path, headers, then
+    /// query parameters), `None` when it matches: what
+    /// [`matches`](Self::matches) decides with.
+    #[inline]
+    pub fn mismatch(
+        &self,
+        method: &Method,
+        path: &str,
+        query: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Option<Mismatch<'_>> {
         if self.method.as_ref().is_some_and(|m| m != method) {
-            return false;
+            return Some(Mismatch::Method);
         }
         if !self.path.matches(path) {
-            return false;
+            return Some(Mismatch::Path);
         }
-        let headers_ok = self
-            .headers
+        if let Some(h) = self.headers.iter().find(|h| {
+            !headers
+                .get_all(&h.name)
+                .iter()
+                .any(|v| h.value.matches(v.as_bytes()))
+        }) {
+            return Some(Mismatch::Header(&h.name));
+        }
+        self.query
             .iter()
-            .all(|h| headers.any_value(&h.name, &mut |v| h.value.matches(v)));
-        if !headers_ok {
-            return false;
-        }
-        self.query.iter().all(|q| {
-            query
-                .and_then(|qs| {
-                    form_urlencoded::parse(qs.as_bytes())
-                        .find(|(k, _)| k == q.name.as_str())
-                        .map(|(_, v)| q.value.matches(v.as_bytes()))
-                })
-                .unwrap_or(false)
-        })
+            .find(|q| {
+                !query
+                    .and_then(|qs| {
+                        form_urlencoded::parse(qs.as_bytes())
+                            .find(|(k, _)| k == q.name.as_str())
+                            .map(|(_, v)| q.value.matches(v.as_bytes()))
+                    })
+                    .unwrap_or(false)
+            })
+            .map(|q| Mismatch::Query(q.name.as_str()))
     }
 }
 

@@ -8,36 +8,97 @@
 //! A table is immutable once built and is swapped in whole (`arc_swap`), so a
 //! request always finishes on the table it started with.
 
+mod consistent;
 mod cors;
+mod grpc;
 mod hostname;
 mod matching;
+mod outlier;
 mod retry;
+mod session;
+mod stream;
 mod table;
 mod weighted;
 
+pub use consistent::{Consistent, KeySource};
 pub use cors::{CorsList, CorsPolicy, OriginHost, OriginPattern};
+pub use grpc::{GrpcMethodMatch, split_path as grpc_path};
 pub use hostname::{HostPattern, normalize_host};
 pub use matching::{
-    AnchoredRegex, HeaderMatch, HeaderSource, PathMatch, QueryMatch, RegexError, RequestMatch,
+    AnchoredRegex, HeaderMatch, Mismatch, PathMatch, QueryMatch, RegexError, RequestMatch,
     ValueMatch,
 };
+pub use outlier::{
+    BackendHealth, Ejection, EndpointReport, Failure, InFlight, OutlierPolicy, Outliers, Return,
+    SetHealth,
+};
 pub use retry::{DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, RetryPolicy, TryOutcome};
+pub use session::{SessionCarrier, SessionPersistence, SessionToken, cookie_path, stable_hash};
+pub use stream::{StreamRoutes, TlsMode};
 pub use table::{
-    ClientValidation, ListenerHandle, ListenerRoutes, Lookup, PortRoutes, RouteMatch, RouteOrder,
-    RouteTable, RouteTableBuilder,
+    ClientValidation, Criterion, Explained, ExplainedCandidate, ListenerHandle, ListenerRoutes,
+    Lookup, PortRoutes, RouteMatch, RouteOrder, RouteTable, RouteTableBuilder, StreamLookup,
 };
 pub use weighted::WeightedPicker;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, StatusCode};
 
-/// Identity of one HTTPRoute rule, used in logs, metrics and `/status` dumps.
+/// The kind of route a rule comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RouteKind {
+    #[default]
+    Http,
+    Grpc,
+    Tls,
+}
+
+impl RouteKind {
+    /// The Kubernetes `kind`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RouteKind::Http => "HTTPRoute",
+            RouteKind::Grpc => "GRPCRoute",
+            RouteKind::Tls => "TLSRoute",
+        }
+    }
+
+    /// What the route's metrics label starts with before `ns/name`:
+    /// nothing for an HTTPRoute (its labels are as they always were), the
+    /// kind and a space for the others (`GRPCRoute ns/name`), so that
+    /// routes of different kinds sharing a name never share counters.
+    pub const fn metrics_prefix(self) -> &'static str {
+        match self {
+            RouteKind::Http => "",
+            RouteKind::Grpc => "GRPCRoute ",
+            RouteKind::Tls => "TLSRoute ",
+        }
+    }
+
+    /// The lower-case kind that starts readable ids (`grpcroute/...`).
+    pub const fn id_prefix(self) -> &'static str {
+        match self {
+            RouteKind::Http => "httproute",
+            RouteKind::Grpc => "grpcroute",
+            RouteKind::Tls => "tlsroute",
+        }
+    }
+}
+
+impl std::fmt::Display for RouteKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Identity of one route rule, used in logs, metrics and `/status` dumps.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RuleId {
+    pub kind: RouteKind,
     pub namespace: String,
     pub route: String,
     pub index: usize,
@@ -49,13 +110,17 @@ impl std::fmt::Display for RuleId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "httproute/{}/{}/rule/{}",
-            self.namespace, self.route, self.index
+            "{}/{}/{}/rule/{}",
+            self.kind.id_prefix(),
+            self.namespace,
+            self.route,
+            self.index
         )
     }
 }
 
-/// One HTTPRoute rule, compiled: filters to apply and the weighted backends.
+/// One route rule, compiled: filters to apply and the weighted backends
+/// (a TLSRoute rule has backends only).
 #[derive(Debug)]
 pub struct Rule {
     pub id: RuleId,
@@ -65,6 +130,9 @@ pub struct Rule {
     pub timeouts: Timeouts,
     /// `retry`: send the request again when a try fails retriably.
     pub retry: Option<RetryPolicy>,
+    /// `sessionPersistence` (GEP-1619): a request carrying a session goes
+    /// to the backend and endpoint the session started on.
+    pub session: Option<SessionPersistence>,
 }
 
 /// HTTPRoute rule `timeouts`; `None` means no limit.
@@ -76,10 +144,15 @@ pub struct Timeouts {
 
 /// The backendRefs of a rule with their weights and the lock-free picker
 /// that spreads requests over them exactly in proportion to the weights.
+///
+/// The weights are the spec's, or the shares a rollout serves
+/// ([`BackendSplit::served`]); during a rollout with consistent users,
+/// requests carrying the key are placed by its hash instead.
 #[derive(Debug)]
 pub struct BackendSplit {
     backends: Vec<Backend>,
     picker: WeightedPicker,
+    consistent: Option<Consistent>,
 }
 
 /// What a rule with backendRefs decided for one request.
@@ -101,6 +174,18 @@ impl BackendSplit {
         BackendSplit {
             picker: WeightedPicker::new(&weights),
             backends,
+            consistent: None,
+        }
+    }
+
+    /// Backends served with `weights` (one per backend, in order) instead
+    /// of their spec weights, and keyed requests placed by `consistent`.
+    pub fn served(backends: Vec<Backend>, weights: &[u64], consistent: Option<Consistent>) -> Self {
+        debug_assert_eq!(backends.len(), weights.len());
+        BackendSplit {
+            picker: WeightedPicker::new(weights),
+            backends,
+            consistent,
         }
     }
 
@@ -108,8 +193,19 @@ impl BackendSplit {
         &self.backends
     }
 
-    /// Choose the backend for one request. Per request, never per
-    /// connection, so a keep-alive client is spread like everyone else.
+    /// The consistent-users placement, when a rollout governs the rule.
+    pub fn consistent(&self) -> Option<&Consistent> {
+        self.consistent.as_ref()
+    }
+
+    /// The position of `backend` (one of this split's) in the rule.
+    pub fn index_of(&self, backend: &Backend) -> Option<usize> {
+        self.backends.iter().position(|b| std::ptr::eq(b, backend))
+    }
+
+    /// Choose the backend for one request (or connection, for TLSRoutes)
+    /// by weight. Per request, never per connection, so a keep-alive
+    /// client is spread like everyone else.
     pub fn choose(&self) -> BackendChoice<'_> {
         if self.backends.is_empty() {
             return BackendChoice::NoBackends;
@@ -118,6 +214,22 @@ impl BackendSplit {
             Some(i) => BackendChoice::Backend(&self.backends[i]),
             None => BackendChoice::AllWeightsZero,
         }
+    }
+
+    /// [`choose`](Self::choose) for a request with these headers: one
+    /// carrying the consistent-users key of a rollout goes where its hash
+    /// places it; others get the weighted choice.
+    pub fn choose_for(&self, headers: &http::HeaderMap) -> BackendChoice<'_> {
+        if let Some(c) = &self.consistent
+            && let Some(value) = c.key.value(headers)
+            && !self.backends.is_empty()
+        {
+            return match c.place(stable_hash(value)) {
+                Some(i) => BackendChoice::Backend(&self.backends[i]),
+                None => BackendChoice::AllWeightsZero,
+            };
+        }
+        self.choose()
     }
 }
 
@@ -155,9 +267,26 @@ pub enum AppProtocol {
     H2c,
     /// `kubernetes.io/ws`: HTTP/1.1 with WebSocket upgrades passed through.
     WebSocket,
+    /// HTTP/2 whatever the port says (a GRPCRoute's backends): with prior
+    /// knowledge in cleartext, negotiated with ALPN `h2` over TLS.
+    Http2,
 }
 
-/// The ready endpoints of one backend, chosen round robin per request.
+impl AppProtocol {
+    /// Are requests sent with HTTP/2? `kubernetes.io/h2c` names cleartext:
+    /// over TLS (a BackendTLSPolicy) such a backend gets HTTP/1.1, as it
+    /// always did; a GRPCRoute's backends get HTTP/2 either way.
+    pub fn is_http2(self, tls: bool) -> bool {
+        match self {
+            AppProtocol::H2c => !tls,
+            AppProtocol::Http2 => true,
+            AppProtocol::Http1 | AppProtocol::WebSocket => false,
+        }
+    }
+}
+
+/// The ready endpoints of one backend, chosen round robin per request
+/// (skipping those ejected as outliers, see [`Outliers::pick`]).
 #[derive(Debug)]
 pub struct EndpointSet {
     addrs: Vec<SocketAddr>,
@@ -165,6 +294,9 @@ pub struct EndpointSet {
     pub protocol: AppProtocol,
     /// Speak TLS to the endpoints (a BackendTLSPolicy targets the Service).
     pub tls: Option<Arc<BackendTls>>,
+    /// The backend's and endpoints' state that outlives tables, found
+    /// once per table ([`EndpointSet::health`]).
+    health: OnceLock<SetHealth>,
 }
 
 /// How the gateway speaks TLS to a backend's endpoints, from the
@@ -183,7 +315,7 @@ pub struct BackendTls {
     pub config: Result<Arc<rustls::ClientConfig>, String>,
     /// Equal for equal settings, across route tables: connection pools are
     /// keyed by it, so they survive reloads that keep the settings.
-    pub key: Arc<str>,
+    pub key: String,
 }
 
 impl EndpointSet {
@@ -198,6 +330,7 @@ impl EndpointSet {
             next: AtomicUsize::new(0),
             protocol,
             tls: None,
+            health: OnceLock::new(),
         }
     }
 
@@ -211,10 +344,22 @@ impl EndpointSet {
         &self.addrs
     }
 
-    /// The next endpoint, round robin across all requests on all threads.
+    /// The next endpoint, round robin across all requests on all threads
+    /// (whatever their state; the proxy picks with [`Outliers::pick`]).
     pub fn pick(&self) -> SocketAddr {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        self.addrs[n % self.addrs.len()]
+        self.addrs[self.next_index()]
+    }
+
+    /// The index of the next endpoint in the round robin.
+    fn next_index(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.addrs.len()
+    }
+
+    /// This backend's state in `outliers` (`service` is its identity,
+    /// [`Backend::service`]), looked up on first use.
+    pub fn health(&self, outliers: &Outliers, service: &str) -> &SetHealth {
+        self.health
+            .get_or_init(|| outliers.resolve(service, &self.addrs))
     }
 }
 

@@ -19,16 +19,14 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, mpsc};
 
-use http::Method;
-
-use super::matching::HeaderSource;
-#[cfg(test)]
-use http::HeaderMap;
+use http::{HeaderMap, Method};
 use rustls::sign::CertifiedKey;
 
 use super::Rule;
+use super::grpc::GrpcRank;
 use super::hostname::HostPattern;
-use super::matching::{PathMatch, RequestMatch, first_segment};
+use super::matching::{Mismatch, PathMatch, RequestMatch, first_segment};
+use super::stream::{StreamBuild, StreamCandidate, StreamRoutes, TlsMode};
 
 /// What identifies a route for the precedence tie-breaks.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -44,14 +42,34 @@ pub struct RouteOrder {
 /// [`HostRoutes`]).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct PrecedenceKey {
-    path_kind: u8,
-    path_len: Reverse<usize>,
-    method: Reverse<bool>,
-    headers: Reverse<usize>,
-    query: Reverse<usize>,
+    rank: MatchRank,
     route: Arc<RouteOrder>,
     rule_index: usize,
     match_index: usize,
+}
+
+/// The part of the precedence each route kind defines itself. HTTPRoute
+/// and GRPCRoute rules never compete for one request host (translate
+/// accepts only one of two routes of the two kinds whose hostnames
+/// intersect on a listener, as the spec says), so the order between the
+/// two variants never decides a request.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum MatchRank {
+    /// HTTPRoute: path kind (Exact, RegularExpression, PathPrefix), longest
+    /// path, method present, most headers, most query parameters.
+    Http {
+        path_kind: u8,
+        path_len: Reverse<usize>,
+        method: Reverse<bool>,
+        headers: Reverse<usize>,
+        query: Reverse<usize>,
+    },
+    /// GRPCRoute: most characters of service, then of method, then most
+    /// header matches.
+    Grpc {
+        method: GrpcRank,
+        headers: Reverse<usize>,
+    },
 }
 
 impl PrecedenceKey {
@@ -65,13 +83,26 @@ impl PrecedenceKey {
             PathMatch::Exact(p) => (0, p.len()),
             PathMatch::RegularExpression(re) => (1, re.as_str().len()),
             PathMatch::Prefix(p) => (2, p.len()),
+            PathMatch::Grpc(g) => {
+                return PrecedenceKey {
+                    rank: MatchRank::Grpc {
+                        method: g.rank(),
+                        headers: Reverse(m.headers.len()),
+                    },
+                    route: route.clone(),
+                    rule_index,
+                    match_index,
+                };
+            }
         };
         PrecedenceKey {
-            path_kind,
-            path_len: Reverse(path_len),
-            method: Reverse(m.method.is_some()),
-            headers: Reverse(m.headers.len()),
-            query: Reverse(m.query.len()),
+            rank: MatchRank::Http {
+                path_kind,
+                path_len: Reverse(path_len),
+                method: Reverse(m.method.is_some()),
+                headers: Reverse(m.headers.len()),
+                query: Reverse(m.query.len()),
+            },
             route: route.clone(),
             rule_index,
             match_index,
@@ -84,13 +115,15 @@ impl PrecedenceKey {
 struct Candidate {
     matcher: RequestMatch,
     rule: Arc<Rule>,
-}
-
-/// A candidate while the table is built: under which route hostname, and
-/// its precedence among the others.
-struct CandidateBuild {
+    /// The route hostname it is listed under and its precedence among the
+    /// others: what [`RouteTable::explain`] says decided between two.
     host: HostPattern,
     key: PrecedenceKey,
+}
+
+/// A candidate while the table is built (it carries its route hostname
+/// and precedence key).
+struct CandidateBuild {
     candidate: Candidate,
 }
 
@@ -141,7 +174,7 @@ impl HostRoutes {
         method: &Method,
         path: &str,
         query: Option<&str>,
-        headers: &dyn HeaderSource,
+        headers: &HeaderMap,
     ) -> Option<&'a Candidate> {
         let at = |position: u32| &candidates[self.order[position as usize] as usize];
         let matches = |c: &Candidate| c.matcher.matches(method, path, query, headers);
@@ -216,9 +249,13 @@ pub struct ListenerRoutes {
     /// `gateway/<ns>/<name>/listener/<listener name>`.
     pub id: String,
     pub hostname: HostPattern,
-    /// The certificate of an HTTPS listener (TLS terminated here); `None`
-    /// for a cleartext HTTP listener.
+    /// The certificate TLS is terminated with: an HTTPS listener, or a TLS
+    /// listener in `Terminate` mode; `None` for a cleartext HTTP listener
+    /// and a `Passthrough` one.
     pub tls: Option<Arc<CertifiedKey>>,
+    /// A TLS listener (protocol `TLS`): its TLSRoutes by SNI. `None` for
+    /// HTTP and HTTPS listeners, whose requests are matched below.
+    pub stream: Option<StreamRoutes>,
     /// Every (rule, match) attached to the listener, once per route
     /// hostname; the lists below index into it.
     candidates: Box<[Candidate]>,
@@ -278,10 +315,31 @@ pub struct ClientValidation {
 }
 
 impl PortRoutes {
-    /// Is TLS terminated on this socket? (Listeners of different protocols
-    /// never share a socket: translate marks them conflicted.)
+    /// Is TLS terminated on this socket for HTTP? (Listeners of different
+    /// protocols never share a socket: translate marks them conflicted.)
     pub fn is_tls(&self) -> bool {
-        self.listeners.iter().any(|l| l.tls.is_some())
+        !self.is_stream() && self.listeners.iter().any(|l| l.tls.is_some())
+    }
+
+    /// Is this a socket of TLS listeners, whose connections are routed by
+    /// SNI to TLSRoutes rather than served as HTTP?
+    pub fn is_stream(&self) -> bool {
+        self.listeners.iter().any(|l| l.stream.is_some())
+    }
+
+    /// The TLS listener that owns `server_name` (normalized) and the
+    /// TLSRoute rule its connections reach.
+    pub fn stream_route(&self, server_name: &str) -> StreamLookup<'_> {
+        let Some(listener) = self
+            .listener_for(server_name)
+            .filter(|l| l.stream.is_some())
+        else {
+            return StreamLookup::NoListener;
+        };
+        match listener.stream.as_ref().and_then(|s| s.route(server_name)) {
+            Some(rule) => StreamLookup::Matched { listener, rule },
+            None => StreamLookup::NoRoute { listener },
+        }
     }
 
     /// The listener that owns `host` (normalized): the most specific one
@@ -321,6 +379,19 @@ impl PortRoutes {
             _ => true,
         }
     }
+}
+
+/// Where a TLS connection goes, by its SNI.
+#[derive(Debug)]
+pub enum StreamLookup<'a> {
+    /// No TLS listener on this socket owns the name.
+    NoListener,
+    /// The listener owns the name but no TLSRoute hostname matches it.
+    NoRoute { listener: &'a ListenerRoutes },
+    Matched {
+        listener: &'a ListenerRoutes,
+        rule: &'a Arc<Rule>,
+    },
 }
 
 /// What the table says about one request.
@@ -448,12 +519,9 @@ impl RouteTable {
         method: &Method,
         path: &str,
         query: Option<&str>,
-        headers: &dyn HeaderSource,
+        headers: &HeaderMap,
     ) -> Lookup<'a> {
-        let Some(port) = self.binds.get(&bind) else {
-            return Lookup::NoListener;
-        };
-        let Some(listener) = port.listeners.iter().find(|l| l.hostname.matches(host)) else {
+        let Some(listener) = self.listener(bind, host) else {
             return Lookup::NoListener;
         };
         match listener.host_routes(host).first_match(
@@ -473,6 +541,221 @@ impl RouteTable {
     }
 }
 
+impl RouteTable {
+    /// The listener on the socket bound at `bind` that owns `host`
+    /// (listener isolation): where [`lookup`](Self::lookup) and
+    /// [`explain`](Self::explain) start.
+    fn listener(&self, bind: SocketAddr, host: &str) -> Option<&ListenerRoutes> {
+        self.binds.get(&bind)?.listener_for(host)
+    }
+
+    /// [`lookup`](Self::lookup), explained: every candidate for the
+    /// request's host in precedence order, whether it matches (and which
+    /// condition it fails), and what ranks it before or after the winner.
+    /// The winner is the first candidate that matches, as `lookup` takes it
+    /// (`lookup` skips candidates through the path index; the index never
+    /// changes the answer, which a test checks against this walk).
+    pub fn explain<'a>(
+        &'a self,
+        bind: SocketAddr,
+        host: &str,
+        method: &Method,
+        path: &str,
+        query: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Explained<'a> {
+        let Some(listener) = self.listener(bind, host) else {
+            return Explained {
+                listener: None,
+                candidates: Vec::new(),
+                winner: None,
+            };
+        };
+        let routes = listener.host_routes(host);
+        let mut candidates: Vec<ExplainedCandidate<'a>> = routes
+            .order
+            .iter()
+            .map(|&i| {
+                let c = &listener.candidates[i as usize];
+                ExplainedCandidate {
+                    rule: &c.rule,
+                    matcher: &c.matcher,
+                    hostname: &c.host,
+                    created: c.key.route.created,
+                    mismatch: c.matcher.mismatch(method, path, query, headers),
+                    decided_by: None,
+                }
+            })
+            .collect();
+        let winner = candidates.iter().position(|c| c.mismatch.is_none());
+        if let Some(w) = winner {
+            let won = &listener.candidates[routes.order[w] as usize];
+            for (position, explained) in candidates.iter_mut().enumerate() {
+                if position != w {
+                    let c = &listener.candidates[routes.order[position] as usize];
+                    explained.decided_by = Some(criterion(c, won));
+                }
+            }
+        }
+        Explained {
+            listener: Some(listener),
+            candidates,
+            winner,
+        }
+    }
+}
+
+/// What [`RouteTable::explain`] found for one request.
+#[derive(Debug)]
+pub struct Explained<'a> {
+    /// The listener that owns the host; `None` when none does (404).
+    pub listener: Option<&'a ListenerRoutes>,
+    /// Every candidate for the host, in precedence order.
+    pub candidates: Vec<ExplainedCandidate<'a>>,
+    /// The position of the winner in `candidates`; `None`: 404.
+    pub winner: Option<usize>,
+}
+
+/// One (rule, match) candidate for a request, explained.
+#[derive(Debug)]
+pub struct ExplainedCandidate<'a> {
+    pub rule: &'a Arc<Rule>,
+    pub matcher: &'a RequestMatch,
+    /// The route hostname it is listed under.
+    pub hostname: &'a HostPattern,
+    /// The route's `creationTimestamp` (Unix nanoseconds).
+    pub created: i128,
+    /// The first condition the request fails; `None` when it matches.
+    pub mismatch: Option<Mismatch<'a>>,
+    /// The first precedence criterion (spec order) in which it differs
+    /// from the winner; `None` for the winner and when nothing matches.
+    pub decided_by: Option<Criterion>,
+}
+
+/// The precedence criteria, in the spec's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Criterion {
+    /// The more specific route hostname (exact before wildcard, longer
+    /// first).
+    Hostname,
+    /// Exact path before any other path match.
+    ExactPath,
+    /// RegularExpression before PathPrefix (sluice's order; the spec
+    /// leaves it to implementations).
+    PathKind,
+    /// The longer path or prefix.
+    PrefixLength,
+    /// A method match before none.
+    Method,
+    /// More header matches.
+    HeaderCount,
+    /// More query parameter matches.
+    QueryCount,
+    /// GRPCRoute: more characters of service, then of method.
+    GrpcMethod,
+    /// The older route (`creationTimestamp`).
+    Age,
+    /// `namespace/name` alphabetically.
+    Name,
+    /// Rule order within the route.
+    RuleOrder,
+    /// Match order within the rule.
+    MatchOrder,
+}
+
+impl Criterion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Criterion::Hostname => "hostname",
+            Criterion::ExactPath => "exact path",
+            Criterion::PathKind => "path kind",
+            Criterion::PrefixLength => "prefix length",
+            Criterion::Method => "method",
+            Criterion::HeaderCount => "header count",
+            Criterion::QueryCount => "query count",
+            Criterion::GrpcMethod => "gRPC service and method",
+            Criterion::Age => "age",
+            Criterion::Name => "name",
+            Criterion::RuleOrder => "rule order",
+            Criterion::MatchOrder => "match order",
+        }
+    }
+}
+
+/// The first criterion in which `c` and `winner` differ, in the order the
+/// table sorts by.
+fn criterion(c: &Candidate, winner: &Candidate) -> Criterion {
+    if c.host.precedence() != winner.host.precedence() {
+        return Criterion::Hostname;
+    }
+    let (a, b) = (&c.key, &winner.key);
+    match (&a.rank, &b.rank) {
+        (
+            MatchRank::Http {
+                path_kind: ka,
+                path_len: la,
+                method: ma,
+                headers: ha,
+                query: qa,
+            },
+            MatchRank::Http {
+                path_kind: kb,
+                path_len: lb,
+                method: mb,
+                headers: hb,
+                query: qb,
+            },
+        ) => {
+            if ka != kb {
+                return if *ka == 0 || *kb == 0 {
+                    Criterion::ExactPath
+                } else {
+                    Criterion::PathKind
+                };
+            }
+            if la != lb {
+                return Criterion::PrefixLength;
+            }
+            if ma != mb {
+                return Criterion::Method;
+            }
+            if ha != hb {
+                return Criterion::HeaderCount;
+            }
+            if qa != qb {
+                return Criterion::QueryCount;
+            }
+        }
+        (
+            MatchRank::Grpc {
+                method: ma,
+                headers: ha,
+            },
+            MatchRank::Grpc {
+                method: mb,
+                headers: hb,
+            },
+        ) => {
+            if ma != mb {
+                return Criterion::GrpcMethod;
+            }
+            if ha != hb {
+                return Criterion::HeaderCount;
+            }
+        }
+        _ => return Criterion::PathKind,
+    }
+    if a.route.created != b.route.created {
+        Criterion::Age
+    } else if (&a.route.namespace, &a.route.name) != (&b.route.namespace, &b.route.name) {
+        Criterion::Name
+    } else if a.rule_index != b.rule_index {
+        Criterion::RuleOrder
+    } else {
+        Criterion::MatchOrder
+    }
+}
+
 /// Handle to a listener added to a [`RouteTableBuilder`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListenerHandle {
@@ -484,6 +767,7 @@ struct ListenerBuild {
     id: String,
     hostname: HostPattern,
     tls: Option<Arc<CertifiedKey>>,
+    stream: Option<StreamBuild>,
     candidates: Vec<CandidateBuild>,
 }
 
@@ -514,6 +798,7 @@ impl RouteTableBuilder {
             id,
             hostname,
             tls: None,
+            stream: None,
             candidates: Vec::new(),
         });
         ListenerHandle {
@@ -529,6 +814,45 @@ impl RouteTableBuilder {
             .get_mut(&listener.bind)
             .expect("handle from this builder")[listener.index]
             .tls = Some(certificate);
+    }
+
+    /// Make a listener a TLS one (protocol `TLS`): its connections are
+    /// routed by SNI to the rules added with [`Self::add_stream_rule`]. In
+    /// `Terminate` mode, [`Self::set_listener_tls`] gives its certificate.
+    pub fn set_listener_stream(&mut self, listener: ListenerHandle, mode: TlsMode) {
+        self.binds
+            .get_mut(&listener.bind)
+            .expect("handle from this builder")[listener.index]
+            .stream = Some(StreamBuild {
+            mode,
+            candidates: Vec::new(),
+        });
+    }
+
+    /// Attach a TLSRoute rule to a TLS listener under the route's
+    /// hostnames (already intersected with the listener's). Ignored on a
+    /// listener that is not a TLS one.
+    pub fn add_stream_rule(
+        &mut self,
+        listener: ListenerHandle,
+        hostnames: &[HostPattern],
+        route: &RouteOrder,
+        rule: Arc<Rule>,
+    ) {
+        let listener = &mut self
+            .binds
+            .get_mut(&listener.bind)
+            .expect("handle from this builder")[listener.index];
+        let Some(stream) = &mut listener.stream else {
+            return;
+        };
+        for host in hostnames {
+            stream.candidates.push(StreamCandidate {
+                host: host.clone(),
+                order: route.clone(),
+                rule: rule.clone(),
+            });
+        }
     }
 
     /// Validate client certificates on the TLS socket `bind` (the first
@@ -564,11 +888,11 @@ impl RouteTableBuilder {
         let mut push = |host: &HostPattern, matches: Vec<RequestMatch>| {
             for (match_index, m) in matches.into_iter().enumerate() {
                 listener.candidates.push(CandidateBuild {
-                    host: host.clone(),
-                    key: PrecedenceKey::new(&m, &route, rule.id.index, match_index),
                     candidate: Candidate {
+                        key: PrecedenceKey::new(&m, &route, rule.id.index, match_index),
                         matcher: m,
                         rule: rule.clone(),
+                        host: host.clone(),
                     },
                 });
             }
@@ -608,8 +932,9 @@ fn build_listener(l: ListenerBuild) -> ListenerRoutes {
     let mut by_key: Vec<u32> = (0..count).collect();
     by_key.sort_by(|&a, &b| {
         l.candidates[a as usize]
+            .candidate
             .key
-            .cmp(&l.candidates[b as usize].key)
+            .cmp(&l.candidates[b as usize].candidate.key)
     });
     let mut rank = vec![0u32; by_key.len()];
     for (r, &i) in by_key.iter().enumerate() {
@@ -626,7 +951,7 @@ fn build_listener(l: ListenerBuild) -> ListenerRoutes {
     // candidates (times the few wildcard groups), not hosts x candidates.
     let mut groups: HashMap<&HostPattern, Vec<u32>> = HashMap::new();
     for (i, c) in l.candidates.iter().enumerate() {
-        groups.entry(&c.host).or_default().push(i as u32);
+        groups.entry(&c.candidate.host).or_default().push(i as u32);
     }
     let wildcards: Vec<(&HostPattern, &Vec<u32>)> = groups
         .iter()
@@ -639,7 +964,12 @@ fn build_listener(l: ListenerBuild) -> ListenerRoutes {
         .unwrap_or_default();
     let host_routes = |parts: Vec<&[u32]>| -> HostRoutes {
         let mut order: Vec<u32> = parts.into_iter().flatten().copied().collect();
-        order.sort_by_key(|&i| (l.candidates[i as usize].host.precedence(), rank[i as usize]));
+        order.sort_by_key(|&i| {
+            (
+                l.candidates[i as usize].candidate.host.precedence(),
+                rank[i as usize],
+            )
+        });
         HostRoutes::new(order, &segments)
     };
     let mut exact = HashMap::new();
@@ -683,6 +1013,7 @@ fn build_listener(l: ListenerBuild) -> ListenerRoutes {
         id: l.id,
         hostname: l.hostname,
         tls: l.tls,
+        stream: l.stream.map(StreamBuild::build),
         candidates: l.candidates.into_iter().map(|c| c.candidate).collect(),
         exact,
         wildcard,
@@ -709,6 +1040,7 @@ mod tests {
     fn rule(route: &str, index: usize) -> Arc<Rule> {
         Arc::new(Rule {
             id: RuleId {
+                kind: Default::default(),
                 namespace: "default".into(),
                 route: route.into(),
                 index,
@@ -718,6 +1050,7 @@ mod tests {
             backends: BackendSplit::new(vec![]),
             timeouts: Timeouts::default(),
             retry: None,
+            session: None,
         })
     }
 
@@ -1324,6 +1657,7 @@ mod tests {
                             PathMatch::Exact(p) => (0, p.len()),
                             PathMatch::RegularExpression(r) => (1, r.as_str().len()),
                             PathMatch::Prefix(p) => (2, p.len()),
+                            PathMatch::Grpc(_) => unreachable!("only HTTPRoute matches here"),
                         };
                         let key = (
                             (Reverse(exact_chars), Reverse(chars)),
@@ -1416,6 +1750,24 @@ mod tests {
                         got, want,
                         "table {table_no}, {method} {host}{path} ?{query:?} {headers:?}"
                     );
+                    // explain's winner is lookup's, and every candidate it
+                    // ranks before the winner fails to match.
+                    let explained =
+                        t.explain(bind(), host, &method, &path, query.as_deref(), &headers);
+                    let explained_winner = explained.winner.map(|w| {
+                        let c = &explained.candidates[w];
+                        format!("{} {:?}", c.rule.id, c.matcher)
+                    });
+                    assert_eq!(explained_winner, want, "explain, table {table_no}");
+                    let before = explained.winner.unwrap_or(explained.candidates.len());
+                    assert!(
+                        explained.candidates[..before]
+                            .iter()
+                            .all(|c| c.mismatch.is_some())
+                    );
+                    assert!(explained.candidates.iter().enumerate().all(|(i, c)| {
+                        c.decided_by.is_some() == (explained.winner.is_some_and(|w| w != i))
+                    }));
                     compared += 1;
                     matched += usize::from(got.is_some());
                     indexed += usize::from(listener.host_routes(host).index.is_some());
@@ -1429,6 +1781,86 @@ mod tests {
                     "{what}: {n} of {compared}"
                 );
             }
+        }
+
+        #[test]
+        fn explain_says_which_criterion_decided() {
+            // The seeds' case: a header rule written below a plain rule of
+            // the same route wins by header count, not by rule order.
+            let t = table(vec![
+                ("search", 0, 0, vec![]),
+                (
+                    "search",
+                    0,
+                    1,
+                    vec![RequestMatch {
+                        headers: vec![header("x-canary", "always")],
+                        ..RequestMatch::default()
+                    }],
+                ),
+                ("older", -1, 0, vec![path(PathMatch::prefix("/api"))]),
+                ("exact", 5, 0, vec![path(PathMatch::Exact("/api".into()))]),
+            ]);
+            let mut headers = HeaderMap::new();
+            headers.insert("x-canary", "always".parse().unwrap());
+            let e = t.explain(bind(), "h", &Method::GET, "/", None, &headers);
+            let w = e.winner.expect("a rule matches");
+            assert_eq!(e.candidates[w].rule.id.route, "search");
+            assert_eq!(e.candidates[w].rule.id.index, 1);
+            let decided = |route: &str, index: usize| {
+                e.candidates
+                    .iter()
+                    .find(|c| c.rule.id.route == route && c.rule.id.index == index)
+                    .and_then(|c| c.decided_by)
+            };
+            assert_eq!(decided("search", 0), Some(Criterion::HeaderCount));
+            assert_eq!(decided("exact", 0), Some(Criterion::ExactPath));
+            assert_eq!(decided("older", 0), Some(Criterion::PrefixLength));
+            assert_eq!(
+                e.candidates
+                    .iter()
+                    .find(|c| c.rule.id.route == "exact")
+                    .and_then(|c| c.mismatch.clone()),
+                Some(Mismatch::Path)
+            );
+            // Without the header the plain rule wins; the header rule
+            // ranks before it and fails its header.
+            let e = t.explain(bind(), "h", &Method::GET, "/", None, &HeaderMap::new());
+            let w = e.winner.expect("a rule matches");
+            assert_eq!(e.candidates[w].rule.id.index, 0);
+            let header_rule = e
+                .candidates
+                .iter()
+                .find(|c| c.rule.id.route == "search" && c.rule.id.index == 1)
+                .expect("listed");
+            assert_eq!(
+                header_rule.mismatch,
+                Some(Mismatch::Header(&HeaderName::from_static("x-canary")))
+            );
+            // Two equal matches: the older route, then the name, decides.
+            let t = table(vec![
+                ("b", 1, 0, vec![path(PathMatch::prefix("/x"))]),
+                ("a", 1, 0, vec![path(PathMatch::prefix("/x"))]),
+                ("c", 0, 0, vec![path(PathMatch::prefix("/x"))]),
+            ]);
+            let e = t.explain(bind(), "h", &Method::GET, "/x", None, &HeaderMap::new());
+            let names: Vec<_> = e
+                .candidates
+                .iter()
+                .map(|c| (c.rule.id.route.as_str(), c.decided_by))
+                .collect();
+            assert_eq!(
+                names,
+                vec![
+                    ("c", None),
+                    ("a", Some(Criterion::Age)),
+                    ("b", Some(Criterion::Age))
+                ]
+            );
+            // No listener, no rule: nothing wins.
+            let e = t.explain(bind(), "h", &Method::GET, "/y", None, &HeaderMap::new());
+            assert_eq!(e.winner, None);
+            assert!(e.candidates.iter().all(|c| c.decided_by.is_none()));
         }
 
         #[test]

@@ -15,17 +15,22 @@
 //! configured path that does not exist yet is reported on `/errors` and its
 //! parent directory is watched: when it appears as a directory it is read
 //! and watched from then on, and so is a directory deleted and created again.
+//!
+//! [`run`] is the source as a task: it sends each configuration on a
+//! channel to the serve loop, the way the Kubernetes source does, so that
+//! both modes start and reload through one path.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::metrics::Metrics;
-use crate::resources::{Generations, Object, Snapshot};
+use crate::resources::crd::Crds;
+use crate::resources::{Generations, Snapshot};
 
 use super::merge::{FileRead, FileSet};
 use super::{ConfigError, SourceUpdate};
@@ -47,6 +52,8 @@ const MANIFEST_EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
 /// Manifests read from files, with each file's last good objects.
 pub struct FileSource {
     paths: Vec<PathBuf>,
+    /// `--crds`: only their CustomResourceDefinitions are read.
+    crd_paths: Vec<PathBuf>,
     files: FileSet,
     generations: Generations,
     metrics: Arc<Metrics>,
@@ -61,6 +68,7 @@ impl FileSource {
     pub fn new(paths: Vec<PathBuf>, metrics: Arc<Metrics>) -> Self {
         FileSource {
             paths,
+            crd_paths: Vec::new(),
             files: FileSet::new(),
             generations: Generations::default(),
             metrics,
@@ -70,13 +78,24 @@ impl FileSource {
         }
     }
 
+    /// Also read the CustomResourceDefinitions of `crd_paths` (files or
+    /// directories, watched like the manifests): objects of the kinds they
+    /// define are validated by them.
+    pub fn with_crds(mut self, crd_paths: Vec<PathBuf>) -> Self {
+        self.crd_paths = crd_paths;
+        self
+    }
+
     /// Read every file again. Returns the new configuration, or `None` when
     /// nothing changed since the previous call (the first call always
     /// returns one). Blocking: call it off the async workers.
     pub fn reload(&mut self) -> Option<SourceUpdate> {
+        let crd_listing = read_all(&self.crd_paths);
         let listing = read_all(&self.paths);
-        let changed = self.files.update(listing.reads);
-        let mut errors = listing.problems;
+        let crds_changed = self.files.update_crd_files(crd_listing.reads);
+        let changed = self.files.update(listing.reads) || crds_changed;
+        let mut errors = crd_listing.problems;
+        errors.extend(listing.problems);
         if !changed && self.loaded_once && errors == self.path_problems {
             return None;
         }
@@ -91,12 +110,13 @@ impl FileSource {
         }
         self.reported = errors.clone();
 
-        let mut objects: Vec<Object> = loaded.into_iter().map(|l| l.object).collect();
-        self.generations
-            .assign(&mut objects, k8s_openapi::jiff::Timestamp::now());
-        let count = objects.len();
+        let count = loaded.len();
+        let generations = &mut self.generations;
+        let snapshot = Snapshot::from_loaded(loaded, |objects| {
+            generations.assign(objects, k8s_openapi::jiff::Timestamp::now());
+        });
         Some(SourceUpdate {
-            snapshot: Snapshot::from_objects(objects),
+            snapshot,
             errors,
             objects: count,
         })
@@ -120,14 +140,15 @@ impl FileSource {
                 let _ = tx.send(complete);
             }
         })?;
+        let paths: Vec<PathBuf> = self.paths.iter().chain(&self.crd_paths).cloned().collect();
         let mut watch = FileWatch {
             watcher,
             events: rx,
-            paths: self.paths.clone(),
-            watched_dirs: vec![None; self.paths.len()],
+            paths: paths.clone(),
+            watched_dirs: vec![None; paths.len()],
             watched_parents: Vec::new(),
         };
-        for (i, path) in self.paths.iter().enumerate() {
+        for (i, path) in paths.iter().enumerate() {
             match dir_identity(path) {
                 Some(identity) => {
                     watch.watcher.watch(path, RecursiveMode::Recursive)?;
@@ -142,6 +163,69 @@ impl FileSource {
             }
         }
         Ok(watch)
+    }
+}
+
+/// Run the file source until `shutdown` turns true or `updates` is closed:
+/// send the configuration read now, then a new one after every change
+/// that changes it. Reading happens off the async workers; sending waits
+/// for the serve loop to take the previous update (changes meanwhile are
+/// read at the next one).
+pub async fn run(
+    source: FileSource,
+    mut watch: FileWatch,
+    updates: mpsc::Sender<SourceUpdate>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let source = Arc::new(Mutex::new(source));
+    // The first read always yields a configuration; if reading panicked,
+    // an empty one (nothing was served before), so that the gateway
+    // starts and the next change is read again.
+    let first = read(&source).await.unwrap_or_else(|| SourceUpdate {
+        snapshot: Snapshot::default(),
+        errors: Vec::new(),
+        objects: 0,
+    });
+    let mut next = Some(first);
+    loop {
+        if let Some(update) = next.take() {
+            tokio::select! {
+                sent = updates.send(update) => if sent.is_err() { return },
+                _ = crate::admin::stopped(&mut shutdown) => return,
+            }
+        }
+        let changed = tokio::select! {
+            changed = watch.changed() => changed,
+            _ = crate::admin::stopped(&mut shutdown) => return,
+        };
+        if !changed {
+            tracing::warn!("file watch stopped; configuration is no longer reloaded");
+            return;
+        }
+        next = read(&source).await;
+    }
+}
+
+/// Read the files again (off the async workers). `None` when nothing
+/// changed, or when reading panicked: that is logged, the current table
+/// keeps serving and the next change is tried again.
+async fn read(source: &Arc<Mutex<FileSource>>) -> Option<SourceUpdate> {
+    let source = source.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        // A previous reload that panicked poisoned the lock; the source's
+        // state is still a consistent last-good set, so go on with it.
+        source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .reload()
+    })
+    .await;
+    match result {
+        Ok(update) => update,
+        Err(error) => {
+            tracing::error!(%error, "reading the manifests failed; keeping the current configuration");
+            None
+        }
     }
 }
 
@@ -371,6 +455,19 @@ fn is_manifest(path: &Path) -> bool {
             .iter()
             .any(|m| e.eq_ignore_ascii_case(m))
     })
+}
+
+/// The CustomResourceDefinitions of `paths` (files or directories; other
+/// documents are ignored), once (`serve --kubernetes --crds`), and what
+/// could not be read.
+pub fn read_crds(paths: &[PathBuf]) -> (Arc<Crds>, Vec<ConfigError>) {
+    let mut set = FileSet::new();
+    let listing = read_all(paths);
+    set.update_crd_files(listing.reads);
+    set.update(Vec::new());
+    let mut errors = listing.problems;
+    errors.extend(set.merged().1);
+    (set.crds(), errors)
 }
 
 #[cfg(test)]

@@ -14,10 +14,18 @@
 //!   sorted file order (then document order) wins, the others are reported.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
 
-use crate::resources::{LoadError, LoadedObject, Object, object_id, parse_manifests};
+use serde_json::Value;
+
+use crate::resources::crd::{self, Crds};
+use crate::resources::{
+    LoadError, LoadedObject, Object, load_documents, object_id, read_documents,
+};
 
 use super::ConfigError;
+use crate::yaml::Document;
 
 /// What reading one manifest file gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,16 +40,56 @@ pub struct FileRead {
 struct FileEntry {
     /// The text last read, `None` when the last read failed.
     text: Option<String>,
+    /// The CustomResourceDefinitions of the last version that parsed, with
+    /// their lines.
+    crds: CrdDocuments,
     /// Objects of the last version of the file that parsed.
     good: Vec<LoadedObject>,
     /// Problems of the last version read.
     errors: Vec<ConfigError>,
+    /// Its CRD documents that are not usable CRDs.
+    crd_errors: Vec<ConfigError>,
+    /// Documents of kinds sluice does not read.
+    ignored: Vec<String>,
 }
 
-/// Every manifest file's last good objects and current errors.
+/// Every manifest file's last good objects and current errors, and the
+/// CRDs that validate them.
 #[derive(Debug, Default)]
 pub struct FileSet {
     files: BTreeMap<String, FileEntry>,
+    /// Files given as CRDs only (`--crds`): their other documents are not
+    /// read.
+    crd_files: BTreeMap<String, FileEntry>,
+    /// The CRDs of `crd_files` then of `files`, and a hash of their
+    /// documents to tell when they change.
+    crds: Arc<Crds>,
+    crds_hash: u64,
+}
+
+/// A file's CustomResourceDefinitions, with their lines.
+type CrdDocuments = Vec<(usize, Value)>;
+
+/// A file's text as documents: `(CRD documents, documents)` or why it does
+/// not parse.
+fn read(file: &str, text: &str) -> Result<(CrdDocuments, Vec<Document>), LoadError> {
+    let documents = read_documents(text, file)?;
+    let crds = documents
+        .iter()
+        .filter(|d| crd::is_crd(&d.value))
+        .map(|d| (d.line, d.value.clone()))
+        .collect();
+    Ok((crds, documents))
+}
+
+fn unreadable(file: &str, message: &str) -> Vec<ConfigError> {
+    vec![ConfigError {
+        file: file.to_string(),
+        line: None,
+        object: None,
+        field: None,
+        message: format!("cannot read file: {message}"),
+    }]
 }
 
 impl FileSet {
@@ -49,49 +97,38 @@ impl FileSet {
         Self::default()
     }
 
-    /// Bring the set up to date with a complete listing of the files and
-    /// what reading each gave. Files missing from `reads` are forgotten.
-    /// Returns whether anything changed since the previous call.
-    pub fn update(&mut self, reads: Vec<FileRead>) -> bool {
-        let listed: BTreeSet<&str> = reads.iter().map(|r| r.file.as_str()).collect();
-        let before = self.files.len();
-        self.files.retain(|file, _| listed.contains(file.as_str()));
-        let mut changed = self.files.len() != before;
+    /// The CRDs objects are validated with.
+    pub fn crds(&self) -> Arc<Crds> {
+        Arc::clone(&self.crds)
+    }
 
-        for read in reads {
-            let entry = self.files.entry(read.file.clone()).or_insert_with(|| {
-                changed = true;
-                FileEntry::default()
-            });
-            match read.content {
+    /// Bring the CRD-only files up to date (a complete listing, as for
+    /// [`FileSet::update`]; call it before `update`). Returns whether they
+    /// changed.
+    pub fn update_crd_files(&mut self, reads: Vec<FileRead>) -> bool {
+        let listed: BTreeSet<&str> = reads.iter().map(|r| r.file.as_str()).collect();
+        let before = self.crd_files.len();
+        self.crd_files
+            .retain(|file, _| listed.contains(file.as_str()));
+        let mut changed = self.crd_files.len() != before;
+        for r in reads {
+            let entry = self.crd_files.entry(r.file.clone()).or_default();
+            match r.content {
+                Ok(text) if entry.text.as_deref() == Some(text.as_str()) => {}
                 Ok(text) => {
-                    if entry.text.as_deref() == Some(text.as_str()) {
-                        continue;
+                    match read(&r.file, &text) {
+                        Ok((crds, _)) => {
+                            entry.crds = crds;
+                            entry.errors = Vec::new();
+                        }
+                        Err(e) => entry.errors = vec![ConfigError::from(&e)],
                     }
-                    let parsed = parse_manifests(&text, &read.file);
-                    let errors: Vec<ConfigError> =
-                        parsed.errors.iter().map(ConfigError::from).collect();
-                    if is_unparsable(&parsed.objects, &parsed.errors) {
-                        // Keep `entry.good`: the last version that parsed
-                        // goes on serving.
-                    } else {
-                        entry.good = parsed.objects;
-                    }
-                    entry.errors = errors;
                     entry.text = Some(text);
                     changed = true;
                 }
                 Err(message) => {
-                    let errors = vec![ConfigError {
-                        file: read.file.clone(),
-                        line: None,
-                        object: None,
-                        field: None,
-                        message: format!("cannot read file: {message}"),
-                    }];
-                    if entry.text.is_some() || entry.errors != errors {
-                        changed = true;
-                    }
+                    let errors = unreadable(&r.file, &message);
+                    changed |= entry.text.is_some() || entry.errors != errors;
                     entry.text = None;
                     entry.errors = errors;
                 }
@@ -100,15 +137,145 @@ impl FileSet {
         changed
     }
 
+    /// Bring the set up to date with a complete listing of the files and
+    /// what reading each gave. Files missing from `reads` are forgotten.
+    /// When the CRDs (of `--crds` files or among the manifests) changed,
+    /// every file is validated again. Returns whether anything changed
+    /// since the previous call.
+    pub fn update(&mut self, reads: Vec<FileRead>) -> bool {
+        let listed: BTreeSet<&str> = reads.iter().map(|r| r.file.as_str()).collect();
+        let before = self.files.len();
+        self.files.retain(|file, _| listed.contains(file.as_str()));
+        let mut changed = self.files.len() != before;
+
+        // Read what changed; CRDs first, objects once the CRDs are known.
+        let mut to_load = Vec::new();
+        for read_result in reads {
+            let file = read_result.file;
+            let entry = self.files.entry(file.clone()).or_insert_with(|| {
+                changed = true;
+                FileEntry::default()
+            });
+            match read_result.content {
+                Ok(text) => {
+                    if entry.text.as_deref() == Some(text.as_str()) {
+                        continue;
+                    }
+                    match read(&file, &text) {
+                        Ok((crds, documents)) => {
+                            entry.crds = crds;
+                            to_load.push((file, documents));
+                        }
+                        // The last version that parsed goes on serving.
+                        Err(e) => entry.errors = vec![ConfigError::from(&e)],
+                    }
+                    entry.text = Some(text);
+                    changed = true;
+                }
+                Err(message) => {
+                    let errors = unreadable(&file, &message);
+                    if entry.text.is_some() || entry.errors != errors {
+                        changed = true;
+                    }
+                    entry.text = None;
+                    entry.errors = errors;
+                }
+            }
+        }
+
+        let crd_errors = self.refresh_crds();
+        if let Some(crd_errors) = crd_errors {
+            changed = true;
+            // New CRDs: every file is validated again.
+            to_load = self
+                .files
+                .iter()
+                .filter_map(|(file, e)| {
+                    let text = e.text.as_deref()?;
+                    read(file, text).ok().map(|(_, docs)| (file.clone(), docs))
+                })
+                .collect();
+            let mut crd_errors: BTreeMap<String, Vec<ConfigError>> =
+                crd_errors.into_iter().collect();
+            for (file, entry) in self.files.iter_mut().chain(self.crd_files.iter_mut()) {
+                entry.crd_errors = crd_errors.remove(file).unwrap_or_default();
+            }
+        }
+        for (file, documents) in to_load {
+            let parsed = load_documents(&documents, &file, &self.crds);
+            let entry = self.files.get_mut(&file).expect("files to load are listed");
+            entry.errors = parsed.errors.iter().map(ConfigError::from).collect();
+            entry.ignored = parsed.ignored;
+            if !is_unparsable(&parsed.objects, &parsed.errors) {
+                entry.good = parsed.objects;
+            }
+        }
+        changed
+    }
+
+    /// Rebuild the CRDs when their documents changed: `Some(errors per
+    /// manifest file)` (CRD documents that are not usable), `None` when
+    /// nothing changed.
+    fn refresh_crds(&mut self) -> Option<Vec<(String, Vec<ConfigError>)>> {
+        let documents: Vec<(&str, &(usize, Value))> = self
+            .crd_files
+            .iter()
+            .chain(&self.files)
+            .flat_map(|(file, e)| e.crds.iter().map(move |d| (file.as_str(), d)))
+            .collect();
+        let mut hasher = DefaultHasher::new();
+        for (file, (line, doc)) in &documents {
+            (file, line, doc.to_string()).hash(&mut hasher);
+        }
+        let hash = hasher.finish();
+        if hash == self.crds_hash {
+            return None;
+        }
+        let mut crds = Crds::new();
+        let mut errors: BTreeMap<String, Vec<ConfigError>> = BTreeMap::new();
+        for (file, (line, doc)) in documents {
+            if let Err(message) = crds.add(doc, &format!("{file}:{line}")) {
+                let name = doc["metadata"]["name"].as_str().unwrap_or("<unnamed>");
+                errors
+                    .entry(file.to_string())
+                    .or_default()
+                    .push(ConfigError {
+                        file: file.to_string(),
+                        line: Some(*line),
+                        object: Some(object_id("CustomResourceDefinition", None, name)),
+                        field: None,
+                        message,
+                    });
+            }
+        }
+        self.crds = Arc::new(crds);
+        self.crds_hash = hash;
+        Some(errors.into_iter().collect())
+    }
+
+    /// The documents of kinds sluice does not read (`file:line: Kind
+    /// ns/name (apiVersion)`), in file order.
+    pub fn ignored(&self) -> Vec<String> {
+        self.files
+            .values()
+            .flat_map(|e| e.ignored.iter().cloned())
+            .collect()
+    }
+
     /// The objects to serve, in file then document order, and every current
-    /// problem (each file's own errors followed by the duplicates found).
+    /// problem (the CRD files' errors, each file's own errors, then the
+    /// duplicates found).
     pub fn merged(&self) -> (Vec<LoadedObject>, Vec<ConfigError>) {
         let mut seen: BTreeMap<ObjectKey, (String, usize)> = BTreeMap::new();
         let mut objects = Vec::new();
-        let mut errors = Vec::new();
+        let mut errors: Vec<ConfigError> = self
+            .crd_files
+            .values()
+            .flat_map(|e| e.errors.iter().chain(&e.crd_errors).cloned())
+            .collect();
         let mut duplicates = Vec::new();
         for entry in self.files.values() {
-            errors.extend(entry.errors.iter().cloned());
+            errors.extend(entry.errors.iter().chain(&entry.crd_errors).cloned());
             for loaded in &entry.good {
                 let key = ObjectKey::of(&loaded.object);
                 if let Some((file, line)) = seen.get(&key) {

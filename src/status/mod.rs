@@ -8,16 +8,27 @@
 //!
 //! What is written:
 //! - our GatewayClasses, Gateways, the ListenerSets attached to our Gateways,
-//!   HTTPRoutes and BackendTLSPolicies get exactly translate's status,
+//!   HTTPRoutes, GRPCRoutes, TLSRoutes, BackendTLSPolicies and
+//!   RolloutPolicies get exactly translate's status,
 //!   computed after the proxy swapped in the table (so `Programmed=True`
 //!   means served);
 //! - Gateways get `status.addresses` from the gateway's own Service when one
 //!   is configured ([`gateway_addresses`]);
-//! - HTTPRoute `status.parents` and BackendTLSPolicy `status.ancestors` are
-//!   atomic lists in the CRDs, each entry owned by the controller named in
+//! - RolloutPolicies also get `status.rollouts`, the rollouts the leader
+//!   runs ([`RolloutReport`], as recorded at their last transition): this
+//!   is where a rollout is kept in Kubernetes mode, and what the other
+//!   replicas serve. It goes in the same apply as the policy's
+//!   `ancestors`: two applies under one field manager would each remove
+//!   the fields the other set;
+//! - route `status.parents` and BackendTLSPolicy and RolloutPolicy
+//!   `status.ancestors` are atomic lists in the CRDs, each entry owned by the controller named in
 //!   its `controllerName`, so an apply would replace other controllers'
 //!   entries: the patch carries theirs as they are, plus ours; a route or
-//!   policy no longer attached to us loses ours only;
+//!   policy no longer attached to us loses ours only. The patch names the
+//!   `resourceVersion` it was computed from, a precondition of the apply:
+//!   when another controller wrote in between, the API server refuses ours
+//!   (409 Conflict) instead of letting it drop their new entries, and it is
+//!   computed again from the object the watch delivers;
 //! - a condition whose status did not change keeps its
 //!   `lastTransitionTime`, which also makes an unchanged status compare
 //!   equal, so nothing is written for it.
@@ -32,7 +43,10 @@ use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-use crate::resources::{CONTROLLER_NAME, GATEWAY_GROUP, Service, Snapshot};
+use crate::resources::{
+    CONTROLLER_NAME, GATEWAY_GROUP, ROLLOUT_POLICY_API_VERSION, SLUICE_GROUP, Service, Snapshot,
+};
+use crate::rollout::{PolicyKey, RolloutReport};
 use crate::translate::{ObjectStatus, StatusReport};
 
 /// Our field manager for server-side apply.
@@ -41,8 +55,8 @@ pub const FIELD_MANAGER: &str = CONTROLLER_NAME;
 /// One server-side apply of an object's status.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StatusPatch {
-    /// `GatewayClass`, `Gateway`, `ListenerSet`, `HTTPRoute` or
-    /// `BackendTLSPolicy`.
+    /// `GatewayClass`, `Gateway`, `ListenerSet`, `HTTPRoute`, `GRPCRoute`,
+    /// `TLSRoute`, `BackendTLSPolicy` or `RolloutPolicy`.
     pub kind: &'static str,
     pub namespace: Option<String>,
     pub name: String,
@@ -64,12 +78,19 @@ impl StatusPatch {
             "Gateway" => "gateways",
             "ListenerSet" => "listenersets",
             "BackendTLSPolicy" => "backendtlspolicies",
+            "GRPCRoute" => "grpcroutes",
+            "TLSRoute" => "tlsroutes",
+            "RolloutPolicy" => "rolloutpolicies",
             _ => "httproutes",
         };
+        let (group, version) = match self.kind {
+            "RolloutPolicy" => (SLUICE_GROUP, "v1alpha1"),
+            _ => (GATEWAY_GROUP, "v1"),
+        };
         let resource = ApiResource {
-            group: GATEWAY_GROUP.into(),
-            version: "v1".into(),
-            api_version: format!("{GATEWAY_GROUP}/v1"),
+            group: group.into(),
+            version: version.into(),
+            api_version: api_version(self.kind),
             kind: self.kind.into(),
             plural: plural.into(),
         };
@@ -77,6 +98,14 @@ impl StatusPatch {
             Some(ns) => Api::namespaced_with(client, ns, &resource),
             None => Api::all_with(client, &resource),
         }
+    }
+}
+
+/// `apiVersion` of a kind sluice writes status to.
+fn api_version(kind: &str) -> String {
+    match kind {
+        "RolloutPolicy" => ROLLOUT_POLICY_API_VERSION.into(),
+        _ => format!("{GATEWAY_GROUP}/v1"),
     }
 }
 
@@ -114,8 +143,23 @@ fn current(snapshot: &Snapshot, object: &ObjectStatus) -> Option<(Value, Option<
             .iter()
             .find(|o| same(&o.metadata))
             .map(|o| found(&o.metadata, &o.status)),
+        "GRPCRoute" => snapshot
+            .grpc_routes
+            .iter()
+            .find(|o| same(&o.metadata))
+            .map(|o| found(&o.metadata, &o.status)),
+        "TLSRoute" => snapshot
+            .tls_routes
+            .iter()
+            .find(|o| same(&o.metadata))
+            .map(|o| found(&o.metadata, &o.status)),
         "BackendTLSPolicy" => snapshot
             .backend_tls_policies
+            .iter()
+            .find(|o| same(&o.metadata))
+            .map(|o| found(&o.metadata, &o.status)),
+        "RolloutPolicy" => snapshot
+            .rollout_policies
             .iter()
             .find(|o| same(&o.metadata))
             .map(|o| found(&o.metadata, &o.status)),
@@ -129,18 +173,21 @@ fn static_kind(kind: &str) -> Option<&'static str> {
         "Gateway" => Some("Gateway"),
         "ListenerSet" => Some("ListenerSet"),
         "HTTPRoute" => Some("HTTPRoute"),
+        "GRPCRoute" => Some("GRPCRoute"),
+        "TLSRoute" => Some("TLSRoute"),
         "BackendTLSPolicy" => Some("BackendTLSPolicy"),
+        "RolloutPolicy" => Some("RolloutPolicy"),
         _ => None,
     }
 }
 
 /// The status list of `kind` whose entries belong to the controller each
-/// names (`controllerName`): HTTPRoute `parents`, BackendTLSPolicy
-/// `ancestors`.
+/// names (`controllerName`): route `parents`, BackendTLSPolicy and
+/// RolloutPolicy `ancestors`.
 fn shared_list(kind: &str) -> Option<&'static str> {
     match kind {
-        "HTTPRoute" => Some("parents"),
-        "BackendTLSPolicy" => Some("ancestors"),
+        "HTTPRoute" | "GRPCRoute" | "TLSRoute" => Some("parents"),
+        "BackendTLSPolicy" | "RolloutPolicy" => Some("ancestors"),
         _ => None,
     }
 }
@@ -168,22 +215,41 @@ fn with_shared_lists(snapshot: &Snapshot) -> Vec<(&'static str, &ObjectMeta, Val
         .http_routes
         .iter()
         .map(|r| ("HTTPRoute", &r.metadata, status(&r.status)));
+    let grpc = snapshot
+        .grpc_routes
+        .iter()
+        .map(|r| ("GRPCRoute", &r.metadata, status(&r.status)));
+    let tls = snapshot
+        .tls_routes
+        .iter()
+        .map(|r| ("TLSRoute", &r.metadata, status(&r.status)));
     let policies = snapshot
         .backend_tls_policies
         .iter()
         .map(|p| ("BackendTLSPolicy", &p.metadata, status(&p.status)));
-    routes.chain(policies).collect()
+    let rollout_policies = snapshot
+        .rollout_policies
+        .iter()
+        .map(|p| ("RolloutPolicy", &p.metadata, status(&p.status)));
+    routes
+        .chain(grpc)
+        .chain(tls)
+        .chain(policies)
+        .chain(rollout_policies)
+        .collect()
 }
 
 /// The patches that bring the cluster's status to what translate computed,
 /// leaving out those that would change nothing.
 ///
 /// `addresses` (from [`gateway_addresses`]) become every Gateway's
-/// `status.addresses` when given.
+/// `status.addresses` when given; `rollouts` every RolloutPolicy's
+/// `status.rollouts`.
 pub fn plan(
     snapshot: &Snapshot,
     report: &StatusReport,
     addresses: Option<&[GatewayStatusAddresses]>,
+    rollouts: &RolloutReport,
 ) -> Vec<StatusPatch> {
     let mut patches = Vec::new();
     for object in &report.objects {
@@ -196,6 +262,15 @@ pub fn plan(
         let mut desired = object.status.clone();
         if let (Some(addresses), "Gateway", Value::Object(map)) = (addresses, kind, &mut desired) {
             map.insert("addresses".into(), json!(addresses));
+        }
+        if kind == "RolloutPolicy"
+            && let Some(namespace) = &object.metadata.namespace
+        {
+            let policy = PolicyKey {
+                namespace: namespace.clone(),
+                name: object.metadata.name.clone(),
+            };
+            rollouts.complete(&policy, &mut desired);
         }
         if let Some(list) = shared_list(kind) {
             let ours = desired
@@ -233,7 +308,7 @@ pub fn plan(
             continue;
         }
         let object = ObjectStatus {
-            api_version: format!("{GATEWAY_GROUP}/v1"),
+            api_version: api_version(kind),
             kind: kind.into(),
             metadata: crate::translate::StatusMetadata {
                 name: name.to_string(),
@@ -258,13 +333,19 @@ fn patch(
     if let Some(ns) = &object.metadata.namespace {
         metadata["namespace"] = json!(ns);
     }
+    // Lists other controllers write too: only over the version read.
+    if shared_list(kind).is_some()
+        && let Some(rv) = &resource_version
+    {
+        metadata["resourceVersion"] = json!(rv);
+    }
     StatusPatch {
         kind,
         namespace: object.metadata.namespace.clone(),
         name: object.metadata.name.clone(),
         resource_version,
         body: json!({
-            "apiVersion": format!("{GATEWAY_GROUP}/v1"),
+            "apiVersion": api_version(kind),
             "kind": kind,
             "metadata": metadata,
             "status": status,
@@ -378,6 +459,9 @@ pub struct StatusWriter {
 pub struct SyncOutcome {
     pub written: usize,
     pub failed: usize,
+    /// Refused because the object changed since it was read (409): written
+    /// again from the object the watch delivers.
+    pub conflicts: usize,
 }
 
 impl StatusWriter {
@@ -401,9 +485,10 @@ impl StatusWriter {
         snapshot: &Snapshot,
         report: &StatusReport,
         addresses: Option<&[GatewayStatusAddresses]>,
+        rollouts: &RolloutReport,
     ) -> SyncOutcome {
         let mut outcome = SyncOutcome::default();
-        for patch in plan(snapshot, report, addresses) {
+        for patch in plan(snapshot, report, addresses, rollouts) {
             let id = patch.id();
             let memo = (patch.resource_version.clone(), patch.body.clone());
             if self.sent.get(&id) == Some(&memo) {
@@ -417,6 +502,10 @@ impl StatusWriter {
                 }
                 Err(kube::Error::Api(status)) if status.code == 404 => {
                     tracing::debug!(object = %id, "object deleted before its status was written");
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    tracing::info!(object = %id, "status changed by another writer since it was read; computed again from the new version");
+                    outcome.conflicts += 1;
                 }
                 Err(error) => {
                     tracing::warn!(object = %id, %error, "cannot write status");

@@ -93,6 +93,11 @@ fn applied(snapshot: &Snapshot, patches: &[StatusPatch]) -> Snapshot {
                     o.status = serde_json::from_value(status.clone()).expect("valid status");
                 }
             }
+            "RolloutPolicy" => {
+                for o in s.rollout_policies.iter_mut().filter(|o| is(&o.metadata)) {
+                    o.status = Some(status.clone());
+                }
+            }
             _ => {
                 for o in s.http_routes.iter_mut().filter(|o| is(&o.metadata)) {
                     o.status = serde_json::from_value(status.clone()).expect("valid status");
@@ -106,7 +111,7 @@ fn applied(snapshot: &Snapshot, patches: &[StatusPatch]) -> Snapshot {
 #[test]
 fn plan_writes_our_status_and_keeps_other_controllers_parents() {
     let s = snapshot(CLUSTER);
-    let patches = plan(&s, &report(&s, 1000), None);
+    let patches = plan(&s, &report(&s, 1000), None, &RolloutReport::default());
     let ids: Vec<String> = patches.iter().map(StatusPatch::id).collect();
     assert_eq!(
         ids,
@@ -120,9 +125,15 @@ fn plan_writes_our_status_and_keeps_other_controllers_parents() {
     assert_eq!(route.resource_version.as_deref(), Some("12"));
     assert_eq!(route.body["apiVersion"], "gateway.networking.k8s.io/v1");
     assert_eq!(route.body["kind"], "HTTPRoute");
+    // Other controllers write the route's parents too: the apply holds
+    // only over the version read (a precondition), the Gateway's needs none.
     assert_eq!(
         route.body["metadata"],
-        json!({"name": "web", "namespace": "default"})
+        json!({"name": "web", "namespace": "default", "resourceVersion": "12"})
+    );
+    assert_eq!(
+        patches[1].body["metadata"],
+        json!({"name": "gw", "namespace": "default"})
     );
     let parents = route.body["status"]["parents"]
         .as_array()
@@ -145,23 +156,36 @@ fn plan_writes_our_status_and_keeps_other_controllers_parents() {
 #[test]
 fn an_unchanged_status_is_not_written_again() {
     let s = snapshot(CLUSTER);
-    let first = plan(&s, &report(&s, 1000), None);
+    let first = plan(&s, &report(&s, 1000), None, &RolloutReport::default());
     let written = applied(&s, &first);
     // Translated again later: the same conditions, a newer clock.
-    let again = plan(&written, &report(&written, 2000), None);
+    let again = plan(
+        &written,
+        &report(&written, 2000),
+        None,
+        &RolloutReport::default(),
+    );
     assert!(again.is_empty(), "{again:#?}");
 }
 
 #[test]
 fn a_status_change_keeps_transition_times_of_unchanged_conditions() {
     let s = snapshot(CLUSTER);
-    let written = applied(&s, &plan(&s, &report(&s, 1000), None));
+    let written = applied(
+        &s,
+        &plan(&s, &report(&s, 1000), None, &RolloutReport::default()),
+    );
     // The backend Service goes away: ResolvedRefs turns False.
     let mut changed = written.clone();
     changed
         .services
         .retain(|svc| svc.metadata.name.as_deref() != Some("web"));
-    let patches = plan(&changed, &report(&changed, 2000), None);
+    let patches = plan(
+        &changed,
+        &report(&changed, 2000),
+        None,
+        &RolloutReport::default(),
+    );
     let ids: Vec<String> = patches.iter().map(StatusPatch::id).collect();
     assert_eq!(ids, ["HTTPRoute default/web"]);
     let ours = &patches[0].body["status"]["parents"][1]["conditions"];
@@ -187,11 +211,19 @@ fn a_status_change_keeps_transition_times_of_unchanged_conditions() {
 #[test]
 fn a_route_detached_from_our_gateways_loses_only_our_parents() {
     let s = snapshot(CLUSTER);
-    let mut written = applied(&s, &plan(&s, &report(&s, 1000), None));
+    let mut written = applied(
+        &s,
+        &plan(&s, &report(&s, 1000), None, &RolloutReport::default()),
+    );
     for route in &mut written.http_routes {
         route.spec.parent_refs = Some(Vec::new());
     }
-    let patches = plan(&written, &report(&written, 2000), None);
+    let patches = plan(
+        &written,
+        &report(&written, 2000),
+        None,
+        &RolloutReport::default(),
+    );
     let ids: Vec<String> = patches.iter().map(StatusPatch::id).collect();
     // The Gateway's listener counts one attached route less.
     assert_eq!(ids, ["Gateway default/gw", "HTTPRoute default/web"]);
@@ -234,7 +266,7 @@ fn gateway_addresses_prefer_load_balancer_ingress_over_cluster_ip() {
     );
     assert!(gateway_addresses(&s, "sluice-system", "missing").is_none());
 
-    let patches = plan(&s, &report(&s, 1000), Some(&lb));
+    let patches = plan(&s, &report(&s, 1000), Some(&lb), &RolloutReport::default());
     let gateway = patches
         .iter()
         .find(|p| p.kind == "Gateway")
@@ -284,7 +316,7 @@ status:
 #[test]
 fn listener_sets_and_policy_ancestors_are_written_keeping_other_controllers_ancestors() {
     let s = snapshot(&cluster_with_listener_set_and_policy());
-    let patches = plan(&s, &report(&s, 1000), None);
+    let patches = plan(&s, &report(&s, 1000), None, &RolloutReport::default());
     let find = |kind: &str| {
         patches
             .iter()
@@ -324,19 +356,32 @@ fn listener_sets_and_policy_ancestors_are_written_keeping_other_controllers_ance
 
     // Written once, the same status is not written again.
     let written = applied(&s, &patches);
-    let again = plan(&written, &report(&written, 2000), None);
+    let again = plan(
+        &written,
+        &report(&written, 2000),
+        None,
+        &RolloutReport::default(),
+    );
     assert!(again.is_empty(), "{again:#?}");
 }
 
 #[test]
 fn a_policy_no_gateway_of_ours_uses_loses_only_our_ancestors() {
     let s = snapshot(&cluster_with_listener_set_and_policy());
-    let mut written = applied(&s, &plan(&s, &report(&s, 1000), None));
+    let mut written = applied(
+        &s,
+        &plan(&s, &report(&s, 1000), None, &RolloutReport::default()),
+    );
     // The route stops using the Service the policy targets.
     for policy in &mut written.backend_tls_policies {
         policy.spec.target_refs[0].name = "elsewhere".into();
     }
-    let patches = plan(&written, &report(&written, 2000), None);
+    let patches = plan(
+        &written,
+        &report(&written, 2000),
+        None,
+        &RolloutReport::default(),
+    );
     let policy = patches
         .iter()
         .find(|p| p.kind == "BackendTLSPolicy")
@@ -380,28 +425,13 @@ async fn listener_set_and_policy_status_go_to_their_status_subresources() {
     let (client, mut handle) = mock_client();
     let s = snapshot(&cluster_with_listener_set_and_policy());
     let report = report(&s, 1000);
-    let expected: Vec<StatusPatch> = plan(&s, &report, None)
+    let expected: Vec<StatusPatch> = plan(&s, &report, None, &RolloutReport::default())
         .into_iter()
         .filter(|p| matches!(p.kind, "ListenerSet" | "BackendTLSPolicy"))
         .collect();
     assert_eq!(expected.len(), 2);
     let writer = StatusWriter::new(client);
-    let verifier = tokio::spawn(async move {
-        let mut seen = Vec::new();
-        for _ in 0..2 {
-            let (request, respond) = handle.next_request().await.expect("a request");
-            assert_eq!(request.method(), Method::PATCH);
-            let uri = request.uri().to_string();
-            let body = body_json(request).await;
-            respond.send_response(
-                Response::builder()
-                    .body(Body::from(serde_json::to_vec(&body).expect("json")))
-                    .expect("a response"),
-            );
-            seen.push((uri, body));
-        }
-        seen
-    });
+    let verifier = tokio::spawn(async move { answer_applies(&mut handle, 2).await });
     for patch in &expected {
         writer.apply(patch).await.expect("the patch is applied");
     }
@@ -427,6 +457,22 @@ fn mock_client() -> (Client, Handle) {
     (Client::new(service, "default"), handle)
 }
 
+/// Answer a request of the mocked API server with `code` and `body`.
+fn answer(respond: tower_test::mock::SendResponse<Response<Body>>, code: u16, body: &Value) {
+    respond.send_response(
+        Response::builder()
+            .status(code)
+            .body(Body::from(serde_json::to_vec(body).expect("json")))
+            .expect("a response"),
+    );
+}
+
+/// The `Status` the API server answers a failure with.
+fn failure(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+           "message": message, "reason": reason, "code": code})
+}
+
 async fn body_json(request: Request<Body>) -> Value {
     let bytes = request
         .into_body()
@@ -437,42 +483,50 @@ async fn body_json(request: Request<Body>) -> Value {
     serde_json::from_slice(&bytes).expect("a JSON body")
 }
 
+/// Answer `n` requests, each a server-side apply (PATCH,
+/// `application/apply-patch+yaml`), with their own body: their URIs and
+/// bodies.
+async fn answer_applies(handle: &mut Handle, n: usize) -> Vec<(String, Value)> {
+    let mut seen = Vec::new();
+    for _ in 0..n {
+        let (request, respond) = handle.next_request().await.expect("a request");
+        assert_eq!(request.method(), Method::PATCH);
+        assert_eq!(
+            request
+                .headers()
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
+            Some("application/apply-patch+yaml")
+        );
+        let uri = request.uri().to_string();
+        let body = body_json(request).await;
+        respond.send_response(
+            Response::builder()
+                .body(Body::from(serde_json::to_vec(&body).expect("json")))
+                .expect("a response"),
+        );
+        seen.push((uri, body));
+    }
+    seen
+}
+
 #[tokio::test]
 async fn status_is_server_side_applied_to_the_status_subresource() {
     let (client, mut handle) = mock_client();
     let s = snapshot(CLUSTER);
     let report = report(&s, 1000);
-    let expected = plan(&s, &report, None);
-    let verifier = tokio::spawn(async move {
-        let mut seen = Vec::new();
-        for _ in 0..3 {
-            let (request, respond) = handle.next_request().await.expect("a request");
-            assert_eq!(request.method(), Method::PATCH);
-            assert_eq!(
-                request
-                    .headers()
-                    .get(http::header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok()),
-                Some("application/apply-patch+yaml")
-            );
-            let uri = request.uri().to_string();
-            let body = body_json(request).await;
-            respond.send_response(
-                Response::builder()
-                    .body(Body::from(serde_json::to_vec(&body).expect("json")))
-                    .expect("a response"),
-            );
-            seen.push((uri, body));
-        }
-        seen
-    });
+    let expected = plan(&s, &report, None, &RolloutReport::default());
+    let verifier = tokio::spawn(async move { answer_applies(&mut handle, 3).await });
     let mut writer = StatusWriter::new(client);
-    let outcome = writer.sync(&s, &report, None).await;
+    let outcome = writer
+        .sync(&s, &report, None, &RolloutReport::default())
+        .await;
     assert_eq!(
         outcome,
         SyncOutcome {
             written: 3,
-            failed: 0
+            failed: 0,
+            conflicts: 0,
         }
     );
     let seen = verifier.await.expect("the verifier does not panic");
@@ -490,7 +544,9 @@ async fn status_is_server_side_applied_to_the_status_subresource() {
     }
 
     // The watch has not delivered the new objects yet: nothing is re-sent.
-    let again = writer.sync(&s, &report, None).await;
+    let again = writer
+        .sync(&s, &report, None, &RolloutReport::default())
+        .await;
     assert_eq!(again, SyncOutcome::default());
 }
 
@@ -504,37 +560,221 @@ async fn failed_writes_are_counted_and_retried() {
             let (request, respond) = handle.next_request().await.expect("a request");
             let body = body_json(request).await;
             // The first round fails everything (a 500 from the API server).
-            let (code, reply) = if i < 3 {
-                (
-                    500,
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                             "message": "etcd is sad", "reason": "InternalError", "code": 500}),
-                )
+            if i < 3 {
+                answer(respond, 500, &failure(500, "InternalError", "etcd is sad"));
             } else {
-                (200, body)
-            };
-            respond.send_response(
-                Response::builder()
-                    .status(code)
-                    .body(Body::from(serde_json::to_vec(&reply).expect("json")))
-                    .expect("a response"),
-            );
+                answer(respond, 200, &body);
+            }
         }
     });
     let mut writer = StatusWriter::new(client);
     assert_eq!(
-        writer.sync(&s, &report, None).await,
+        writer
+            .sync(&s, &report, None, &RolloutReport::default())
+            .await,
         SyncOutcome {
             written: 0,
-            failed: 3
+            failed: 3,
+            conflicts: 0,
         }
     );
     assert_eq!(
-        writer.sync(&s, &report, None).await,
+        writer
+            .sync(&s, &report, None, &RolloutReport::default())
+            .await,
         SyncOutcome {
             written: 3,
-            failed: 0
+            failed: 0,
+            conflicts: 0,
         }
     );
     server.await.expect("the mock does not panic");
+}
+
+#[tokio::test]
+async fn a_write_refused_for_a_newer_version_is_a_conflict_and_sent_again() {
+    let (client, mut handle) = mock_client();
+    let s = snapshot(CLUSTER);
+    let report = report(&s, 1000);
+    let server = tokio::spawn(async move {
+        for i in 0..4 {
+            let (request, respond) = handle.next_request().await.expect("a request");
+            let uri = request.uri().to_string();
+            let body = body_json(request).await;
+            // The route changed since it was read: 409, as the API server
+            // answers an apply whose resourceVersion is not the object's.
+            if uri.contains("/httproutes/") && i < 3 {
+                let conflict = failure(409, "Conflict", "the object has been modified");
+                answer(respond, 409, &conflict);
+            } else {
+                answer(respond, 200, &body);
+            }
+        }
+    });
+    let mut writer = StatusWriter::new(client);
+    assert_eq!(
+        writer
+            .sync(&s, &report, None, &RolloutReport::default())
+            .await,
+        SyncOutcome {
+            written: 2,
+            failed: 0,
+            conflicts: 1,
+        }
+    );
+    // Not remembered as sent: the next sync (the watch's newer route, or
+    // the retry) writes it.
+    assert_eq!(
+        writer
+            .sync(&s, &report, None, &RolloutReport::default())
+            .await,
+        SyncOutcome {
+            written: 1,
+            failed: 0,
+            conflicts: 0,
+        }
+    );
+    server.await.expect("the mock does not panic");
+}
+
+/// CLUSTER plus a RolloutPolicy on the route, on whose status another
+/// controller reports too.
+fn cluster_with_rollout_policy() -> String {
+    format!(
+        "{CLUSTER}---
+apiVersion: sluice.dev/v1alpha1
+kind: RolloutPolicy
+metadata: {{name: web, namespace: default, generation: 3, resourceVersion: '20'}}
+spec:
+  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: web}}]
+  steps: ['5%', '100%']
+  interval: 1m
+status:
+  ancestors:
+  - ancestorRef: {{name: other-gw}}
+    controllerName: example.com/other
+    conditions:
+    - {{type: Accepted, status: 'True', reason: Accepted, message: theirs,
+       observedGeneration: 3, lastTransitionTime: '2020-01-01T00:00:00Z'}}
+"
+    )
+}
+
+/// A rollout of `default/web` rule 0 at its first step.
+fn rollouts_at_first_step() -> RolloutReport {
+    use crate::resources::Percent;
+    use crate::rollout::{BackendKey, Phase, Rollout, Rollouts, RuleKey, Weights};
+    let key = |name: &str| BackendKey::service("default", name, Some(80));
+    let mut from = Weights::new();
+    from.add(key("web"), 1);
+    from.add(key("web-v2"), 0);
+    let mut to = Weights::new();
+    to.add(key("web"), 0);
+    to.add(key("web-v2"), 1);
+    let rollout = Rollout {
+        policy: PolicyKey {
+            namespace: "default".into(),
+            name: "web".into(),
+        },
+        rule: RuleKey {
+            kind: crate::route::RouteKind::Http,
+            namespace: "default".into(),
+            route: "web".into(),
+            rule: 0,
+        },
+        rule_name: None,
+        phase: Phase::Progressing,
+        step: Percent::parse("5%").ok(),
+        step_started_at: "2024-05-01T10:00:00.5Z".parse().ok(),
+        from,
+        to,
+        held_for: None,
+        message: "started: step 5%".into(),
+    };
+    RolloutReport::new(&Rollouts::restore([rollout]), None)
+}
+
+#[test]
+fn a_rollout_policy_gets_its_ancestors_and_rollouts_in_one_apply() {
+    let s = snapshot(&cluster_with_rollout_policy());
+    let rollouts = rollouts_at_first_step();
+    let patches = plan(&s, &report(&s, 1000), None, &rollouts);
+    let policy = patches
+        .iter()
+        .find(|p| p.kind == "RolloutPolicy")
+        .expect("the policy's status is written");
+    assert_eq!(policy.id(), "RolloutPolicy default/web");
+    assert_eq!(policy.resource_version.as_deref(), Some("20"));
+    assert_eq!(policy.body["apiVersion"], "sluice.dev/v1alpha1");
+    assert_eq!(policy.body["kind"], "RolloutPolicy");
+    // Its ancestors are a list other controllers write too: the apply
+    // holds only over the version read.
+    assert_eq!(
+        policy.body["metadata"],
+        json!({"name": "web", "namespace": "default", "resourceVersion": "20"})
+    );
+    let status = &policy.body["status"];
+    let ancestors = status["ancestors"].as_array().expect("ancestors");
+    assert_eq!(ancestors.len(), 2, "{ancestors:#?}");
+    assert_eq!(ancestors[0]["controllerName"], "example.com/other");
+    assert_eq!(ancestors[0]["conditions"][0]["message"], "theirs");
+    assert_eq!(ancestors[1]["controllerName"], CONTROLLER_NAME);
+    assert_eq!(ancestors[1]["conditions"][0]["observedGeneration"], 3);
+    let rollout = &status["rollouts"][0];
+    assert_eq!(rollout["route"], "web");
+    assert_eq!(rollout["rule"], 0);
+    assert_eq!(rollout["phase"], "Progressing");
+    assert_eq!(rollout["step"], "5%");
+    assert_eq!(rollout["stepStartedAt"], "2024-05-01T10:00:00.5Z");
+    assert_eq!(rollout["served"][0]["name"], "web");
+    assert_eq!(rollout["served"][0]["share"], "95%");
+    assert_eq!(rollout["served"][1]["share"], "5%");
+    // What a replica reads back is the rollout written.
+    let written = applied(&s, &patches);
+    let (records, _, problems) = crate::rollout::recorded(&written.rollout_policies);
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(records.len(), 1);
+    assert_eq!(
+        records[0].step.map(|p| p.to_string()).as_deref(),
+        Some("5%")
+    );
+    // Written once: translated again, nothing moved, nothing to write.
+    let again = plan(&written, &report(&written, 2000), None, &rollouts);
+    assert!(again.is_empty(), "{again:#?}");
+    // The rollout moves: the policy is written again, the others are not.
+    let moved = plan(
+        &written,
+        &report(&written, 2000),
+        None,
+        &RolloutReport::default(),
+    );
+    let ids: Vec<String> = moved.iter().map(StatusPatch::id).collect();
+    assert_eq!(ids, ["RolloutPolicy default/web"]);
+    assert_eq!(moved[0].body["status"]["rollouts"], json!([]));
+}
+
+#[tokio::test]
+async fn a_rollout_policy_status_is_applied_to_its_sluice_dev_status_subresource() {
+    let (client, mut handle) = mock_client();
+    let s = snapshot(&cluster_with_rollout_policy());
+    let expected: Vec<StatusPatch> = plan(&s, &report(&s, 1000), None, &rollouts_at_first_step())
+        .into_iter()
+        .filter(|p| p.kind == "RolloutPolicy")
+        .collect();
+    assert_eq!(expected.len(), 1);
+    let verifier = tokio::spawn(async move { answer_applies(&mut handle, 1).await });
+    let writer = StatusWriter::new(client);
+    writer
+        .apply(&expected[0])
+        .await
+        .expect("the patch is applied");
+    let (uri, body) = verifier
+        .await
+        .expect("the verifier does not panic")
+        .remove(0);
+    assert_eq!(
+        uri,
+        "/apis/sluice.dev/v1alpha1/namespaces/default/rolloutpolicies/web/status?&force=true&fieldManager=sluice.dev%2Fgateway-controller"
+    );
+    assert_eq!(body, expected[0].body);
 }

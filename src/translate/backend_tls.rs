@@ -3,8 +3,10 @@
 //! A policy targets a Service (all its ports, or the port its
 //! `sectionName` names). Per the spec:
 //! - `validation.hostname` is the SNI and the name the backend's certificate
-//!   must be valid for, unless `subjectAltNames` are given (then one of
-//!   them must match);
+//!   must be valid for, unless `subjectAltNames` are given: then the
+//!   certificate must carry one of them, a `Hostname` as a DNS name (with
+//!   the usual wildcard rules), a `URI` (a SPIFFE ID, say) as exactly that
+//!   URI SAN; the chain is verified against the CA either way;
 //! - `validation.caCertificateRefs` are ConfigMaps of the policy's
 //!   namespace with the CA bundle under `ca.crt`. A reference that does not
 //!   resolve gives `ResolvedRefs=False` (`InvalidCACertificateRef`, or
@@ -33,12 +35,17 @@ use std::sync::Arc;
 
 use gateway_api::apis::standard::backendtlspolicies::{
     BackendTlsPolicyStatus, BackendTlsPolicyStatusAncestors,
-    BackendTlsPolicyStatusAncestorsAncestorRef,
+    BackendTlsPolicyStatusAncestorsAncestorRef, BackendTlsPolicyValidationSubjectAltNames,
+    BackendTlsPolicyValidationSubjectAltNamesType,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
-use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::{
+    WebPkiServerVerifier, verify_server_cert_signed_by_trust_anchor, verify_server_name,
+};
+use rustls::crypto::{WebPkiSupportedAlgorithms, verify_tls12_signature, verify_tls13_signature};
+use rustls::server::ParsedCertificate;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
@@ -70,8 +77,15 @@ struct PolicyView<'a> {
     /// The CA certificates of the references that resolved.
     roots: Vec<CertificateDer<'static>>,
     server_name: Option<ServerName<'static>>,
-    /// `subjectAltNames` of type Hostname (verified instead of `hostname`).
-    san_hostnames: Vec<String>,
+    /// `subjectAltNames` (verified instead of `hostname`).
+    subject_alt_names: Vec<SubjectAltName>,
+}
+
+/// One of a policy's `subjectAltNames`.
+#[derive(Debug, Clone, Hash)]
+enum SubjectAltName {
+    Hostname(ServerName<'static>),
+    Uri(String),
 }
 
 /// What a route's backends resolve against while it is compiled, and what
@@ -230,13 +244,13 @@ impl<'a> BackendTlsIndex<'a> {
             .unwrap_or_else(|| ServerName::try_from("invalid.invalid").expect("a valid DNS name"));
         let config = match &view.rejected {
             Some((_, message)) => Err(message.clone()),
-            None => client_config(&view.roots, &view.san_hostnames, client),
+            None => client_config(&view.roots, &view.subject_alt_names, client),
         };
         let mut h = DefaultHasher::new();
         for r in &view.roots {
             r.as_ref().hash(&mut h);
         }
-        view.san_hostnames.hash(&mut h);
+        view.subject_alt_names.hash(&mut h);
         if let Some(c) = client {
             for r in &c.chain {
                 r.as_ref().hash(&mut h);
@@ -250,8 +264,7 @@ impl<'a> BackendTlsIndex<'a> {
                 "{id}|{sni}|{presenter}|{}|{:016x}",
                 config.is_ok(),
                 h.finish()
-            )
-            .into(),
+            ),
             policy: id,
             server_name,
             config,
@@ -396,7 +409,7 @@ fn validate_policy<'a>(snapshot: &Snapshot, policy: &'a BackendTlsPolicy) -> Pol
         unresolved: None,
         roots: Vec::new(),
         server_name: None,
-        san_hostnames: Vec::new(),
+        subject_alt_names: Vec::new(),
     };
     let refs = v.ca_certificate_refs.as_deref().unwrap_or_default();
     let mut failures: Vec<Failure> = Vec::new();
@@ -468,19 +481,37 @@ fn validate_policy<'a>(snapshot: &Snapshot, policy: &'a BackendTlsPolicy) -> Pol
         }
     }
     for (i, san) in v.subject_alt_names.iter().flatten().enumerate() {
-        match (&san.hostname, &san.uri) {
-            (Some(h), _) if !h.is_empty() => view.san_hostnames.push(h.clone()),
-            _ => {
+        match subject_alt_name(san) {
+            Ok(name) => view.subject_alt_names.push(name),
+            Err(message) => {
                 view.rejected.get_or_insert((
                     Reason::Invalid,
-                    format!(
-                        "spec.validation.subjectAltNames[{i}]: only type Hostname is supported, not URI"
-                    ),
+                    format!("spec.validation.subjectAltNames[{i}]: {message}"),
                 ));
             }
         }
     }
     view
+}
+
+/// A `subjectAltNames` entry: the field its `type` names, which must be
+/// set (the CRD's rule) and, for a Hostname, a DNS name.
+fn subject_alt_name(
+    san: &BackendTlsPolicyValidationSubjectAltNames,
+) -> Result<SubjectAltName, String> {
+    let value = |v: &Option<String>| v.as_deref().filter(|v| !v.is_empty()).map(str::to_owned);
+    match san.r#type {
+        BackendTlsPolicyValidationSubjectAltNamesType::Hostname => {
+            let hostname = value(&san.hostname).ok_or("type Hostname needs hostname")?;
+            match ServerName::try_from(hostname.clone()) {
+                Ok(n @ ServerName::DnsName(_)) => Ok(SubjectAltName::Hostname(n)),
+                _ => Err(format!("hostname {hostname:?} is not a DNS name")),
+            }
+        }
+        BackendTlsPolicyValidationSubjectAltNamesType::Uri => value(&san.uri)
+            .map(SubjectAltName::Uri)
+            .ok_or_else(|| "type URI needs uri".to_owned()),
+    }
 }
 
 /// The certificate the Gateway in `gateway_ns` presents to TLS backends,
@@ -506,11 +537,11 @@ fn resolve_client_cert(
     })
 }
 
-/// The TLS client settings: trust `roots`, verify `san_hostnames` (when
-/// given) instead of the SNI, present `client` when given.
+/// The TLS client settings: trust `roots`, verify `subject_alt_names`
+/// (when given) instead of the SNI, present `client` when given.
 fn client_config(
     roots: &[CertificateDer<'static>],
-    san_hostnames: &[String],
+    subject_alt_names: &[SubjectAltName],
     client: Option<&KeyPair>,
 ) -> Result<Arc<ClientConfig>, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -520,24 +551,22 @@ fn client_config(
             .add(r.clone())
             .map_err(|e| format!("CA certificate: {e}"))?;
     }
-    let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider.clone())
-        .build()
-        .map_err(|e| format!("certificate verifier: {e}"))?;
-    let builder = ClientConfig::builder_with_provider(provider)
+    let store = Arc::new(store);
+    let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS versions: {e}"))?;
-    let builder = if san_hostnames.is_empty() {
+    let builder = if subject_alt_names.is_empty() {
+        let webpki = WebPkiServerVerifier::builder_with_provider(store, provider)
+            .build()
+            .map_err(|e| format!("certificate verifier: {e}"))?;
         builder.with_webpki_verifier(webpki)
     } else {
-        let names = san_hostnames
-            .iter()
-            .filter_map(|n| ServerName::try_from(n.clone()).ok())
-            .collect();
         builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(SubjectAltNameVerifier {
-                inner: webpki,
-                names,
+                roots: store,
+                algorithms: provider.signature_verification_algorithms,
+                names: subject_alt_names.to_vec(),
             }))
     };
     let config = match client {
@@ -549,12 +578,15 @@ fn client_config(
     Ok(Arc::new(config))
 }
 
-/// `subjectAltNames`: the chain is verified as usual, and the certificate
-/// must be valid for one of the names (not for the SNI).
+/// `subjectAltNames`: the chain is verified against the roots as rustls
+/// does, and the certificate must carry one of the names (the SNI is not
+/// checked). rustls verifies DNS names; URI SANs are read with webpki,
+/// which rustls verifies with (rustls checks no URI names).
 #[derive(Debug)]
 struct SubjectAltNameVerifier {
-    inner: Arc<WebPkiServerVerifier>,
-    names: Vec<ServerName<'static>>,
+    roots: Arc<RootCertStore>,
+    algorithms: WebPkiSupportedAlgorithms,
+    names: Vec<SubjectAltName>,
 }
 
 impl ServerCertVerifier for SubjectAltNameVerifier {
@@ -563,20 +595,31 @@ impl ServerCertVerifier for SubjectAltNameVerifier {
         end_entity: &CertificateDer<'_>,
         intermediates: &[CertificateDer<'_>],
         _server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
+        _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let mut last = rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName);
-        for name in &self.names {
-            match self
-                .inner
-                .verify_server_cert(end_entity, intermediates, name, ocsp_response, now)
-            {
-                Ok(v) => return Ok(v),
-                Err(e) => last = e,
-            }
+        let cert = ParsedCertificate::try_from(end_entity)?;
+        verify_server_cert_signed_by_trust_anchor(
+            &cert,
+            &self.roots,
+            intermediates,
+            now,
+            self.algorithms.all,
+        )?;
+        let uris: Vec<&str> = webpki::EndEntityCert::try_from(end_entity)
+            .map(|c| c.valid_uri_names().collect())
+            .unwrap_or_default();
+        let matches = self.names.iter().any(|name| match name {
+            SubjectAltName::Hostname(n) => verify_server_name(&cert, n).is_ok(),
+            SubjectAltName::Uri(u) => uris.contains(&u.as_str()),
+        });
+        if matches {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForName,
+            ))
         }
-        Err(last)
     }
 
     fn verify_tls12_signature(
@@ -585,7 +628,7 @@ impl ServerCertVerifier for SubjectAltNameVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
+        verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
 
     fn verify_tls13_signature(
@@ -594,11 +637,11 @@ impl ServerCertVerifier for SubjectAltNameVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
+        verify_tls13_signature(message, cert, dss, &self.algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
+        self.algorithms.supported_schemes()
     }
 }
 
@@ -750,7 +793,7 @@ mod tests {
     }
 
     #[test]
-    fn system_cas_and_uri_subject_alt_names_are_not_supported() {
+    fn system_cas_are_not_supported() {
         let well_known = "apiVersion: gateway.networking.k8s.io/v1\nkind: BackendTLSPolicy\nmetadata: {name: p}\n\
             spec:\n  targetRefs: [{group: '', kind: Service, name: web}]\n  validation:\n    wellKnownCACertificates: System\n    hostname: abc.example.com\n";
         let s = snapshot(well_known);
@@ -760,6 +803,37 @@ mod tests {
             conditions(&index, "p")[0],
             cond("Accepted", "False", "Invalid")
         );
+    }
+
+    #[test]
+    fn subject_alt_names_need_the_field_their_type_names() {
+        let with_sans = |sans: &str| {
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: BackendTLSPolicy\nmetadata: {{name: p}}\n\
+                 spec:\n  targetRefs: [{SVC}]\n  validation:\n    caCertificateRefs: [{CA}]\n    hostname: abc.example.com\n    subjectAltNames: [{sans}]\n---\n"
+            )
+        };
+        for (sans, accepted) in [
+            (
+                "{type: URI, uri: 'spiffe://abc.example.com/test-identity'}",
+                true,
+            ),
+            ("{type: Hostname, hostname: other.example.com}", true),
+            ("{type: URI, hostname: other.example.com}", false),
+            ("{type: Hostname, uri: 'spiffe://abc.example.com/x'}", false),
+            ("{type: Hostname, hostname: '10.0.0.1'}", false),
+        ] {
+            let s = snapshot(&(ca_config_map("ca") + &with_sans(sans)));
+            let index = BackendTlsIndex::new(&s);
+            let tls = used_by_gateway(&index, None).expect("TLS");
+            assert_eq!(tls.config.is_ok(), accepted, "{sans}: {:?}", tls.config);
+            let want = if accepted {
+                cond("Accepted", "True", "Accepted")
+            } else {
+                cond("Accepted", "False", "Invalid")
+            };
+            assert_eq!(conditions(&index, "p")[0], want, "{sans}");
+        }
     }
 
     fn client_cert_secret(ns: &str, name: &str) -> String {

@@ -21,7 +21,7 @@ use super::conditions::Reason;
 use super::meta::namespace_of;
 use super::references::{Referrer, reference_allowed};
 use crate::resources::{EndpointSlice, Service, Snapshot};
-use crate::route::{AppProtocol, BackendTarget, BackendTls, EndpointSet};
+use crate::route::{AppProtocol, BackendTarget, BackendTls, EndpointSet, RouteKind};
 
 /// The label EndpointSlices carry to name their Service.
 pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -35,6 +35,19 @@ pub(crate) struct BackendRefFields<'a> {
     pub name: &'a str,
     pub namespace: Option<&'a str>,
     pub port: Option<i32>,
+}
+
+impl<'a> BackendRefFields<'a> {
+    /// The fields of one of a rule's backendRefs.
+    pub fn of(b: &'a gateway_api::experimental::httproutes::HttpRouteRulesBackendRefs) -> Self {
+        BackendRefFields {
+            group: b.group.as_deref(),
+            kind: b.kind.as_deref(),
+            name: &b.name,
+            namespace: b.namespace.as_deref(),
+            port: b.port,
+        }
+    }
 }
 
 /// What a backendRef resolved to.
@@ -97,6 +110,14 @@ pub(crate) struct BackendResolver<'a> {
 }
 
 impl<'a> BackendResolver<'a> {
+    /// Whether the manifest of route `Kind namespace/name` omitted the weight of
+    /// its rule `rule`'s backendRef `backend` (see `Snapshot::omitted_weights`).
+    pub fn weight_omitted(&self, route: &str, rule: usize, backend: usize) -> bool {
+        self.snapshot
+            .omitted_weights
+            .contains(&(route.to_string(), rule, backend))
+    }
+
     pub fn new(snapshot: &'a Snapshot) -> Self {
         let mut services = BTreeMap::new();
         for s in &snapshot.services {
@@ -127,22 +148,19 @@ impl<'a> BackendResolver<'a> {
     }
 
     /// The label of a backendRef in summaries and metrics:
-    /// `<namespace>/<name>:<port>` for a Service, kind-prefixed otherwise.
+    /// `<namespace>/<name>:<port>` for a Service, kind-prefixed otherwise
+    /// (the display of its identity, so rollouts find its counters).
     pub fn label(route_ns: &str, r: &BackendRefFields<'_>) -> String {
-        let ns = r.namespace.unwrap_or(route_ns);
-        let port = r.port.map(|p| format!(":{p}")).unwrap_or_default();
-        if is_service(r) {
-            format!("{ns}/{}{port}", r.name)
-        } else {
-            let kind = r.kind.unwrap_or("Service");
-            match r.group.filter(|g| !g.is_empty()) {
-                Some(g) => format!("{kind}.{g} {ns}/{}{port}", r.name),
-                None => format!("{kind} {ns}/{}{port}", r.name),
-            }
-        }
+        super::rollouts::backend_key(route_ns, r).to_string()
     }
 
-    pub fn resolve(&self, route_ns: &str, r: &BackendRefFields<'_>) -> Resolution {
+    /// Resolve a backendRef of a route of `kind` in `route_ns`. The
+    /// protocol to the endpoints is the Service port's `appProtocol` for an
+    /// HTTPRoute; a GRPCRoute's backends speak HTTP/2 (gRPC's transport:
+    /// "Implementations MAY infer the protocol from the Route type"), and
+    /// a port whose `appProtocol` says WebSocket cannot carry it
+    /// (`UnsupportedProtocol`).
+    pub fn resolve(&self, kind: RouteKind, route_ns: &str, r: &BackendRefFields<'_>) -> Resolution {
         if !is_service(r) {
             let group = r.group.unwrap_or("");
             let kind = r.kind.unwrap_or("Service");
@@ -156,14 +174,14 @@ impl<'a> BackendResolver<'a> {
         }
         let ns = r.namespace.unwrap_or(route_ns);
         let from = Referrer {
-            kind: "HTTPRoute",
+            kind: kind.as_str(),
             namespace: route_ns,
         };
         if !reference_allowed(self.snapshot, from, "Service", ns, r.name) {
             return Resolution::Unresolved {
                 reason: Reason::RefNotPermitted,
                 message: format!(
-                    "backendRef {}: no ReferenceGrant in namespace {ns} allows HTTPRoutes from namespace {route_ns} to refer to Service {}",
+                    "backendRef {}: no ReferenceGrant in namespace {ns} allows {kind}s from namespace {route_ns} to refer to Service {}",
                     Self::label(route_ns, r),
                     r.name
                 ),
@@ -203,6 +221,21 @@ impl<'a> BackendResolver<'a> {
                 ),
             };
         };
+        let app = port.app_protocol.as_deref();
+        let protocol = match kind {
+            RouteKind::Grpc if matches!(app, Some("kubernetes.io/ws" | "kubernetes.io/wss")) => {
+                return Resolution::Unresolved {
+                    reason: Reason::UnsupportedProtocol,
+                    message: format!(
+                        "backendRef {}: Service port {port_number} has appProtocol {}, which cannot carry gRPC (HTTP/2)",
+                        Self::label(route_ns, r),
+                        app.unwrap_or_default()
+                    ),
+                };
+            }
+            RouteKind::Grpc => AppProtocol::Http2,
+            RouteKind::Http | RouteKind::Tls => app_protocol(app),
+        };
         let tls = self
             .tls
             .for_backend(ns, r.name, port.name.as_deref())
@@ -213,7 +246,7 @@ impl<'a> BackendResolver<'a> {
         } else {
             Resolution::Endpoints {
                 addrs,
-                protocol: app_protocol(port.app_protocol.as_deref()),
+                protocol,
                 tls,
             }
         }
@@ -320,7 +353,7 @@ endpoints:
     fn ready_endpoints_on_the_named_slice_port() {
         let s = snapshot(SVC);
         let res = BackendResolver::new(&s);
-        let got = res.resolve("shop", &r("web", None, 80));
+        let got = res.resolve(RouteKind::Http, "shop", &r("web", None, 80));
         let want: Vec<SocketAddr> = ["10.0.0.1:8080", "10.0.0.2:8080", "[::1]:8080"]
             .iter()
             .map(|a| a.parse().expect("valid"))
@@ -333,7 +366,7 @@ endpoints:
                 tls: None,
             }
         );
-        let admin = res.resolve("shop", &r("web", None, 9000));
+        let admin = res.resolve(RouteKind::Http, "shop", &r("web", None, 9000));
         assert!(
             matches!(&admin, Resolution::Endpoints { addrs, protocol: AppProtocol::Http1, .. } if addrs.len() == 2),
             "{admin:?}"
@@ -349,21 +382,24 @@ endpoints:
             other => panic!("resolved: {other:?}"),
         };
         assert_eq!(
-            reason(res.resolve("shop", &r("nope", None, 80))),
+            reason(res.resolve(RouteKind::Http, "shop", &r("nope", None, 80))),
             Reason::BackendNotFound
         );
         assert_eq!(
-            reason(res.resolve("shop", &r("web", None, 81))),
+            reason(res.resolve(RouteKind::Http, "shop", &r("web", None, 81))),
             Reason::BackendNotFound
         );
         assert_eq!(
-            reason(res.resolve("default", &r("web", Some("shop"), 80))),
+            reason(res.resolve(RouteKind::Http, "default", &r("web", Some("shop"), 80))),
             Reason::RefNotPermitted
         );
         let mut other = r("bucket", None, 80);
         other.group = Some("storage.example.com");
         other.kind = Some("Bucket");
-        assert_eq!(reason(res.resolve("shop", &other)), Reason::InvalidKind);
+        assert_eq!(
+            reason(res.resolve(RouteKind::Http, "shop", &other)),
+            Reason::InvalidKind
+        );
     }
 
     #[test]
@@ -381,7 +417,11 @@ endpoints:
             ("{group: '', kind: Secret}", false),
         ] {
             let s = snapshot(&grant(to));
-            let got = BackendResolver::new(&s).resolve("default", &r("web", Some("shop"), 80));
+            let got = BackendResolver::new(&s).resolve(
+                RouteKind::Http,
+                "default",
+                &r("web", Some("shop"), 80),
+            );
             assert_eq!(
                 matches!(got, Resolution::Endpoints { .. }),
                 ok,
@@ -396,7 +436,7 @@ endpoints:
             "apiVersion: v1\nkind: Service\nmetadata: {name: empty}\nspec: {ports: [{port: 80}]}\n",
         );
         assert_eq!(
-            BackendResolver::new(&s).resolve("default", &r("empty", None, 80)),
+            BackendResolver::new(&s).resolve(RouteKind::Http, "default", &r("empty", None, 80)),
             Resolution::NoReadyEndpoints
         );
     }

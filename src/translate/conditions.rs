@@ -147,9 +147,12 @@ vocabulary! {
         /// `Programmed=False` because the parent Gateway is not accepted.
         ParentNotProgrammed,
 
-        // BackendTLSPolicies.
+        // Policies (BackendTLSPolicies, RolloutPolicies).
         /// Another policy on the same target takes precedence.
         Conflicted,
+        /// A RolloutPolicy's targetRef names a route (or a rule of it) that
+        /// does not exist.
+        TargetNotFound,
     }
 }
 

@@ -20,7 +20,7 @@ use super::backends::{BackendRefFields, BackendResolver, RefFailure, Resolution,
 use crate::resources::filter_type_name;
 use crate::route::{
     Backend, CorsList, CorsPolicy, Filter, HeaderModifier, Mirror, OriginPattern, PathModifier,
-    Redirect, UrlRewrite,
+    Redirect, RouteKind, UrlRewrite,
 };
 
 /// What compiling a list of filters produced.
@@ -52,6 +52,7 @@ pub(crate) fn backend_filters_as_rule_filters(
 /// Compile `filters` found at `field` (`spec.rules[0].filters`). Mirror
 /// backends get ids `<id_prefix>/mirror/<k>`.
 pub(crate) fn compile_filters(
+    kind: RouteKind,
     filters: &[HttpRouteRulesFilters],
     field: &str,
     id_prefix: &str,
@@ -202,7 +203,7 @@ pub(crate) fn compile_filters(
                         ));
                         continue;
                     }
-                    match resolver.resolve(route_ns, &fields) {
+                    match resolver.resolve(kind, route_ns, &fields) {
                         Resolution::Unresolved { reason, message } => {
                             out.ref_failures.push(RefFailure {
                                 reason,
@@ -363,10 +364,11 @@ mod tests {
 
     fn compile(yaml: &str) -> CompiledFilters {
         let filters: Vec<HttpRouteRulesFilters> =
-            serde_yaml::from_str(yaml).expect("test filters parse");
+            crate::yaml::from_str(yaml).expect("test filters parse");
         let snapshot = Snapshot::default();
         let resolver = BackendResolver::new(&snapshot);
         compile_filters(
+            RouteKind::Http,
             &filters,
             "spec.rules[0].filters",
             "httproute/default/r/rule/0",

@@ -15,7 +15,7 @@
 
 mod tls;
 
-pub(crate) use tls::{ListenerTls, resolve as listener_tls};
+pub(crate) use tls::{ListenerTls, for_listener as listener_tls};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -38,7 +38,7 @@ use super::meta::sort_key;
 use super::output::{ObjectStatus, StatusMetadata, api_version};
 use super::references::Referrer;
 use crate::resources::{CONTROLLER_NAME, GATEWAY_GROUP, Gateway, GatewayClass, Snapshot};
-use crate::route::HostPattern;
+use crate::route::{HostPattern, RouteKind, TlsMode};
 
 /// Which namespaces a listener accepts routes from.
 #[derive(Debug, Clone)]
@@ -57,18 +57,23 @@ pub(crate) struct ListenerView {
     pub hostname: HostPattern,
     /// Sockets the listener is served on (one per Gateway address).
     pub binds: Vec<SocketAddr>,
-    /// HTTPRoute is among the kinds this listener accepts.
-    pub accepts_http_routes: bool,
-    /// `allowedRoutes.kinds` entries sluice does not support.
+    /// The route kinds this listener accepts: those its protocol serves
+    /// (HTTPRoute and GRPCRoute on HTTP and HTTPS, TLSRoute on TLS), or
+    /// the ones of them `allowedRoutes.kinds` names.
+    pub kinds: Vec<RouteKind>,
+    /// `allowedRoutes.kinds` entries sluice does not support here.
     pub invalid_kinds: Vec<String>,
+    /// A TLS listener's `tls.mode`; `None` for other protocols.
+    pub tls_mode: Option<TlsMode>,
     pub namespaces: AllowedNamespaces,
     /// Why the listener is not accepted for what it asks (its protocol, or
     /// TLS settings sluice does not support).
     pub unsupported: Option<String>,
-    /// HTTPS: the certificate TLS is terminated with, when one resolved.
+    /// HTTPS, and TLS in `Terminate` mode: the certificate TLS is
+    /// terminated with, when one resolved.
     pub certificate: Option<Arc<CertifiedKey>>,
-    /// HTTPS: `(reason, message)` of `ResolvedRefs=False` for its
-    /// certificateRefs.
+    /// HTTPS and TLS `Terminate`: `(reason, message)` of
+    /// `ResolvedRefs=False` for its certificateRefs.
     pub tls_unresolved: Option<(Reason, String)>,
     /// HTTPS: client certificate validation (Gateway `spec.tls.frontend`).
     pub frontend: tls::frontend::ListenerFrontend,
@@ -87,10 +92,16 @@ impl ListenerView {
         self.unsupported.is_none() && self.conflict.is_none() && self.frontend.accepted()
     }
 
-    /// An HTTPS listener none of whose certificates resolved: it cannot
-    /// be served.
+    /// A listener that terminates TLS (HTTPS, or TLS in `Terminate`
+    /// mode) none of whose certificates resolved: it cannot be served.
     pub fn lacks_certificate(&self) -> bool {
-        self.protocol == "HTTPS" && self.certificate.is_none()
+        (self.protocol == "HTTPS" || self.tls_mode == Some(TlsMode::Terminate))
+            && self.certificate.is_none()
+    }
+
+    /// Does this listener accept routes of `kind`?
+    pub fn accepts(&self, kind: RouteKind) -> bool {
+        self.kinds.contains(&kind)
     }
 }
 
@@ -313,18 +324,11 @@ fn gateway_view(
         .listeners
         .iter()
         .map(|l| {
-            let tls = match l.protocol.as_str() {
-                "HTTPS" => tls::resolve(
-                    snapshot,
-                    Referrer {
-                        kind: "Gateway",
-                        namespace: &namespace,
-                    },
-                    l,
-                )
-                .with_frontend(snapshot, gw, &namespace, l),
-                _ => ListenerTls::default(),
+            let from = Referrer {
+                kind: "Gateway",
+                namespace: &namespace,
             };
+            let tls = tls::for_listener(snapshot, from, l, Some((gw, &namespace)));
             listener_view(l, &addresses, tls, None)
         })
         .collect();
@@ -348,25 +352,28 @@ pub(crate) fn listener_view(
     tls: ListenerTls,
     owner: Option<usize>,
 ) -> ListenerView {
-    let http_like = matches!(l.protocol.as_str(), "HTTP" | "HTTPS");
-    let mut accepts_http_routes = false;
+    let serves = protocol_kinds(&l.protocol);
+    let mut kinds = Vec::new();
     let mut invalid_kinds = Vec::new();
     match l.allowed_routes.as_ref().and_then(|a| a.kinds.as_ref()) {
-        Some(kinds) if !kinds.is_empty() => {
-            for k in kinds {
+        Some(allowed) if !allowed.is_empty() => {
+            for k in allowed {
                 let group = k.group.as_deref().unwrap_or(GATEWAY_GROUP);
-                if group == GATEWAY_GROUP && k.kind == "HTTPRoute" && http_like {
-                    accepts_http_routes = true;
-                } else {
-                    invalid_kinds.push(if group.is_empty() {
+                match serves
+                    .iter()
+                    .find(|s| group == GATEWAY_GROUP && k.kind == s.as_str())
+                {
+                    Some(kind) if !kinds.contains(kind) => kinds.push(*kind),
+                    Some(_) => {}
+                    None => invalid_kinds.push(if group.is_empty() {
                         k.kind.clone()
                     } else {
                         format!("{}.{group}", k.kind)
-                    });
+                    }),
                 }
             }
         }
-        _ => accepts_http_routes = http_like,
+        _ => kinds = serves.to_vec(),
     }
     let namespaces = match l
         .allowed_routes
@@ -386,11 +393,12 @@ pub(crate) fn listener_view(
     };
     let unsupported = match l.protocol.as_str() {
         "HTTP" => None,
-        "HTTPS" => tls.unsupported,
+        "HTTPS" | "TLS" => tls.unsupported,
         other => Some(format!(
-            "protocol {other} is not supported yet; sluice serves HTTP and HTTPS listeners"
+            "protocol {other} is not supported yet; sluice serves HTTP, HTTPS and TLS listeners"
         )),
     };
+    let tls_mode = (l.protocol == "TLS").then(|| tls::tls_mode(l));
     let binds = match u16::try_from(l.port) {
         Ok(port) if unsupported.is_none() => addresses
             .iter()
@@ -404,8 +412,9 @@ pub(crate) fn listener_view(
         protocol: l.protocol.clone(),
         hostname: HostPattern::parse(l.hostname.as_deref()),
         binds,
-        accepts_http_routes,
+        kinds,
         invalid_kinds,
+        tls_mode,
         namespaces,
         unsupported,
         certificate: tls.certificate,
@@ -414,6 +423,15 @@ pub(crate) fn listener_view(
         conflict: None,
         attached_routes: 0,
         owner,
+    }
+}
+
+/// The route kinds a listener of `protocol` serves.
+pub(crate) fn protocol_kinds(protocol: &str) -> &'static [RouteKind] {
+    match protocol {
+        "HTTP" | "HTTPS" => &[RouteKind::Http, RouteKind::Grpc],
+        "TLS" => &[RouteKind::Tls],
+        _ => &[],
     }
 }
 
@@ -703,8 +721,14 @@ pub(crate) fn listener_status(
             false,
             Reason::InvalidRouteKinds,
             format!(
-                "route kinds {} are not supported; sluice supports HTTPRoute",
-                l.invalid_kinds.join(", ")
+                "route kinds {} are not supported on {} listeners, which serve {}",
+                l.invalid_kinds.join(", "),
+                l.protocol,
+                protocol_kinds(&l.protocol)
+                    .iter()
+                    .map(|k| k.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         )
     });
@@ -723,14 +747,15 @@ pub(crate) fn listener_status(
         attached_routes: l.attached_routes,
         conditions: conds,
         name: l.name.clone(),
-        supported_kinds: Some(if l.accepts_http_routes {
-            vec![GatewayStatusListenersSupportedKinds {
-                group: Some(GATEWAY_GROUP.into()),
-                kind: "HTTPRoute".into(),
-            }]
-        } else {
-            Vec::new()
-        }),
+        supported_kinds: Some(
+            l.kinds
+                .iter()
+                .map(|k| GatewayStatusListenersSupportedKinds {
+                    group: Some(GATEWAY_GROUP.into()),
+                    kind: k.as_str().into(),
+                })
+                .collect(),
+        ),
     }
 }
 

@@ -28,8 +28,7 @@ use serde::de::DeserializeOwned;
 
 use super::conditions::{ConditionMaker, ConditionType, Reason};
 use super::gateways::{
-    AllowedNamespaces, GatewayView, ListenerTls, listener_status, listener_tls, listener_view,
-    namespace_allowed,
+    AllowedNamespaces, GatewayView, listener_status, listener_tls, listener_view, namespace_allowed,
 };
 use super::meta::sort_key;
 use super::output::{ObjectStatus, StatusMetadata, api_version};
@@ -150,15 +149,9 @@ pub(crate) fn admit(
                     kind: "ListenerSet",
                     namespace: ns,
                 };
-                let tls = match (listener.protocol.as_str(), gateway) {
-                    // Client certificate validation is the Gateway's, per
-                    // port (`spec.tls.frontend`), whoever defines the
-                    // listener.
-                    ("HTTPS", Some(gw)) => listener_tls(snapshot, from, &listener)
-                        .with_frontend(snapshot, gw, gw_ns, &listener),
-                    ("HTTPS", None) => listener_tls(snapshot, from, &listener),
-                    _ => ListenerTls::default(),
-                };
+                // Client certificate validation is the Gateway's, per port
+                // (`spec.tls.frontend`), whoever defines the listener.
+                let tls = listener_tls(snapshot, from, &listener, gateway.map(|gw| (gw, gw_ns)));
                 let addresses = view.addresses.clone();
                 view.listeners
                     .push(listener_view(&listener, &addresses, tls, Some(index)));

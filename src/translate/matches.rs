@@ -32,22 +32,13 @@ pub(crate) fn compile_match(m: &HttpRouteRulesMatches) -> Result<RequestMatch, S
             }
         }
     };
-    let mut headers: Vec<HeaderMatch> = Vec::new();
-    for (i, h) in m.headers.iter().flatten().enumerate() {
-        let name = HeaderName::from_bytes(h.name.as_bytes())
-            .map_err(|_| format!("headers[{i}].name: {:?} is not a valid header name", h.name))?;
-        if headers.iter().any(|seen| seen.name == name) {
-            continue; // the first entry with an equivalent name wins
-        }
-        let value = match h.r#type {
-            Some(HttpRouteRulesMatchesHeadersType::RegularExpression) => {
-                ValueMatch::regex(&h.value)
-                    .map_err(|e| format!("headers[{i}].value: invalid regular expression: {e}"))?
-            }
-            _ => ValueMatch::Exact(h.value.clone()),
-        };
-        headers.push(HeaderMatch { name, value });
-    }
+    let headers = header_matches(m.headers.iter().flatten().map(|h| {
+        let regex = matches!(
+            h.r#type,
+            Some(HttpRouteRulesMatchesHeadersType::RegularExpression)
+        );
+        (h.name.as_str(), h.value.as_str(), regex)
+    }))?;
     let mut query: Vec<QueryMatch> = Vec::new();
     for (i, q) in m.query_params.iter().flatten().enumerate() {
         if query.iter().any(|seen| seen.name == q.name) {
@@ -72,6 +63,30 @@ pub(crate) fn compile_match(m: &HttpRouteRulesMatches) -> Result<RequestMatch, S
         headers,
         query,
     })
+}
+
+/// Header conditions from `(name, value, is a regular expression)`
+/// entries (HTTPRoute's and GRPCRoute's have the same rules). The error
+/// names the field relative to the match.
+pub(crate) fn header_matches<'a>(
+    entries: impl Iterator<Item = (&'a str, &'a str, bool)>,
+) -> Result<Vec<HeaderMatch>, String> {
+    let mut headers: Vec<HeaderMatch> = Vec::new();
+    for (i, (name, value, regex)) in entries.enumerate() {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("headers[{i}].name: {name:?} is not a valid header name"))?;
+        if headers.iter().any(|seen| seen.name == name) {
+            continue; // the first entry with an equivalent name wins
+        }
+        let value = if regex {
+            ValueMatch::regex(value)
+                .map_err(|e| format!("headers[{i}].value: invalid regular expression: {e}"))?
+        } else {
+            ValueMatch::Exact(value.to_string())
+        };
+        headers.push(HeaderMatch { name, value });
+    }
+    Ok(headers)
 }
 
 fn method(m: &HttpRouteRulesMatchesMethod) -> Method {
@@ -115,7 +130,7 @@ mod tests {
     use std::time::Duration;
 
     fn m(yaml: &str) -> HttpRouteRulesMatches {
-        serde_yaml::from_str(yaml).expect("test match parses")
+        crate::yaml::from_str(yaml).expect("test match parses")
     }
 
     #[test]
@@ -155,7 +170,7 @@ mod tests {
     #[test]
     fn timeouts_parse_and_zero_is_none() {
         let t: HttpRouteRulesTimeouts =
-            serde_yaml::from_str("{request: 1m30s, backendRequest: 0s}").expect("parses");
+            crate::yaml::from_str("{request: 1m30s, backendRequest: 0s}").expect("parses");
         assert_eq!(
             compile_timeouts(Some(&t)),
             Ok(Timeouts {
@@ -163,7 +178,7 @@ mod tests {
                 backend_request: None
             })
         );
-        let bad: HttpRouteRulesTimeouts = serde_yaml::from_str("{request: soon}").expect("parses");
+        let bad: HttpRouteRulesTimeouts = crate::yaml::from_str("{request: soon}").expect("parses");
         assert!(compile_timeouts(Some(&bad)).is_err());
     }
 }

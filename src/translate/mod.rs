@@ -14,31 +14,38 @@ mod certificates;
 mod conditions;
 mod filters;
 mod gateways;
+mod grpcroutes;
 mod listenersets;
 mod matches;
 mod meta;
 mod output;
 mod references;
+mod rollouts;
 mod routes;
+mod tlsroutes;
 
 pub(crate) use conditions::ConditionType;
 pub use output::{
-    BackendOutcome, BackendSummary, ListenerBind, ObjectStatus, RuleSummary, StatusMetadata,
-    StatusReport, Translation,
+    BackendOutcome, BackendSummary, ListenerBind, ObjectStatus, RuleRollout, RuleSummary,
+    StatusMetadata, StatusReport, Translation,
 };
+pub use rollouts::rollout_inputs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::resources::{CONTROLLER_NAME, Snapshot};
-use crate::route::{ListenerHandle, RouteOrder, RouteTableBuilder};
+use crate::rollout::ServedShares;
+use crate::route::{HostPattern, ListenerHandle, RouteKind, RouteOrder, RouteTableBuilder};
 
 use backends::BackendResolver;
+use conditions::Reason;
 use gateways::GatewayView;
-use meta::{created_nanos, namespace_of, sort_key};
-use routes::AttachedRoute;
+use meta::{created_nanos, sort_key};
+use routes::{AttachedRoute, CompiledRoute, RouteHead};
 
 /// Settings that are not part of the manifests.
 #[derive(Debug, Clone)]
@@ -65,6 +72,26 @@ pub fn translate_at(
     options: &TranslateOptions,
     now: Timestamp,
 ) -> Translation {
+    translate_served_at(snapshot, options, &ServedShares::default(), now)
+}
+
+/// [`translate`] with the shares rollouts serve: a governed rule's split
+/// uses its served weights instead of its spec weights.
+pub fn translate_served(
+    snapshot: &Snapshot,
+    options: &TranslateOptions,
+    served: &ServedShares,
+) -> Translation {
+    translate_served_at(snapshot, options, served, Timestamp::now())
+}
+
+/// [`translate_served`] stamped with `now`: the pure form.
+pub fn translate_served_at(
+    snapshot: &Snapshot,
+    options: &TranslateOptions,
+    served: &ServedShares,
+    now: Timestamp,
+) -> Translation {
     let mut warnings = Vec::new();
     let labels = namespace_labels(snapshot);
     let (class_statuses, classes) = gateways::gateway_classes(snapshot, now);
@@ -76,13 +103,18 @@ pub fn translate_at(
         &mut views,
         &mut listeners,
         &resolver,
+        served,
         &labels,
         &mut warnings,
     );
     let route_statuses = attached
         .iter()
         .map(|route| routes::route_status(route, &views, now));
-    let objects = assemble_status(class_statuses, &views, route_statuses, &resolver, now);
+    let mut objects = assemble_status(class_statuses, &views, route_statuses, &resolver, now);
+    if !snapshot.rollout_policies.is_empty() {
+        let route_gateways = rollouts::route_gateways(&attached, &views);
+        objects.extend(rollouts::policy_statuses(snapshot, &route_gateways, now));
+    }
     Translation {
         table: listeners.builder.build(),
         status: StatusReport {
@@ -140,6 +172,9 @@ fn bind_listeners(views: &[GatewayView]) -> BoundListeners {
                     if let Some(certificate) = view.certificate(l) {
                         builder.set_listener_tls(handle, certificate);
                     }
+                    if let Some(mode) = listener.tls_mode {
+                        builder.set_listener_stream(handle, mode);
+                    }
                     if let Some(v) = &listener.frontend.validation {
                         builder.set_port_client_validation(*bind, v.clone());
                     }
@@ -167,34 +202,46 @@ fn bind_listeners(views: &[GatewayView]) -> BoundListeners {
     }
 }
 
-/// Phase: attach routes. Each HTTPRoute, oldest first, is attached through
-/// its parentRefs ([`routes::attach`]) and compiled
-/// ([`routes::compile_route`]). Unless it asks for something sluice cannot
-/// honour, its rules are added to every listener it attached to, and each
-/// such listener counts it once however many parentRefs reach it. A route
-/// that names none of our Gateways only gets a warning.
+/// Phase: attach routes. Every route of every kind, oldest first, is
+/// attached through its parentRefs ([`routes::attach`]) and compiled (by
+/// its kind's module). Unless it asks for something sluice cannot honour,
+/// its rules are added to every listener it attached to, and each such
+/// listener counts it once however many parentRefs reach it. A route that
+/// names none of our Gateways only gets a warning.
+///
+/// HTTPRoutes and GRPCRoutes on one listener follow the spec's rule: "If
+/// a Route (A) of type HTTPRoute or GRPCRoute is attached to a Listener
+/// and that listener already has another Route (B) of the other type
+/// attached and the intersection of the hostnames of A and B is
+/// non-empty, then the implementation MUST accept exactly one of these two
+/// routes": the oldest, then the first by `namespace/name`, which is the
+/// order routes attach in here, so the later route loses that listener
+/// (`Accepted=False`, reason `HostnameConflict`, when its parentRef
+/// reaches no other listener).
 ///
 /// Returns the routes to report on, in that order, and the rule summaries
-/// of those accepted somewhere, by (route, rule).
+/// of those accepted somewhere, by (kind, route, rule).
 fn attach_routes<'a>(
     snapshot: &'a Snapshot,
     views: &mut [GatewayView],
     listeners: &mut BoundListeners,
     resolver: &BackendResolver<'_>,
+    served: &'a ServedShares,
     labels: &dyn Fn(&str) -> BTreeMap<String, String>,
     warnings: &mut Vec<String>,
 ) -> (Vec<AttachedRoute<'a>>, Vec<RuleSummary>) {
-    let mut routes: Vec<_> = snapshot.http_routes.iter().collect();
-    routes.sort_by_key(|r| sort_key(&r.metadata));
+    let mut routes = all_routes(snapshot, served);
+    routes.sort_by_key(|(head, _)| (sort_key(head.meta), head.kind));
     let mut attached_routes = Vec::new();
     let mut rules = Vec::new();
-    for route in routes {
-        let ns = namespace_of(&route.metadata);
-        let name = route.metadata.name.as_deref().unwrap_or("");
-        let parents = routes::attach(route, ns, views, labels);
+    // Hostnames HTTPRoutes and GRPCRoutes hold on each (gateway, listener).
+    let mut claims: BTreeMap<(usize, usize), Vec<Claim>> = BTreeMap::new();
+    for (head, compile) in routes {
+        let mut parents = routes::attach(&head, views, labels);
         if parents.is_empty() {
             warnings.push(format!(
-                "HTTPRoute {ns}/{name}: no parentRef names a Gateway of {CONTROLLER_NAME}, or a ListenerSet whose parent is one; the route is ignored"
+                "{}: no parentRef names a Gateway of {CONTROLLER_NAME}, or a ListenerSet whose parent is one; the route is ignored",
+                head.id()
             ));
             continue;
         }
@@ -211,16 +258,19 @@ fn attach_routes<'a>(
                 })
                 .collect(),
         );
-        let compiled = routes::compile_route(route, ns, name, resolver);
+        let compiled = compile(resolver);
         let order = RouteOrder {
-            created: created_nanos(&route.metadata),
-            namespace: ns.to_string(),
-            name: name.to_string(),
+            created: created_nanos(head.meta),
+            namespace: head.namespace.to_string(),
+            name: head.name.to_string(),
         };
         // (gateway, listener) pairs the route is attached to already.
         let mut attached: BTreeSet<(usize, usize)> = BTreeSet::new();
         let mut accepted_anywhere = false;
         if compiled.unsupported.is_empty() {
+            if head.kind != RouteKind::Tls {
+                resolve_kind_conflicts(&head, &mut parents, &mut claims, views);
+            }
             for attachments in parents.iter().filter_map(|p| p.accepted.as_ref().ok()) {
                 accepted_anywhere = true;
                 for a in attachments {
@@ -230,13 +280,22 @@ fn attach_routes<'a>(
                     views[a.gateway].listeners[a.listener].attached_routes += 1;
                     for handle in &listeners.handles[a.gateway][a.listener] {
                         for r in &compiled.rules {
-                            listeners.builder.add_rule(
-                                *handle,
-                                &a.hostnames,
-                                &order,
-                                r.rule.clone(),
-                                r.matches.clone(),
-                            );
+                            if head.kind == RouteKind::Tls {
+                                listeners.builder.add_stream_rule(
+                                    *handle,
+                                    &a.hostnames,
+                                    &order,
+                                    r.rule.clone(),
+                                );
+                            } else {
+                                listeners.builder.add_rule(
+                                    *handle,
+                                    &a.hostnames,
+                                    &order,
+                                    r.rule.clone(),
+                                    r.matches.clone(),
+                                );
+                            }
                         }
                     }
                 }
@@ -247,23 +306,131 @@ fn attach_routes<'a>(
             warnings.extend(compiled.warnings);
         }
         attached_routes.push(AttachedRoute {
-            route,
-            namespace: ns,
-            name,
+            head,
             parents,
             unsupported: compiled.unsupported,
             ref_failures: compiled.ref_failures,
         });
     }
-    rules.sort_by(|a, b| (&a.route, a.rule).cmp(&(&b.route, b.rule)));
+    rules.sort_by(|a, b| (&a.kind, &a.route, a.rule).cmp(&(&b.kind, &b.route, b.rule)));
     (attached_routes, rules)
+}
+
+/// Compiles one route, given the backend resolver.
+type Compile<'a> = Box<dyn FnOnce(&BackendResolver<'_>) -> CompiledRoute + 'a>;
+
+/// Every route of the snapshot, with what compiles it (and the shares
+/// rollouts serve, by route kind, name and rule).
+fn all_routes<'a>(
+    snapshot: &'a Snapshot,
+    served: &'a ServedShares,
+) -> Vec<(RouteHead<'a>, Compile<'a>)> {
+    /// A route's head, and its compile step (`compile` given the route's
+    /// namespace and name).
+    fn entry<'a, P: serde::Serialize>(
+        kind: RouteKind,
+        meta: &'a ObjectMeta,
+        hostnames: &'a [String],
+        parent_refs: &[P],
+        compile: impl FnOnce(&'a str, &'a str, &BackendResolver<'_>) -> CompiledRoute + 'a,
+    ) -> (RouteHead<'a>, Compile<'a>) {
+        let head = RouteHead::new(kind, meta, hostnames, parent_refs);
+        let (ns, name) = (head.namespace, head.name);
+        (head, Box::new(move |res| compile(ns, name, res)))
+    }
+    let http = snapshot.http_routes.iter().map(|r| {
+        entry(
+            RouteKind::Http,
+            &r.metadata,
+            r.spec.hostnames.as_deref().unwrap_or_default(),
+            r.spec.parent_refs.as_deref().unwrap_or_default(),
+            move |ns, name, res| routes::compile_route(r, ns, name, res, served),
+        )
+    });
+    let grpc = snapshot.grpc_routes.iter().map(|r| {
+        entry(
+            RouteKind::Grpc,
+            &r.metadata,
+            r.spec.hostnames.as_deref().unwrap_or_default(),
+            r.spec.parent_refs.as_deref().unwrap_or_default(),
+            move |ns, name, res| grpcroutes::compile_route(r, ns, name, res, served),
+        )
+    });
+    let tls = snapshot.tls_routes.iter().map(|r| {
+        entry(
+            RouteKind::Tls,
+            &r.metadata,
+            &r.spec.hostnames,
+            r.spec.parent_refs.as_deref().unwrap_or_default(),
+            move |ns, name, res| tlsroutes::compile_route(r, ns, name, res, served),
+        )
+    });
+    http.chain(grpc).chain(tls).collect()
+}
+
+/// A hostname an accepted HTTPRoute or GRPCRoute holds on a listener.
+struct Claim {
+    kind: RouteKind,
+    host: HostPattern,
+    /// `HTTPRoute ns/name`, for the loser's message.
+    route: String,
+}
+
+/// Drop the attachments of `route` (an HTTPRoute or GRPCRoute) to
+/// listeners where a route of the other kind, attached before it, holds an
+/// intersecting hostname; a parentRef left with none is not accepted
+/// (`HostnameConflict`). The attachments kept claim their hostnames.
+fn resolve_kind_conflicts(
+    route: &RouteHead<'_>,
+    parents: &mut [routes::ParentResult],
+    claims: &mut BTreeMap<(usize, usize), Vec<Claim>>,
+    views: &[GatewayView],
+) {
+    for parent in parents.iter_mut() {
+        let Ok(attachments) = &mut parent.accepted else {
+            continue;
+        };
+        let mut lost = Vec::new();
+        attachments.retain(|a| {
+            let held = claims.get(&(a.gateway, a.listener)).and_then(|cs| {
+                cs.iter().find(|c| {
+                    c.kind != route.kind && a.hostnames.iter().any(|h| h.intersect(&c.host).is_some())
+                })
+            });
+            match held {
+                Some(c) => {
+                    lost.push(format!(
+                        "{} holds hostname {} on listener {} (the older route wins: the spec lets only one of an HTTPRoute and a GRPCRoute serve a hostname on a listener)",
+                        c.route, c.host, views[a.gateway].listeners[a.listener].name
+                    ));
+                    false
+                }
+                None => true,
+            }
+        });
+        if attachments.is_empty() && !lost.is_empty() {
+            parent.accepted = Err((Reason::HostnameConflict, lost.join("; ")));
+            continue;
+        }
+        for a in attachments.iter() {
+            let held = claims.entry((a.gateway, a.listener)).or_default();
+            for h in &a.hostnames {
+                held.push(Claim {
+                    kind: route.kind,
+                    host: h.clone(),
+                    route: route.id(),
+                });
+            }
+        }
+    }
 }
 
 /// Phase: assemble the status, in this order: GatewayClasses, Gateways
 /// (their listeners now count the routes attached), ListenerSets,
 /// HTTPRoutes; then what only the compiled routes tell: the Gateways'
 /// `ResolvedRefs` for their backend client certificate, and the
-/// BackendTLSPolicies the attached routes' backends use.
+/// BackendTLSPolicies the attached routes' backends use. (RolloutPolicies
+/// come last, from the attached routes: [`rollouts::policy_statuses`].)
 fn assemble_status(
     class_statuses: Vec<ObjectStatus>,
     views: &[GatewayView],

@@ -1,5 +1,11 @@
-//! HTTPRoutes: compiling their rules (matches, filters, weighted backends),
-//! attaching them to listeners through their parentRefs, and their status.
+//! Routes: compiling their rules (matches, filters, weighted backends,
+//! session persistence), attaching them to listeners through their
+//! parentRefs, and their status. HTTPRoute rules are compiled here;
+//! GRPCRoute and TLSRoute rules are HTTPRoute-shaped for everything but
+//! their matches ([`crate::resources::grpc_rule_as_http`]) and go through
+//! the same [`compile_rules`] (see [`super::grpcroutes`] and
+//! [`super::tlsroutes`]). Attachment and status are the same for every
+//! kind ([`RouteHead`]).
 //!
 //! Per the spec, a route attaches to a listener when the parentRef selects
 //! it (`sectionName`, `port`), the listener's `allowedRoutes` admits the
@@ -11,24 +17,30 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gateway_api::experimental::httproutes::{
-    HttpRoute, HttpRouteParentRefs, HttpRouteRules, HttpRouteRulesRetry, HttpRouteStatus,
-    HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
+    HttpRoute, HttpRouteRules, HttpRouteRulesRetry, HttpRouteRulesSessionPersistence,
+    HttpRouteRulesSessionPersistenceCookieConfigLifetimeType, HttpRouteRulesSessionPersistenceType,
+    HttpRouteStatus, HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
 };
-use http::StatusCode;
+use http::{HeaderName, StatusCode};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
+use serde::Serialize;
 
 use super::backends::{BackendRefFields, BackendResolver, RefFailure, Resolution, backend_target};
 use super::conditions::{ConditionMaker, ConditionType, Reason};
 use super::filters::{backend_filters_as_rule_filters, compile_filters};
 use super::gateways::{GatewayView, namespace_allowed};
 use super::matches::{compile_match, compile_timeouts};
+use super::meta::namespace_of;
 use super::output::{
     BackendOutcome, BackendSummary, ObjectStatus, RuleSummary, StatusMetadata, api_version,
 };
+use super::rollouts::{backend_key, served_split};
 use crate::resources::{CONTROLLER_NAME, GATEWAY_GROUP, parse_gateway_duration};
+use crate::rollout::ServedShares;
 use crate::route::{
-    Backend, BackendSplit, DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, Filter, HostPattern,
-    RequestMatch, RetryPolicy, Rule, RuleId,
+    Backend, DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, Filter, HostPattern, RequestMatch,
+    RetryPolicy, RouteKind, Rule, RuleId, SessionCarrier, SessionPersistence, stable_hash,
 };
 
 /// One rule, compiled, ready to be attached to listeners.
@@ -51,35 +63,76 @@ pub(crate) struct CompiledRoute {
     pub warnings: Vec<String>,
 }
 
-/// Compile every rule of a route.
+/// Compile every rule of an HTTPRoute.
 pub(crate) fn compile_route(
     route: &HttpRoute,
     ns: &str,
     name: &str,
     resolver: &BackendResolver<'_>,
+    served: &ServedShares,
 ) -> CompiledRoute {
-    let mut out = CompiledRoute::default();
     // The CRD's default for an absent `rules`: one rule matching PathPrefix
     // `/` with no backends (which answers 500).
     let default_rules = [HttpRouteRules::default()];
     let rules = route.spec.rules.as_deref().unwrap_or(&default_rules);
+    compile_rules(RouteKind::Http, rules, ns, name, resolver, served)
+}
+
+/// Compile HTTPRoute-shaped rules of a route of `kind`; a rule a rollout
+/// governs (`served`, by kind, route and rule) gets the shares it serves.
+pub(crate) fn compile_rules(
+    kind: RouteKind,
+    rules: &[HttpRouteRules],
+    ns: &str,
+    name: &str,
+    resolver: &BackendResolver<'_>,
+    served: &ServedShares,
+) -> CompiledRoute {
+    let scope = Scope {
+        kind,
+        ns,
+        name,
+        resolver,
+        served,
+    };
+    let mut out = CompiledRoute::default();
     for (i, rule) in rules.iter().enumerate() {
-        compile_rule(rule, i, ns, name, resolver, &mut out);
+        compile_rule(&scope, rule, i, &mut out);
     }
     out
 }
 
-fn compile_rule(
-    rule: &HttpRouteRules,
-    i: usize,
-    ns: &str,
-    name: &str,
-    resolver: &BackendResolver<'_>,
-    out: &mut CompiledRoute,
-) {
+/// The route whose rules are compiled, and what they are compiled with.
+struct Scope<'a, 'r> {
+    kind: RouteKind,
+    ns: &'a str,
+    name: &'a str,
+    resolver: &'a BackendResolver<'r>,
+    served: &'a ServedShares,
+}
+
+/// What the client gets for the share of a backend that cannot take it, in
+/// the words of each route kind (HTTP status, gRPC status, or the
+/// connection refused), for warnings.
+fn answer(kind: RouteKind, http: u16) -> String {
+    match kind {
+        RouteKind::Http => http.to_string(),
+        RouteKind::Grpc => "gRPC status UNAVAILABLE".into(),
+        RouteKind::Tls => "its connections refused".into(),
+    }
+}
+
+fn compile_rule(scope: &Scope<'_, '_>, rule: &HttpRouteRules, i: usize, out: &mut CompiledRoute) {
+    let &Scope {
+        kind,
+        ns,
+        name,
+        resolver,
+        served,
+    } = scope;
     let field = format!("spec.rules[{i}]");
-    let route_id = format!("HTTPRoute {ns}/{name}");
-    let id_prefix = format!("httproute/{ns}/{name}/rule/{i}");
+    let route_id = format!("{kind} {ns}/{name}");
+    let id_prefix = format!("{}/{ns}/{name}/rule/{i}", kind.id_prefix());
 
     let mut matches = Vec::new();
     for (j, m) in rule.matches.iter().flatten().enumerate() {
@@ -97,13 +150,9 @@ fn compile_rule(
             .map_err(|e| out.unsupported.push(format!("{field}.retry.{e}")))
             .ok()
     });
-    if rule.session_persistence.is_some() {
-        out.warnings.push(format!(
-            "{route_id}: {field}.sessionPersistence is not supported yet and is ignored"
-        ));
-    }
 
     let filters = compile_filters(
+        kind,
         rule.filters.as_deref().unwrap_or_default(),
         &format!("{field}.filters"),
         &id_prefix,
@@ -120,19 +169,17 @@ fn compile_rule(
     );
 
     let refs = rule.backend_refs.as_deref().unwrap_or_default();
-    let explicit_weights = refs.iter().any(|b| b.weight.is_some());
+    // Omitted by the manifest (the CRD default made it 1), or not defaulted.
+    let omitted = |j: usize| refs[j].weight.is_none() || resolver.weight_omitted(&route_id, i, j);
+    let explicit_weights = (0..refs.len()).any(|j| !omitted(j));
     let mut backends = Vec::new();
     let mut summaries = Vec::new();
     for (j, b) in refs.iter().enumerate() {
         let bfield = format!("{field}.backendRefs[{j}]");
-        let fields = BackendRefFields {
-            group: b.group.as_deref(),
-            kind: b.kind.as_deref(),
-            name: &b.name,
-            namespace: b.namespace.as_deref(),
-            port: b.port,
-        };
-        let label = BackendResolver::label(ns, &fields);
+        let fields = BackendRefFields::of(b);
+        // The label is the identity's display (see BackendResolver::label).
+        let key = backend_key(ns, &fields);
+        let label = key.to_string();
         let weight = match b.weight.map(u32::try_from) {
             None => 1,
             Some(Ok(w)) if w <= 1_000_000 => w,
@@ -144,12 +191,12 @@ fn compile_rule(
                 0
             }
         };
-        if b.weight.is_none() && explicit_weights {
+        if omitted(j) && explicit_weights {
             out.warnings.push(format!(
                 "{route_id}: {bfield} ({label}) has no weight, so it weighs 1, next to explicit weights"
             ));
         }
-        let resolution = resolver.resolve(ns, &fields);
+        let resolution = resolver.resolve(kind, ns, &fields);
         let outcome = match &resolution {
             Resolution::Endpoints { addrs, .. } => BackendOutcome::Serves {
                 ready_endpoints: addrs.len(),
@@ -157,7 +204,8 @@ fn compile_rule(
             Resolution::NoReadyEndpoints => {
                 if weight > 0 {
                     out.warnings.push(format!(
-                        "{route_id}: {bfield} ({label}) has no ready endpoints: its share gets 503"
+                        "{route_id}: {bfield} ({label}) has no ready endpoints: its share gets {}",
+                        answer(kind, 503)
                     ));
                 }
                 BackendOutcome::NoReadyEndpoints
@@ -165,7 +213,8 @@ fn compile_rule(
             Resolution::Unresolved { reason, message } => {
                 if weight > 0 {
                     out.warnings.push(format!(
-                        "{route_id}: {bfield} ({label}) does not resolve ({reason}): its share gets 500"
+                        "{route_id}: {bfield} ({label}) does not resolve ({reason}): its share gets {}",
+                        answer(kind, 500)
                     ));
                 }
                 out.ref_failures.push(RefFailure {
@@ -182,8 +231,14 @@ fn compile_rule(
         let mut backend_filters = Vec::new();
         match backend_filters_as_rule_filters(b.filters.as_deref().unwrap_or_default()) {
             Ok(fs) => {
-                let compiled =
-                    compile_filters(&fs, &format!("{bfield}.filters"), &backend_id, ns, resolver);
+                let compiled = compile_filters(
+                    kind,
+                    &fs,
+                    &format!("{bfield}.filters"),
+                    &backend_id,
+                    ns,
+                    resolver,
+                );
                 out.unsupported.extend(compiled.unsupported);
                 out.ref_failures.extend(compiled.ref_failures);
                 out.warnings.extend(
@@ -209,9 +264,12 @@ fn compile_rule(
         summaries.push(BackendSummary {
             name: label.clone(),
             weight,
-            weight_omitted: b.weight.is_none(),
             share_percent: 0.0,
             outcome,
+            key,
+            served_weight: None,
+            served_percent: None,
+            removed_from_spec: false,
         });
         backends.push(Backend {
             id: backend_id,
@@ -233,34 +291,105 @@ fn compile_rule(
         .any(|f| matches!(f, Filter::RequestRedirect(_)));
     if refs.is_empty() && !redirects {
         out.warnings.push(format!(
-            "{route_id}: {field}: no backendRefs and no redirect: the rule answers 500"
+            "{route_id}: {field}: no backendRefs and no redirect: the rule answers {}",
+            answer(kind, 500)
         ));
     }
     if !refs.is_empty() && total == 0 {
         out.warnings.push(format!(
-            "{route_id}: {field}: every backendRef has weight 0: the rule answers 500"
+            "{route_id}: {field}: every backendRef has weight 0: the rule answers {}",
+            answer(kind, 500)
         ));
     }
+    let id = RuleId {
+        kind,
+        namespace: ns.to_string(),
+        route: name.to_string(),
+        index: i,
+        name: rule.name.clone(),
+    };
+    let session = rule.session_persistence.as_ref().and_then(|sp| {
+        compile_session(sp, &id, &backends)
+            .map_err(|e| {
+                out.unsupported
+                    .push(format!("{field}.sessionPersistence.{e}"))
+            })
+            .ok()
+    });
+    let (split, rollout) = served_split(
+        (kind, ns, name, i),
+        backends,
+        &mut summaries,
+        served,
+        resolver,
+        &id_prefix,
+    );
     out.summaries.push(RuleSummary {
+        kind: kind.as_str().to_string(),
         route: format!("{ns}/{name}"),
         rule: i,
         backends: summaries,
+        rollout,
     });
     out.rules.push(CompiledRule {
         rule: Arc::new(Rule {
-            id: RuleId {
-                namespace: ns.to_string(),
-                route: name.to_string(),
-                index: i,
-                name: rule.name.clone(),
-            },
+            id,
             filters: filters.filters,
-            backends: BackendSplit::new(backends),
+            backends: split,
             timeouts,
             retry,
+            session,
         }),
         matches,
     });
+}
+
+/// Compile a rule's `sessionPersistence` for its rule `id` and compiled
+/// `backends`. Cookie and header names default to one per rule
+/// (`sluice-session-<8 hex digits>`), as "If SessionName is not
+/// specified, then a unique cookie name should be generated". The error
+/// starts with the field name (relative to `sessionPersistence`).
+fn compile_session(
+    sp: &HttpRouteRulesSessionPersistence,
+    id: &RuleId,
+    backends: &[Backend],
+) -> Result<SessionPersistence, String> {
+    let duration = |field: &str, d: &Option<String>| match d {
+        None => Ok(None),
+        Some(d) => parse_gateway_duration(d)
+            .map(|d| (!d.is_zero()).then_some(d))
+            .map_err(|e| format!("{field}: {e}")),
+    };
+    let rule_tag = stable_hash(id.to_string().as_bytes()) as u32;
+    let name = sp
+        .session_name
+        .clone()
+        .unwrap_or_else(|| format!("sluice-session-{rule_tag:08x}"));
+    let carrier = match sp.r#type {
+        Some(HttpRouteRulesSessionPersistenceType::Header) => SessionCarrier::Header(
+            HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("sessionName: {name:?} is not a valid header name"))?,
+        ),
+        Some(HttpRouteRulesSessionPersistenceType::Cookie) | None => SessionCarrier::Cookie {
+            name,
+            permanent: matches!(
+                sp.cookie_config
+                    .as_ref()
+                    .and_then(|c| c.lifetime_type.as_ref()),
+                Some(HttpRouteRulesSessionPersistenceCookieConfigLifetimeType::Permanent)
+            ),
+        },
+    };
+    Ok(SessionPersistence {
+        carrier,
+        absolute_timeout: duration("absoluteTimeout", &sp.absolute_timeout)?,
+        idle_timeout: duration("idleTimeout", &sp.idle_timeout)?,
+        rule_tag,
+        backend_keys: backends
+            .iter()
+            .map(|b| stable_hash(b.service.as_bytes()))
+            .collect(),
+    })
 }
 
 /// Compile a rule's `retry`. The error starts with the field name
@@ -301,10 +430,98 @@ pub(crate) struct Attachment {
     pub hostnames: Vec<HostPattern>,
 }
 
+/// A parentRef, whatever the route kind (each kind's generated type has
+/// these fields).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ParentRef {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub section_name: Option<String>,
+}
+
+/// What attaching a route and reporting on it need, whatever its kind.
+#[derive(Debug, Clone)]
+pub(crate) struct RouteHead<'a> {
+    pub kind: RouteKind,
+    pub meta: &'a ObjectMeta,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    /// `spec.hostnames` (none: any hostname).
+    pub hostnames: &'a [String],
+    pub parent_refs: Vec<ParentRef>,
+}
+
+impl<'a> RouteHead<'a> {
+    /// The head of a route of `kind` with this metadata, hostnames and
+    /// parentRefs (as JSON-compatible values of the kind's own type).
+    pub fn new<P: Serialize>(
+        kind: RouteKind,
+        meta: &'a ObjectMeta,
+        hostnames: &'a [String],
+        parent_refs: &[P],
+    ) -> Self {
+        RouteHead {
+            kind,
+            meta,
+            namespace: namespace_of(meta),
+            name: meta.name.as_deref().unwrap_or(""),
+            hostnames,
+            parent_refs: parent_refs
+                .iter()
+                .filter_map(|p| {
+                    serde_json::to_value(p)
+                        .and_then(serde_json::from_value::<ParentRefFields>)
+                        .ok()
+                        .map(ParentRef::from)
+                })
+                .collect(),
+        }
+    }
+
+    /// `HTTPRoute ns/name`.
+    pub fn id(&self) -> String {
+        format!("{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+/// The parentRef fields as every kind's type serializes them.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ParentRefFields {
+    group: Option<String>,
+    kind: Option<String>,
+    name: String,
+    namespace: Option<String>,
+    port: Option<i32>,
+    section_name: Option<String>,
+}
+
+impl From<ParentRefFields> for ParentRef {
+    fn from(p: ParentRefFields) -> Self {
+        ParentRef {
+            group: p.group,
+            kind: p.kind,
+            name: p.name,
+            namespace: p.namespace,
+            port: p.port,
+            section_name: p.section_name,
+        }
+    }
+}
+
 /// What one parentRef that names one of our Gateways came to.
 #[derive(Debug)]
-pub(crate) struct ParentResult<'a> {
-    pub parent_ref: &'a HttpRouteParentRefs,
+pub(crate) struct ParentResult {
+    pub parent_ref: ParentRef,
     /// `Err((reason, message))` when the route is not accepted here.
     pub accepted: Result<Vec<Attachment>, (Reason, String)>,
 }
@@ -312,18 +529,24 @@ pub(crate) struct ParentResult<'a> {
 /// Attach a route through each of its parentRefs that names one of our
 /// Gateways, or a ListenerSet whose parentRef names one. ParentRefs to
 /// anything else are not ours to report on.
-pub(crate) fn attach<'a>(
-    route: &'a HttpRoute,
-    ns: &str,
+pub(crate) fn attach(
+    route: &RouteHead<'_>,
     views: &[GatewayView],
     labels: &dyn Fn(&str) -> BTreeMap<String, String>,
-) -> Vec<ParentResult<'a>> {
-    let route_hosts: Vec<HostPattern> = match route.spec.hostnames.as_deref() {
-        Some(h) if !h.is_empty() => h.iter().map(|h| HostPattern::parse(Some(h))).collect(),
-        _ => vec![HostPattern::Any],
+) -> Vec<ParentResult> {
+    let ns = route.namespace;
+    let route_kind = route.kind;
+    let route_hosts: Vec<HostPattern> = if route.hostnames.is_empty() {
+        vec![HostPattern::Any]
+    } else {
+        route
+            .hostnames
+            .iter()
+            .map(|h| HostPattern::parse(Some(h)))
+            .collect()
     };
     let mut out = Vec::new();
-    for parent in route.spec.parent_refs.iter().flatten() {
+    for parent in &route.parent_refs {
         let group = parent.group.as_deref().unwrap_or(GATEWAY_GROUP);
         let kind = parent.kind.as_deref().unwrap_or("Gateway");
         if group != GATEWAY_GROUP {
@@ -406,7 +629,7 @@ pub(crate) fn attach<'a>(
                 .copied()
                 .filter(|&l| {
                     let listener = &view.listeners[l];
-                    listener.accepts_http_routes
+                    listener.accepts(route_kind)
                         && namespace_allowed(
                             &listener.namespaces,
                             view.listener_namespace(l),
@@ -418,17 +641,17 @@ pub(crate) fn attach<'a>(
             if allowed.is_empty() {
                 let kind_ok = selected
                     .iter()
-                    .any(|&l| view.listeners[l].accepts_http_routes);
+                    .any(|&l| view.listeners[l].accepts(route_kind));
                 Err((
                     Reason::NotAllowedByListeners,
                     if kind_ok {
                         format!(
-                            "no listener of {kind} {parent_ns}/{} that the parentRef selects allows HTTPRoutes from namespace {ns}",
+                            "no listener of {kind} {parent_ns}/{} that the parentRef selects allows {route_kind}s from namespace {ns}",
                             parent.name
                         )
                     } else {
                         format!(
-                            "no listener of {kind} {parent_ns}/{} that the parentRef selects allows the HTTPRoute kind",
+                            "no listener of {kind} {parent_ns}/{} that the parentRef selects allows the {route_kind} kind",
                             parent.name
                         )
                     },
@@ -471,23 +694,21 @@ pub(crate) fn attach<'a>(
             }
         };
         out.push(ParentResult {
-            parent_ref: parent,
+            parent_ref: parent.clone(),
             accepted,
         });
     }
     out
 }
 
-/// An HTTPRoute that names at least one of our Gateways, attached and
+/// A route that names at least one of our Gateways, attached and
 /// compiled: what its status is made of.
 #[derive(Debug)]
 pub(crate) struct AttachedRoute<'a> {
-    pub route: &'a HttpRoute,
-    pub namespace: &'a str,
-    pub name: &'a str,
+    pub head: RouteHead<'a>,
     /// One per parentRef that names one of our Gateways (or a ListenerSet
     /// of one), in the route's order.
-    pub parents: Vec<ParentResult<'a>>,
+    pub parents: Vec<ParentResult>,
     /// What compiling found that sluice cannot honour
     /// ([`CompiledRoute::unsupported`]).
     pub unsupported: Vec<String>,
@@ -507,7 +728,7 @@ pub(crate) fn route_status(
     now: Timestamp,
 ) -> ObjectStatus {
     let cond = ConditionMaker {
-        generation: route.route.metadata.generation.unwrap_or(0),
+        generation: route.head.meta.generation.unwrap_or(0),
         now,
     };
     let resolved = match route.ref_failures.first() {
@@ -557,7 +778,7 @@ pub(crate) fn route_status(
                 }
             }
         };
-        let p = parent.parent_ref;
+        let p = &parent.parent_ref;
         parents.push(HttpRouteStatusParents {
             conditions: vec![accepted, resolved.clone()],
             controller_name: CONTROLLER_NAME.to_string(),
@@ -571,12 +792,13 @@ pub(crate) fn route_status(
             },
         });
     }
+    // Every route kind's status has HTTPRoute's shape (`RouteStatus`).
     ObjectStatus {
         api_version: api_version(),
-        kind: "HTTPRoute".into(),
+        kind: route.head.kind.as_str().into(),
         metadata: StatusMetadata {
-            name: route.name.to_string(),
-            namespace: Some(route.namespace.to_string()),
+            name: route.head.name.to_string(),
+            namespace: Some(route.head.namespace.to_string()),
             generation: cond.generation,
         },
         status: serde_json::to_value(HttpRouteStatus { parents }).unwrap_or_default(),
@@ -589,7 +811,7 @@ mod tests {
     use std::time::Duration;
 
     fn retry(yaml: &str) -> Result<RetryPolicy, String> {
-        compile_retry(&serde_yaml::from_str(yaml).expect("test retry parses"))
+        compile_retry(&crate::yaml::from_str(yaml).expect("test retry parses"))
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //! the backend's certificate verified against the CA of a ConfigMap, and
 //! the Gateway's `spec.tls.backend.clientCertificateRef` presented. A
 //! wrong hostname, an untrusted CA or a missing CA ConfigMap fail the
-//! request (502), as the spec says connections must fail. Retries and
+//! request (502), as the spec says connections must fail. With
+//! `subjectAltNames` the certificate must carry one of them (a DNS name,
+//! or exactly a URI such as a SPIFFE ID) instead of the hostname, which
+//! stays the SNI. Retries and
 //! mirrors to such a Service go over TLS too: a retried code or a failed
 //! handshake is retried on the next endpoint, and a mirror gets the
 //! request with the policy's hostname as SNI.
@@ -226,8 +229,18 @@ spec:
 /// Service `name` (port 443 named https) with the backend as its endpoint,
 /// a BackendTLSPolicy on it, and a route sending `/name` to it.
 fn tls_service(name: &str, backend: SocketAddr, hostname: &str, ca_config_map: &str) -> String {
+    tls_service_with(
+        name,
+        backend,
+        &backend_tls_policy(name, hostname, ca_config_map),
+    )
+}
+
+/// Service `name` with the backend as its endpoint, `policy`, and a route
+/// sending `/name` to it.
+fn tls_service_with(name: &str, backend: SocketAddr, policy: &str) -> String {
     let mut out = static_service(name, Some("https"), 443, None, backend.port());
-    out.push_str(&backend_tls_policy(name, hostname, ca_config_map));
+    out.push_str(policy);
     out.push_str(&route(
         "default",
         name,
@@ -331,6 +344,107 @@ async fn backend_tls_policy_verifies_the_backend_and_presents_the_client_certifi
     );
 }
 
+/// BackendTLSPolicy `default/name` on Service `name` with SNI
+/// `abc.example.com` and `subjectAltNames` (YAML flow items).
+fn san_service(name: &str, backend: SocketAddr, subject_alt_names: &str) -> String {
+    let mut policy = backend_tls_policy(name, "abc.example.com", "ca");
+    policy.push_str(&format!("    subjectAltNames: [{subject_alt_names}]\n"));
+    tls_service_with(name, backend, &policy)
+}
+
+#[tokio::test]
+async fn subject_alt_names_are_verified_instead_of_the_hostname() {
+    // The backend's certificate names a DNS name and a SPIFFE ID, not the
+    // policies' hostname (which stays the SNI).
+    let ca = TestCa::new();
+    let other_ca = TestCa::new();
+    let names = ["backend.internal", "spiffe://example.com/ns/default/sa/web"];
+    let backend = TlsBackend::start(&ca.issue(&names), &ca).await;
+    let impostor = TlsBackend::start(&other_ca.issue(&names), &ca).await;
+
+    let mut manifests = gateway();
+    manifests.push_str(&ca_config_map("ca", &ca));
+    for (name, backend, sans) in [
+        (
+            "uri",
+            &backend,
+            "{type: URI, uri: 'spiffe://example.com/ns/default/sa/web'}",
+        ),
+        (
+            "dns",
+            &backend,
+            "{type: Hostname, hostname: backend.internal}",
+        ),
+        (
+            "one-of-two",
+            &backend,
+            "{type: URI, uri: 'spiffe://example.com/ns/other/sa/web'}, {type: Hostname, hostname: backend.internal}",
+        ),
+        (
+            "wrong-uri",
+            &backend,
+            "{type: URI, uri: 'spiffe://example.com/ns/other/sa/web'}",
+        ),
+        // A URI SAN is a whole URI: a prefix does not match.
+        (
+            "uri-prefix",
+            &backend,
+            "{type: URI, uri: 'spiffe://example.com/ns/default'}",
+        ),
+        (
+            "wrong-dns",
+            &backend,
+            "{type: Hostname, hostname: abc.example.com}",
+        ),
+        // The name matches, the chain does not: not trusted.
+        (
+            "untrusted",
+            &impostor,
+            "{type: URI, uri: 'spiffe://example.com/ns/default/sa/web'}",
+        ),
+    ] {
+        manifests.push_str(&san_service(name, backend.addr, sans));
+    }
+    let sluice = Sluice::start(&[("all.yaml", manifests)]).await;
+
+    sluice
+        .eventually("example.com", "/uri", |r| r.status == StatusCode::OK)
+        .await;
+    let mut conn = sluice.connect().await;
+    for (path, want) in [
+        ("/uri", StatusCode::OK),
+        ("/dns", StatusCode::OK),
+        ("/one-of-two", StatusCode::OK),
+        ("/wrong-uri", StatusCode::BAD_GATEWAY),
+        ("/uri-prefix", StatusCode::BAD_GATEWAY),
+        ("/wrong-dns", StatusCode::BAD_GATEWAY),
+        ("/untrusted", StatusCode::BAD_GATEWAY),
+    ] {
+        let r = conn.get("example.com", path).await;
+        assert_eq!(r.status, want, "{path}: {r:?}");
+    }
+    // The SNI is still the policy's hostname.
+    let seen = backend.seen();
+    assert!(!seen.is_empty());
+    assert!(
+        seen.iter()
+            .all(|s| s.sni.as_deref() == Some("abc.example.com")),
+        "{seen:?}"
+    );
+    assert!(impostor.failed_handshakes() > 0);
+    for name in ["uri", "wrong-uri"] {
+        let policy = sluice
+            .object_status("BackendTLSPolicy", Some("default"), name)
+            .await;
+        let conditions = &policy["status"]["ancestors"][0]["conditions"];
+        assert_eq!(
+            condition(conditions, "Accepted")["status"],
+            "True",
+            "{policy}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn an_invalid_client_certificate_ref_is_reported_on_the_gateway() {
     let manifests = gateway_with_client_certificate()
@@ -405,7 +519,13 @@ async fn a_retried_code_is_retried_on_the_next_tls_endpoint() {
         "{codes: [503], attempts: 2, backoff: 1ms}",
         &ca,
     );
-    let sluice = Sluice::start(&[("all.yaml", manifests)]).await;
+    // Outlier ejection off: it would take the failing endpoint out of
+    // the rotation after its fifth failure (tests/e2e/outliers.rs).
+    let sluice = Sluice::start_with(
+        &[("all.yaml", manifests)],
+        &["--outlier-consecutive-failures", "0"],
+    )
+    .await;
 
     let mut conn = sluice.connect().await;
     let paths: Vec<String> = (0..10).map(|i| format!("/retry/{i}")).collect();
@@ -442,7 +562,13 @@ async fn a_failed_tls_handshake_is_retried_on_the_next_endpoint() {
     let healthy = TlsBackend::start(&ca.issue(&["abc.example.com"]), &ca).await;
     // No codes: only connection failures (the handshake included) retry.
     let manifests = tls_pair(&untrusted, &healthy, "{attempts: 1, backoff: 1ms}", &ca);
-    let sluice = Sluice::start(&[("all.yaml", manifests)]).await;
+    // Outlier ejection off: it would take the failing endpoint out of
+    // the rotation after its fifth failure (tests/e2e/outliers.rs).
+    let sluice = Sluice::start_with(
+        &[("all.yaml", manifests)],
+        &["--outlier-consecutive-failures", "0"],
+    )
+    .await;
 
     let mut conn = sluice.connect().await;
     let paths: Vec<String> = (0..10).map(|i| format!("/retry/{i}")).collect();

@@ -237,6 +237,14 @@ impl RawBackend {
     }
 }
 
+/// A gateway (`flags` on its command line) in front of one echo pod,
+/// `app-0`, for every request.
+async fn app_behind(flags: &[&str]) -> (Gw, Pods) {
+    let app = Pods::start("default", "app", 1).await;
+    let gw = Gw::start(&(simple("app") + &app.manifests()), flags).await;
+    (gw, app)
+}
+
 /// Read up to the end of a request or response head.
 async fn read_head(stream: &mut TcpStream) -> Option<String> {
     let mut head = Vec::new();
@@ -500,12 +508,7 @@ async fn slowloris(addr: SocketAddr, every: Duration) -> (usize, bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_sending_its_head_slowly_is_closed_and_others_are_served() {
-    let app = Pods::start("default", "app", 1).await;
-    let gw = Gw::start(
-        &(simple("app") + &app.manifests()),
-        &["--request-header-timeout", "1s"],
-    )
-    .await;
+    let (gw, app) = app_behind(&["--request-header-timeout", "1s"]).await;
     let addr = gw.addr();
     let attackers: Vec<_> = (0..10)
         .map(|_| tokio::spawn(slowloris(addr, Duration::from_millis(100))))
@@ -567,22 +570,140 @@ async fn idle_connections_are_closed_but_not_while_a_request_is_in_flight() {
     assert!(answer.ends_with("held"), "{answer}");
 }
 
+/// A client that stops sending its request body gets 408 and its
+/// connection closed once the body timeout passes; the backend's try ends
+/// there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_stalling_in_its_body_gets_408_and_is_closed() {
+    let (gw, _app) = app_behind(&["--request-body-timeout", "1s"]).await;
+    let mut s = TcpStream::connect(gw.addr()).await.unwrap();
+    s.write_all(b"POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\nabc")
+        .await
+        .unwrap();
+    let answer = read_until_closed(&mut s, Duration::from_secs(15))
+        .await
+        .expect("the stalled connection is closed");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+
+    // Chunked, stalled between chunks.
+    let mut s = TcpStream::connect(gw.addr()).await.unwrap();
+    s.write_all(
+        b"POST /upload HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n",
+    )
+    .await
+    .unwrap();
+    let answer = read_until_closed(&mut s, Duration::from_secs(15))
+        .await
+        .expect("the stalled connection is closed");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    others_are_served(gw.addr(), 5).await;
+}
+
+/// The request-head timeout runs from a kept-alive connection's next
+/// request's first byte: waiting for that request is the keep-alive
+/// timeout's business, and a connection quiet for longer than the head
+/// timeout is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_alive_connection_waits_longer_than_the_head_timeout() {
+    let (gw, app) = app_behind(&[
+        "--request-header-timeout",
+        "1s",
+        "--keepalive-timeout",
+        "30s",
+    ])
+    .await;
+    let mut send = served_conn(gw.addr()).await;
+    // Longer than the head timeout, so that it would have fired.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(get_root(&mut send).await, Some(200));
+
+    // With a short keep-alive timeout the quiet connection is closed.
+    let gw = Gw::start(
+        &(simple("app") + &app.manifests()),
+        &["--keepalive-timeout", "1s"],
+    )
+    .await;
+    let mut s = TcpStream::connect(gw.addr()).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_until_closed(&mut s, Duration::from_secs(15))
+        .await
+        .expect("closed after the keep-alive timeout");
+    assert!(answer.starts_with(b"HTTP/1.1 200"));
+}
+
+/// A TCP connection to `addr` from the loopback address `from`.
+async fn connect_from(from: [u8; 4], addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(SocketAddr::from((from, 0)))
+        .expect("any 127/8 address is local on Linux");
+    socket.connect(addr).await.unwrap()
+}
+
+/// Whether a request on `s` is answered 200.
+async fn served_on(mut s: TcpStream) -> bool {
+    s.write_all(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    read_until_closed(&mut s, Duration::from_secs(15))
+        .await
+        .is_some_and(|a| a.starts_with(b"HTTP/1.1 200"))
+}
+
+/// `--max-connections-per-client`: one address's connections beyond the
+/// limit are closed on accept, other addresses keep theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_per_client_address_are_limited() {
+    let (gw, _app) = app_behind(&["--max-connections-per-client", "2"]).await;
+    let client = [127, 0, 0, 2];
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        // An open connection is counted once accepted: a served request
+        // on it says it was.
+        let mut s = connect_from(client, gw.addr()).await;
+        s.write_all(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(
+            read_head(&mut s)
+                .await
+                .is_some_and(|h| h.starts_with("HTTP/1.1 200"))
+        );
+        held.push(s);
+    }
+    assert!(
+        !served_on(connect_from(client, gw.addr()).await).await,
+        "a third connection from the same address was served"
+    );
+    assert!(
+        served_on(connect_from([127, 0, 0, 3], gw.addr()).await).await,
+        "another address has its own count"
+    );
+    drop(held.pop());
+    poll_until(
+        "a closed connection frees its place",
+        || gw.log(),
+        async || served_on(connect_from(client, gw.addr()).await).await,
+    )
+    .await;
+}
+
 // ---------------------------------------------------------------------------
 // Sizes.
 // ---------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_heads_get_431_long_targets_414_and_underscores_400() {
-    let app = Pods::start("default", "app", 1).await;
-    let gw = Gw::start(
-        &(simple("app") + &app.manifests()),
-        &[
-            "--max-request-header-bytes",
-            "16384",
-            "--max-uri-bytes",
-            "1024",
-        ],
-    )
+    let (gw, app) = app_behind(&[
+        "--max-request-header-bytes",
+        "16384",
+        "--max-uri-bytes",
+        "1024",
+    ])
     .await;
     let addr = gw.addr();
     let big = "a".repeat(20_000);
@@ -752,6 +873,74 @@ async fn connections_beyond_the_limits_are_closed_and_open_ones_keep_working() {
 // HTTP/2 abuse.
 // ---------------------------------------------------------------------------
 
+/// Whether an HTTP/2 response header block is `:status` `code` (hyper
+/// sends the statuses HPACK's static table has as an index, others as a
+/// literal).
+fn h2_status(block: &[u8], code: &str) -> bool {
+    let indexed = match code {
+        "200" => 0x88,
+        "400" => 0x8c,
+        _ => 0,
+    };
+    block.first() == Some(&indexed) || block.windows(3).any(|w| w == code.as_bytes())
+}
+
+/// HTTP/2's `:authority`, and a Host field next to it, are `host[:port]`
+/// as HTTP/1.1's Host is: anything else is refused on its stream (400, or
+/// a reset where hyper cannot parse it) and never reaches a backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_authorities_that_are_not_host_and_port_are_refused() {
+    let (gw, app) = app_behind(&[]).await;
+    // (:authority, more header fields, the status wanted)
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case<'_>] = &[
+        ("a b", &[], "400"),
+        ("a/b", &[], "400"),
+        ("user@a", &[], "400"),
+        ("a:xyz", &[], "400"),
+        ("h", &[("host", "user@h")], "400"),
+        ("h", &[("host", "h:8080")], "200"),
+        ("h:80", &[], "200"),
+    ];
+    let mut problems = Vec::new();
+    for (authority, extra, want) in cases {
+        let mut c = Client::connect(gw.addr()).await;
+        c.settings().await;
+        c.send(&frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            1,
+            &get("/", authority, extra),
+        ))
+        .await;
+        let answer = loop {
+            match c.next().await {
+                Some(f) if f.stream == 1 && (f.kind == HEADERS || f.kind == RST_STREAM) => {
+                    break Some(f);
+                }
+                Some(_) => {}
+                None => break None,
+            }
+        };
+        let ok = match &answer {
+            Some(f) if f.kind == HEADERS => h2_status(&f.payload, want),
+            // A reset or a closed connection is a refusal too.
+            _ => *want == "400",
+        };
+        if !ok {
+            problems.push(format!(
+                "{authority:?} {extra:?}: want {want}, got {answer:?}"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert_eq!(
+        app.requests(),
+        2,
+        "only the well-formed ones reached the backend"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_streams_beyond_the_limit_are_refused() {
     let (release, released) = watch::channel(false);
@@ -833,8 +1022,7 @@ async fn flood(addr: SocketAddr, f: Vec<u8>, n: usize) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_rapid_reset_and_ping_and_settings_floods_end_the_connection() {
-    let app = Pods::start("default", "app", 1).await;
-    let gw = Gw::start(&(simple("app") + &app.manifests()), &[]).await;
+    let (gw, _app) = app_behind(&[]).await;
     let addr = gw.addr();
     assert!(rapid_reset(addr, 2000).await, "rapid reset went on");
     assert!(
@@ -885,12 +1073,7 @@ async fn http2_rapid_reset_and_ping_and_settings_floods_end_the_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn well_behaved_clients_are_served_while_others_attack() {
-    let app = Pods::start("default", "app", 1).await;
-    let gw = Gw::start(
-        &(simple("app") + &app.manifests()),
-        &["--request-header-timeout", "2s"],
-    )
-    .await;
+    let (gw, app) = app_behind(&["--request-header-timeout", "2s"]).await;
     let addr = gw.addr();
     let mut attacks = Vec::new();
     for _ in 0..20 {

@@ -165,7 +165,7 @@ async fn metrics_count_requests_by_route_rule_backend_and_code() {
     c.tally(2, "h", "/missing", &[]).await;
     let m = gw.metrics().await;
     assert!(
-        m.contains(r#"sluice_requests_total{route="default/shop",rule="1",backend="default/app:8080",code="200"} 3"#),
+        m.contains(r#"sluice_requests_total{route="default/shop",rule="1",backend="default/app:8080",backend_namespace="default",backend_name="app",backend_port="8080",code="200"} 3"#),
         "{m}"
     );
     assert!(

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -20,12 +20,15 @@ use hyper_util::rt::TokioIo;
 use crate::support::*;
 
 /// A backend whose answer to `?id=ID&fail=N&code=C` is `C` for the first
-/// N tries of that id and 200 afterwards. It records when each try of each
-/// id arrived.
+/// N tries of that id and 200 afterwards (with `&slow=N&delay=MS`, the
+/// first N tries answer after MS milliseconds). It records when each try
+/// of each id arrived, with the request body it read whole.
 struct FlakyBackend {
     addr: SocketAddr,
-    tries: Arc<Mutex<HashMap<String, Vec<Instant>>>>,
+    tries: Tries,
 }
+
+type Tries = Arc<Mutex<HashMap<String, Vec<(Instant, Bytes)>>>>;
 
 impl FlakyBackend {
     async fn start() -> FlakyBackend {
@@ -33,7 +36,7 @@ impl FlakyBackend {
             .await
             .expect("flaky backend binds");
         let addr = listener.local_addr().expect("local addr");
-        let tries: Arc<Mutex<HashMap<String, Vec<Instant>>>> = Arc::default();
+        let tries: Tries = Arc::default();
         let seen = tries.clone();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
@@ -41,7 +44,7 @@ impl FlakyBackend {
                 tokio::spawn(async move {
                     let service = service_fn(move |req: Request<Incoming>| {
                         let seen = seen.clone();
-                        async move { Ok::<_, Infallible>(answer(&seen, &req)) }
+                        async move { Ok::<_, Infallible>(answer(&seen, req).await) }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
@@ -54,6 +57,14 @@ impl FlakyBackend {
 
     /// When each try of request `id` arrived.
     fn tries(&self, id: &str) -> Vec<Instant> {
+        self.tries_with_bodies(id)
+            .into_iter()
+            .map(|t| t.0)
+            .collect()
+    }
+
+    /// When each try of request `id` arrived, and the body it carried.
+    fn tries_with_bodies(&self, id: &str) -> Vec<(Instant, Bytes)> {
         self.tries
             .lock()
             .expect("tries lock")
@@ -91,11 +102,13 @@ endpoints:
     }
 }
 
-fn answer(
-    seen: &Mutex<HashMap<String, Vec<Instant>>>,
-    req: &Request<Incoming>,
-) -> Response<Full<Bytes>> {
-    let query = req.uri().query().unwrap_or_default();
+async fn answer(seen: &Tries, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let (parts, body) = req.into_parts();
+    let body = match body.collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(_) => Bytes::from_static(b"<the body broke>"),
+    };
+    let query = parts.uri.query().unwrap_or_default();
     let param = |name: &str| {
         query
             .split('&')
@@ -106,12 +119,17 @@ fn answer(
     let id = param("id");
     let fail: usize = param("fail").parse().unwrap_or(0);
     let code = param("code").parse().unwrap_or(500);
+    let slow: usize = param("slow").parse().unwrap_or(0);
+    let delay = Duration::from_millis(param("delay").parse().unwrap_or(0));
     let tries = {
         let mut seen = seen.lock().expect("tries lock");
         let t = seen.entry(id).or_default();
-        t.push(Instant::now());
+        t.push((Instant::now(), body));
         t.len()
     };
+    if tries <= slow {
+        tokio::time::sleep(delay).await;
+    }
     let mut resp = Response::new(Full::new(Bytes::from(format!("try {tries}\n"))));
     if tries <= fail {
         *resp.status_mut() = StatusCode::from_u16(code).expect("test code");
@@ -205,10 +223,15 @@ async fn refused_connections_are_retried_on_the_next_endpoint() {
     backendRefs: [{name: flaky, port: 8080}]
   - matches: [{path: {type: PathPrefix, value: /no-retry}}]
     backendRefs: [{name: flaky, port: 8080}]"#;
-    let gw = Sluice::start(&[(
-        "all.yaml",
-        gateway() + &flaky.manifests(&[dead]) + &route("default", "retries", routes),
-    )])
+    // Outlier ejection off: it would take the dead endpoint out of the
+    // rotation after its fifth refusal (tests/e2e/outliers.rs).
+    let gw = Sluice::start_with(
+        &[(
+            "all.yaml",
+            gateway() + &flaky.manifests(&[dead]) + &route("default", "retries", routes),
+        )],
+        &["--outlier-consecutive-failures", "0"],
+    )
     .await;
     let mut c = gw.connect().await;
     // Endpoints are taken round robin: every other first try meets the
@@ -230,22 +253,131 @@ async fn refused_connections_are_retried_on_the_next_endpoint() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_with_a_body_is_sent_once() {
-    let flaky = FlakyBackend::start().await;
-    let gw = Sluice::start(&[(
-        "all.yaml",
-        gateway() + &flaky.manifests(&[]) + &route("default", "retries", RETRY_ROUTE),
-    )])
-    .await;
-    let mut c = gw.connect().await;
-    let req = Request::post("/retry/code-500-attempts-3?id=body&fail=1&code=500")
+const BODY_ROUTE: &str = r#"  rules:
+  - matches: [{path: {type: PathPrefix, value: /retry}}]
+    retry: {codes: [500], attempts: 2, backoff: 1ms}
+    backendRefs: [{name: flaky, port: 8080}]
+  - matches: [{path: {type: PathPrefix, value: /slow}}]
+    timeouts: {backendRequest: 300ms}
+    retry: {attempts: 1, backoff: 1ms}
+    backendRefs: [{name: flaky, port: 8080}]"#;
+
+/// The gateway with `--retry-buffer-bytes 1024` in front of a flaky backend.
+async fn body_gateway(flaky: &FlakyBackend) -> Sluice {
+    Sluice::start_with(
+        &[(
+            "all.yaml",
+            gateway() + &flaky.manifests(&[]) + &route("default", "retries", BODY_ROUTE),
+        )],
+        &["--retry-buffer-bytes", "1024"],
+    )
+    .await
+}
+
+fn post(method: &str, path: &str, body: &'static [u8]) -> Request<Full<Bytes>> {
+    Request::builder()
+        .method(method)
+        .uri(path)
         .header("host", "h")
-        .body(Full::new(Bytes::from_static(b"payload")))
-        .expect("request");
-    let r = c.send(req).await;
-    assert_eq!(r.status, 500, "the streamed body cannot be sent again");
-    assert_eq!(flaky.tries("body").len(), 1);
+        .body(Full::new(Bytes::from_static(body)))
+        .expect("request")
+}
+
+/// A chunked request written on a fresh connection, its body in `chunks`;
+/// the answer's status line.
+async fn chunked(gw: &Sluice, path: &str, chunks: &[Vec<u8>]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
+    let mut bytes = format!(
+        "POST {path} HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    .into_bytes();
+    for c in chunks {
+        bytes.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+        bytes.extend_from_slice(c);
+        bytes.extend_from_slice(b"\r\n");
+    }
+    bytes.extend_from_slice(b"0\r\n\r\n");
+    s.write_all(&bytes).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    let answer = String::from_utf8_lossy(&out).into_owned();
+    answer.lines().next().unwrap_or_default().to_string()
+}
+
+/// A body that fits the replay buffer is sent again, whole, on every try,
+/// whether it came with a Content-Length or chunked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_that_fits_the_buffer_is_sent_again_whole() {
+    let flaky = FlakyBackend::start().await;
+    let gw = body_gateway(&flaky).await;
+    let mut c = gw.connect().await;
+    let r = c
+        .send(post("POST", "/retry?id=small&fail=2&code=500", b"payload"))
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let tries = flaky.tries_with_bodies("small");
+    assert_eq!(tries.len(), 3, "one try and two retries");
+    assert!(tries.iter().all(|t| t.1 == "payload"), "{tries:?}");
+
+    let chunks = vec![vec![b'a'; 300], vec![b'b'; 300], vec![b'c'; 300]];
+    let status = chunked(&gw, "/retry?id=chunked&fail=1&code=500", &chunks).await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let tries = flaky.tries_with_bodies("chunked");
+    assert_eq!(tries.len(), 2);
+    assert!(tries.iter().all(|t| t.1 == chunks.concat()), "{tries:?}");
+}
+
+/// A body larger than the buffer is streamed to the backend once: the
+/// first try's answer is the answer, whatever the retry policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_over_the_buffer_is_streamed_once() {
+    let flaky = FlakyBackend::start().await;
+    let gw = body_gateway(&flaky).await;
+    let mut c = gw.connect().await;
+    static LARGE: [u8; 4096] = [b'x'; 4096];
+    let r = c
+        .send(post("POST", "/retry?id=large&fail=1&code=500", &LARGE))
+        .await;
+    assert_eq!(r.status, 500, "the first try's answer: {r:?}");
+    let tries = flaky.tries_with_bodies("large");
+    assert_eq!(tries.len(), 1);
+    assert_eq!(tries[0].1.len(), 4096, "streamed whole");
+
+    // Chunked: the gateway learns the size on the way, past the buffer.
+    let chunks = vec![vec![b'a'; 600], vec![b'b'; 600], vec![b'c'; 600]];
+    let status = chunked(&gw, "/retry?id=large-chunked&fail=1&code=500", &chunks).await;
+    assert!(status.starts_with("HTTP/1.1 500"), "{status}");
+    let tries = flaky.tries_with_bodies("large-chunked");
+    assert_eq!(tries.len(), 1);
+    assert_eq!(tries[0].1, chunks.concat());
+}
+
+/// A try that timed out after its body reached the backend may be acted on
+/// there: a POST is not sent again, an idempotent PUT is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_body_is_sent_again_only_when_the_method_is_idempotent() {
+    let flaky = FlakyBackend::start().await;
+    let gw = body_gateway(&flaky).await;
+    let mut c = gw.connect().await;
+    let r = c
+        .send(post("POST", "/slow?id=post&slow=1&delay=3000", b"order"))
+        .await;
+    assert_eq!(r.status, 504, "{r:?}");
+    assert_eq!(
+        flaky.tries("post").len(),
+        1,
+        "a POST that may have acted is not retried"
+    );
+
+    let mut c = gw.connect().await;
+    let r = c
+        .send(post("PUT", "/slow?id=put&slow=1&delay=3000", b"state"))
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let tries = flaky.tries_with_bodies("put");
+    assert_eq!(tries.len(), 2);
+    assert!(tries.iter().all(|t| t.1 == "state"), "{tries:?}");
 }
 
 const CORS_ROUTE: &str = r#"  rules:

@@ -157,16 +157,28 @@ endpoints:
 pub struct Sluice {
     child: Child,
     pub dir: tempfile::TempDir,
+    /// The rollout state directory (`--state-dir`), apart from the
+    /// manifests: its `rollouts.json` must not be read as one.
+    pub state: tempfile::TempDir,
     /// The Gateway listener's port (put it in the manifests with [`gateway`]).
     pub port: u16,
     pub admin: SocketAddr,
+    /// Arguments given after the defaults (`--state-dir` among them).
+    args: Vec<String>,
 }
 
 impl Sluice {
     /// Start the gateway on `files` (name, content) after replacing
     /// `{{PORT}}` with the listener port. Waits until `/readyz` answers 200.
     pub async fn start(files: &[(&str, String)]) -> Sluice {
+        Sluice::start_with(files, &[]).await
+    }
+
+    /// [`Sluice::start`] with more `sluice serve` arguments (a
+    /// `--state-dir` given here replaces the harness's own).
+    pub async fn start_with(files: &[(&str, String)], args: &[&str]) -> Sluice {
         let dir = tempfile::tempdir().expect("temp dir");
+        let state = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         for (name, content) in files {
@@ -176,26 +188,38 @@ impl Sluice {
             )
             .unwrap();
         }
-        let log = std::fs::File::create(dir.path().join("sluice.log.txt")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .arg("serve")
-            .arg("-f")
-            .arg(dir.path())
-            .args(["--bind", "127.0.0.1", "--admin", &admin.to_string()])
-            .env("RUST_LOG", "info")
-            // tracing writes to stdout: both go to the log file.
-            .stdout(log.try_clone().expect("log file handle"))
-            .stderr(log)
-            .spawn()
-            .expect("the sluice binary starts");
+        let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        if !args.contains(&"--state-dir") {
+            all.extend(["--state-dir".into(), state.path().display().to_string()]);
+        }
+        let child = spawn(&dir, admin, &all);
         let sluice = Sluice {
             child,
             dir,
+            state,
             port,
             admin,
+            args: all,
         };
         sluice.wait_ready().await;
         sluice
+    }
+
+    /// Stop the process (SIGKILL: nothing gets to be written on the way
+    /// out) and start it again on the same manifests, ports and state.
+    pub async fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let log = self.log();
+        std::fs::write(self.dir.path().join("sluice.before-restart.log.txt"), log).unwrap();
+        self.child = spawn(&self.dir, self.admin, &self.args);
+        self.wait_ready().await;
+    }
+
+    /// The log of the run before the last [`Sluice::restart`].
+    pub fn log_before_restart(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("sluice.before-restart.log.txt"))
+            .unwrap_or_default()
     }
 
     async fn wait_ready(&self) {
@@ -301,6 +325,42 @@ impl Sluice {
             );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
+    }
+}
+
+/// `sluice serve` on `dir` with the harness's defaults and `args`, its log
+/// in `dir/sluice.log.txt`.
+fn spawn(dir: &tempfile::TempDir, admin: SocketAddr, args: &[String]) -> Child {
+    let log = std::fs::File::create(dir.path().join("sluice.log.txt")).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("serve")
+        .arg("-f")
+        .arg(dir.path())
+        .args(["--bind", "127.0.0.1", "--admin", &admin.to_string()])
+        .args(args)
+        .env("RUST_LOG", "info")
+        // tracing writes to stdout: both go to the log file.
+        .stdout(log.try_clone().expect("log file handle"))
+        .stderr(log)
+        .spawn()
+        .expect("the sluice binary starts")
+}
+
+/// Poll `check` until it holds, or panic after 15 s naming `what` with
+/// `log()` (the gateway's log). For waiting on a reload or a counter.
+pub async fn poll_until(
+    what: &str,
+    log: impl Fn() -> String,
+    mut check: impl AsyncFnMut() -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !check().await {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: never held; log:\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -444,11 +504,17 @@ pub fn by_service(tally: &BTreeMap<String, usize>) -> BTreeMap<String, usize> {
 /// An HTTPRoute on `default/gw` with the given body under `spec` (indented
 /// by the caller to sit under `spec:`).
 pub fn route(namespace: &str, name: &str, spec: &str) -> String {
+    route_of_kind("HTTPRoute", namespace, name, spec)
+}
+
+/// A route of `kind` (HTTPRoute, GRPCRoute, TLSRoute) on `default/gw`, as
+/// [`route`].
+pub fn route_of_kind(kind: &str, namespace: &str, name: &str, spec: &str) -> String {
     format!(
         r#"
 ---
 apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
+kind: {kind}
 metadata:
   name: {name}
   namespace: {namespace}
@@ -535,6 +601,27 @@ pub struct Leaf {
     pub der: CertificateDer<'static>,
 }
 
+impl Leaf {
+    /// A TLS server configuration presenting this certificate (no client
+    /// certificates asked for).
+    pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
+        let certs: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
+                .collect::<Result<_, _>>()
+                .expect("certificate PEM");
+        let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes()).expect("key PEM");
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .expect("certificate and key");
+        Arc::new(config)
+    }
+}
+
 impl TestCa {
     pub fn new() -> TestCa {
         TestCa::named("sluice test CA")
@@ -556,10 +643,16 @@ impl TestCa {
         }
     }
 
-    /// A certificate for `names` (DNS names, `*.` wildcards allowed).
+    /// A certificate for `names`: DNS names (`*.` wildcards allowed), and
+    /// URIs (names with `://`, a SPIFFE ID say) as URI SANs.
     pub fn issue(&self, names: &[&str]) -> Leaf {
-        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let params = CertificateParams::new(names).expect("leaf params");
+        let (uris, dns): (Vec<&str>, Vec<&str>) = names.iter().partition(|n| n.contains("://"));
+        let dns: Vec<String> = dns.iter().map(|n| n.to_string()).collect();
+        let mut params = CertificateParams::new(dns).expect("leaf params");
+        for uri in uris {
+            let uri = uri.try_into().expect("a URI SAN");
+            params.subject_alt_names.push(rcgen::SanType::URI(uri));
+        }
         let key = KeyPair::generate().expect("leaf key");
         let cert = params
             .signed_by(&key, &self.issuer)

@@ -8,10 +8,17 @@
 //!   as the real server sends it) for versions older than the last
 //!   [`FakeApiServer::expire_watches`];
 //! - `PATCH .../status` with `application/apply-patch+yaml` for
-//!   GatewayClasses, Gateways, ListenerSets, HTTPRoutes and
-//!   BackendTLSPolicies, recorded with the caller's bearer token so tests can
-//!   tell replicas apart; the patch's `status` replaces the object's (no
-//!   field ownership is tracked);
+//!   GatewayClasses, Gateways, ListenerSets, HTTPRoutes, BackendTLSPolicies
+//!   and RolloutPolicies (`sluice.dev/v1alpha1`), recorded with the
+//!   caller's bearer token so tests can tell replicas apart; the patch's
+//!   `status` replaces the object's (no field ownership is tracked); a
+//!   `metadata.resourceVersion` in the patch is a precondition, as the real
+//!   server has it (409 Conflict when the object's differs); another
+//!   writer's write can be slipped in just before the next status patch of
+//!   an object ([`FakeApiServer::write_before_next_status_patch`]); the
+//!   status patches of a resource can be refused for a while
+//!   ([`FakeApiServer::refuse_status`]: 500, as an API server that cannot
+//!   reach etcd answers);
 //! - CRDs that are not installed ([`FakeApiServer::uninstall`]): every
 //!   request for that resource gets the `404 NotFound` Status the real
 //!   server sends for a resource it does not serve;
@@ -61,7 +68,12 @@ pub struct StatusPatch {
     pub field_manager: String,
     pub force: bool,
     pub body: Value,
+    /// Refused with 409: its resourceVersion was not the object's.
+    pub conflict: bool,
 }
+
+/// A write of another controller, made just before a status patch.
+type Interleaved = (Key, Box<dyn FnOnce(&mut Value) + Send>);
 
 #[derive(Default)]
 struct Store {
@@ -78,6 +90,10 @@ struct Store {
     uninstalled: Vec<String>,
     /// How many requests got a 404 because their CRD is not installed.
     not_found: BTreeMap<String, usize>,
+    /// Made when the next status patch of its object arrives.
+    interleaved: Vec<Interleaved>,
+    /// Plurals whose status patches get 500 (and are not recorded).
+    refused: Vec<String>,
 }
 
 struct Shared {
@@ -102,6 +118,8 @@ fn type_of(plural: &str) -> Option<(&'static str, &'static str)> {
         "gatewayclasses" => ("gateway.networking.k8s.io/v1", "GatewayClass"),
         "gateways" => ("gateway.networking.k8s.io/v1", "Gateway"),
         "httproutes" => ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+        "grpcroutes" => ("gateway.networking.k8s.io/v1", "GRPCRoute"),
+        "tlsroutes" => ("gateway.networking.k8s.io/v1", "TLSRoute"),
         "referencegrants" => ("gateway.networking.k8s.io/v1", "ReferenceGrant"),
         "services" => ("v1", "Service"),
         "namespaces" => ("v1", "Namespace"),
@@ -110,6 +128,7 @@ fn type_of(plural: &str) -> Option<(&'static str, &'static str)> {
         "configmaps" => ("v1", "ConfigMap"),
         "listenersets" => ("gateway.networking.k8s.io/v1", "ListenerSet"),
         "backendtlspolicies" => ("gateway.networking.k8s.io/v1", "BackendTLSPolicy"),
+        "rolloutpolicies" => ("sluice.dev/v1alpha1", "RolloutPolicy"),
         "leases" => ("coordination.k8s.io/v1", "Lease"),
         _ => return None,
     })
@@ -120,6 +139,8 @@ fn plural_of(kind: &str) -> &'static str {
         "GatewayClass" => "gatewayclasses",
         "Gateway" => "gateways",
         "HTTPRoute" => "httproutes",
+        "GRPCRoute" => "grpcroutes",
+        "TLSRoute" => "tlsroutes",
         "ReferenceGrant" => "referencegrants",
         "Service" => "services",
         "Namespace" => "namespaces",
@@ -128,6 +149,7 @@ fn plural_of(kind: &str) -> &'static str {
         "ConfigMap" => "configmaps",
         "ListenerSet" => "listenersets",
         "BackendTLSPolicy" => "backendtlspolicies",
+        "RolloutPolicy" => "rolloutpolicies",
         other => panic!("the fake does not serve {other}"),
     }
 }
@@ -257,6 +279,25 @@ impl FakeApiServer {
         self.publish(&mut store, event, &plural, object);
     }
 
+    /// When the next status patch of `kind namespace/name` arrives, first
+    /// change the object with `write` (another controller writing between
+    /// the patch's read and its write): a new resourceVersion and a
+    /// MODIFIED event, then the patch is handled.
+    pub fn write_before_next_status_patch(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        write: impl FnOnce(&mut Value) + Send + 'static,
+    ) {
+        let key = (
+            plural_of(kind).to_string(),
+            namespace.map(str::to_string),
+            name.to_string(),
+        );
+        self.store().interleaved.push((key, Box::new(write)));
+    }
+
     /// Delete an object; returns whether it existed.
     pub fn delete(&self, kind: &str, namespace: Option<&str>, name: &str) -> bool {
         let plural = plural_of(kind).to_string();
@@ -338,6 +379,15 @@ impl FakeApiServer {
     /// The CRD of `plural` is installed (again).
     pub fn install(&self, plural: &str) {
         self.store().uninstalled.retain(|p| p != plural);
+    }
+
+    /// Status patches of `plural` get 500 until [`FakeApiServer::accept_status`].
+    pub fn refuse_status(&self, plural: &str) {
+        self.store().refused.push(plural.to_string());
+    }
+
+    pub fn accept_status(&self) {
+        self.store().refused.clear();
     }
 
     /// How many requests for `plural` got 404 because its CRD is not
@@ -439,7 +489,10 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
                     | "gateways"
                     | "listenersets"
                     | "httproutes"
+                    | "grpcroutes"
+                    | "tlsroutes"
                     | "backendtlspolicies"
+                    | "rolloutpolicies"
             ) =>
         {
             patch_status(shared, target, q, req).await
@@ -603,6 +656,31 @@ async fn patch_status(
     };
     let key = (target.plural.clone(), namespace.clone(), name.clone());
     let mut store = shared.store.lock().expect("store lock");
+    if store.refused.contains(&target.plural) {
+        return status(500, "InternalError", "the status write is refused (test)");
+    }
+    if let Some(i) = store.interleaved.iter().position(|(k, _)| *k == key)
+        && let Some(mut object) = store.objects.get(&key).cloned()
+    {
+        let (_, write) = store.interleaved.remove(i);
+        write(&mut object);
+        store.rv += 1;
+        object["metadata"]["resourceVersion"] = json!(store.rv.to_string());
+        store.objects.insert(key.clone(), object.clone());
+        let event = WatchEvent {
+            rv: store.rv,
+            plural: target.plural.clone(),
+            kind: "MODIFIED",
+            object,
+        };
+        store.events.push(event.clone());
+        let _ = shared.events.send(event);
+    }
+    let current = store.objects.get(&key).cloned();
+    let precondition = body["metadata"]["resourceVersion"].as_str();
+    let conflict = current.as_ref().is_some_and(|o| {
+        precondition.is_some_and(|rv| o["metadata"]["resourceVersion"].as_str() != Some(rv))
+    });
     store.patches.push(StatusPatch {
         plural: target.plural.clone(),
         namespace,
@@ -611,10 +689,18 @@ async fn patch_status(
         field_manager,
         force: q.get("force").map(String::as_str) == Some("true"),
         body: body.clone(),
+        conflict,
     });
-    let Some(mut object) = store.objects.get(&key).cloned() else {
+    let Some(mut object) = current else {
         return status(404, "NotFound", "no such object");
     };
+    if conflict {
+        return status(
+            409,
+            "Conflict",
+            "the object has been modified; please apply your changes to the latest version and try again",
+        );
+    }
     store.rv += 1;
     object["metadata"]["resourceVersion"] = json!(store.rv.to_string());
     object["status"] = body["status"].clone();

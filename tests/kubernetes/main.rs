@@ -2,6 +2,7 @@
 //! API server ([`fake_apiserver`]) and echo backends on loopback.
 
 mod fake_apiserver;
+mod rollouts;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -433,6 +434,60 @@ async fn canary_weights_deleted_services_and_expired_watches_under_traffic() {
 
     let errors = traffic.stop().await;
     assert_eq!(errors, 0, "no request failed; log:\n{}", gateway.log());
+}
+
+/// Another controller writes its entry of the route's `status.parents`
+/// after sluice read the route and before its status write arrives. The
+/// write names the resourceVersion it was computed from, so the API server
+/// refuses it (409) rather than let it drop the other entry, and sluice
+/// writes again from the route the watch delivers: both entries stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_write_racing_another_controller_never_overwrites_its_entry() {
+    let api = FakeApiServer::start().await;
+    let stable = echo("stable", "stable-0").await;
+    let port = free_port();
+    cluster(&api, port, &[("stable", &stable)]);
+    api.apply(route(1, 0));
+    api.write_before_next_status_patch("HTTPRoute", Some("default"), "autocomplete", |route| {
+        route["status"] = json!({"parents": [{"parentRef": {"name": "other-gw"},
+            "controllerName": "example.com/other",
+            "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted",
+                "message": "theirs, written in between", "observedGeneration": 1,
+                "lastTransitionTime": "2024-01-01T00:00:00Z"}]}]});
+    });
+    let gateway = Replica::start(&api, "replica-a", "127.0.0.1", port);
+    gateway.wait_ready().await;
+
+    let controllers = eventually("both entries in the route's parents", async || {
+        let route = api.get("HTTPRoute", Some("default"), "autocomplete")?;
+        let controllers: Vec<String> = route["status"]["parents"]
+            .as_array()?
+            .iter()
+            .filter_map(|p| p["controllerName"].as_str().map(str::to_string))
+            .collect();
+        (controllers.len() == 2).then_some(controllers)
+    })
+    .await;
+    assert_eq!(
+        controllers,
+        ["example.com/other", "sluice.dev/gateway-controller"],
+        "log:\n{}",
+        gateway.log()
+    );
+    let writes: Vec<_> = api
+        .patches()
+        .into_iter()
+        .filter(|p| p.plural == "httproutes")
+        .collect();
+    assert!(writes[0].conflict, "the first write raced and was refused");
+    assert!(
+        writes
+            .iter()
+            .all(|w| w.body["metadata"]["resourceVersion"].is_string()),
+        "every route status write is conditional"
+    );
+    assert!(!writes.last().expect("a write").conflict);
+    assert!(gateway.log().contains("status changed by another writer"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

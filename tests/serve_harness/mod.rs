@@ -166,6 +166,7 @@ impl Fixture {
             paths: vec![dir.path().to_path_buf()],
             bind: Ipv4Addr::LOCALHOST.into(),
             admin: (Ipv4Addr::LOCALHOST, 0).into(),
+            crds: Vec::new(),
         })
         .await
         .expect("gateway starts");

@@ -16,8 +16,9 @@
 //! ([`parse_manifests`]), so both modes build the same typed objects and
 //! refuse the same invalid ones, with errors that name object and field.
 //!
-//! Optional kinds ([`WatchedKind::optional`]: ListenerSet and
-//! BackendTLSPolicy, whose CRDs a cluster may not have installed) that the
+//! Optional kinds ([`WatchedKind::optional`]: ListenerSet,
+//! BackendTLSPolicy, GRPCRoute, TLSRoute and RolloutPolicy, whose CRDs a
+//! cluster may not have installed) that the
 //! API server does not know (404) count as listed with no objects
 //! ([`ClusterCache::not_installed`]), so a cluster without those CRDs still
 //! becomes ready.
@@ -33,7 +34,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use kube::api::DynamicObject;
 use kube::runtime::watcher::Event;
 
-use crate::resources::{DEFAULT_NAMESPACE, Gateway, Object, Snapshot, parse_manifests};
+use std::sync::Arc;
+
+use crate::resources::crd::Crds;
+use crate::resources::{DEFAULT_NAMESPACE, Gateway, Object, Snapshot, parse_manifests_with};
 use crate::source::{ConfigError, SourceUpdate};
 
 /// A kind sluice watches: where it lives in the API.
@@ -65,7 +69,7 @@ impl WatchedKind {
 /// Every kind the gateway's configuration is made of. Secrets are only the
 /// TLS ones; of those, and of ConfigMaps, only the ones a Gateway,
 /// ListenerSet or BackendTLSPolicy references reach the snapshot.
-pub const WATCHED_KINDS: [WatchedKind; 11] = [
+pub const WATCHED_KINDS: [WatchedKind; 14] = [
     WatchedKind {
         kind: "GatewayClass",
         group: "gateway.networking.k8s.io",
@@ -154,6 +158,33 @@ pub const WATCHED_KINDS: [WatchedKind; 11] = [
         field_selector: None,
         optional: true,
     },
+    WatchedKind {
+        kind: "GRPCRoute",
+        group: "gateway.networking.k8s.io",
+        version: "v1",
+        plural: "grpcroutes",
+        field_selector: None,
+        optional: true,
+    },
+    WatchedKind {
+        kind: "TLSRoute",
+        group: "gateway.networking.k8s.io",
+        version: "v1",
+        plural: "tlsroutes",
+        field_selector: None,
+        optional: true,
+    },
+    // sluice's own kind (deploy/rolloutpolicy-crd.yaml), with its status:
+    // the leader records each rollout there, and every replica serves the
+    // step recorded.
+    WatchedKind {
+        kind: "RolloutPolicy",
+        group: "sluice.dev",
+        version: "v1alpha1",
+        plural: "rolloutpolicies",
+        field_selector: None,
+        optional: true,
+    },
 ];
 
 /// What an API object became after loading: its typed object, or the
@@ -183,6 +214,8 @@ struct KindCache {
 #[derive(Debug)]
 pub struct ClusterCache {
     kinds: Vec<(WatchedKind, KindCache)>,
+    /// CRDs that validate the objects of the kinds they define.
+    crds: Arc<Crds>,
 }
 
 impl Default for ClusterCache {
@@ -195,7 +228,14 @@ impl ClusterCache {
     pub fn new(kinds: &[WatchedKind]) -> Self {
         ClusterCache {
             kinds: kinds.iter().map(|k| (*k, KindCache::default())).collect(),
+            crds: Arc::default(),
         }
+    }
+
+    /// Validate the objects of the kinds `crds` defines by their CRD.
+    pub fn with_crds(mut self, crds: Arc<Crds>) -> Self {
+        self.crds = crds;
+        self
     }
 
     /// Every kind has completed its first list.
@@ -228,7 +268,7 @@ impl ClusterCache {
                 false
             }
             Event::InitApply(object) => {
-                let (key, loaded) = load(watched, object);
+                let (key, loaded) = load(watched, &self.crds, object);
                 cache
                     .relisting
                     .get_or_insert_with(BTreeMap::new)
@@ -248,7 +288,7 @@ impl ClusterCache {
             }
             Event::Apply(object) => {
                 cache.not_installed = false;
-                let (key, loaded) = load(watched, object);
+                let (key, loaded) = load(watched, &self.crds, object);
                 cache.current.insert(key, loaded.clone()) != Some(loaded)
             }
             Event::Delete(object) => {
@@ -493,7 +533,7 @@ fn key_of(watched: &WatchedKind, object: &DynamicObject) -> (Key, String) {
 
 /// Load an API object with the manifest loader. List items carry no
 /// `apiVersion`/`kind`, so the watched kind's are set first.
-fn load(watched: &WatchedKind, mut object: DynamicObject) -> (Key, Loaded) {
+fn load(watched: &WatchedKind, crds: &Crds, mut object: DynamicObject) -> (Key, Loaded) {
     let (key, id) = key_of(watched, &object);
     object.types = Some(kube::api::TypeMeta {
         api_version: watched.api_version(),
@@ -506,7 +546,7 @@ fn load(watched: &WatchedKind, mut object: DynamicObject) -> (Key, Loaded) {
     }
     let loaded = match serde_json::to_string(&object) {
         Ok(json) => {
-            let parsed = parse_manifests(&json, "kubernetes");
+            let parsed = parse_manifests_with(&json, "kubernetes", crds);
             Loaded {
                 objects: parsed.objects.into_iter().map(|o| o.object).collect(),
                 errors: parsed
@@ -677,6 +717,42 @@ mod tests {
         assert_eq!(
             error.field.as_deref(),
             Some("spec.rules[0].backendRefs[0].weight")
+        );
+    }
+
+    #[test]
+    fn with_crds_objects_are_validated_by_them() {
+        let crd: serde_json::Value = crate::yaml::from_str(
+            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\n\
+             metadata: {name: httproutes.gateway.networking.k8s.io}\n\
+             spec:\n  group: gateway.networking.k8s.io\n  names: {kind: HTTPRoute, plural: httproutes}\n  \
+             scope: Namespaced\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    \
+             schema:\n      openAPIV3Schema:\n        type: object\n        \
+             x-kubernetes-preserve-unknown-fields: true\n        \
+             x-kubernetes-validations: [{rule: \"self.metadata.name != 'forbidden'\", message: not this name}]\n",
+        )
+        .expect("test CRD");
+        let mut crds = Crds::new();
+        crds.add(&crd, "test").expect("a usable CRD");
+        let mut cache = ClusterCache::default().with_crds(Arc::new(crds));
+        list_all_empty(&mut cache);
+        for name in ["forbidden", "fine"] {
+            let route = object(json!({
+                "metadata": {"name": name, "namespace": "shop"},
+                "spec": {"parentRefs": [{"name": "gw"}]},
+            }));
+            cache.apply(kind_index("HTTPRoute"), Event::Apply(route));
+        }
+        let update = cache.update();
+        assert_eq!(update.snapshot.http_routes.len(), 1, "{:?}", update.errors);
+        assert_eq!(update.errors.len(), 1, "{:?}", update.errors);
+        assert_eq!(
+            update.errors[0].object.as_deref(),
+            Some("HTTPRoute shop/forbidden")
+        );
+        assert_eq!(
+            update.errors[0].message,
+            "Invalid value: \"object\": not this name"
         );
     }
 
@@ -886,13 +962,23 @@ mod tests {
     }
 
     #[test]
-    fn only_listener_sets_and_backend_tls_policies_are_optional() {
+    fn only_listener_sets_backend_tls_policies_grpc_and_tls_routes_and_rollout_policies_are_optional()
+     {
         let optional: Vec<&str> = WATCHED_KINDS
             .iter()
             .filter(|k| k.optional)
             .map(|k| k.kind)
             .collect();
-        assert_eq!(optional, ["ListenerSet", "BackendTLSPolicy"]);
+        assert_eq!(
+            optional,
+            [
+                "ListenerSet",
+                "BackendTLSPolicy",
+                "GRPCRoute",
+                "TLSRoute",
+                "RolloutPolicy"
+            ]
+        );
     }
 
     #[test]

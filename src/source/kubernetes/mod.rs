@@ -12,8 +12,10 @@
 //! - A watch that fails is retried with backoff; one that expires (410 Gone)
 //!   is relisted by the watcher, and the cache swaps the relist in only when
 //!   it is complete: the current table keeps serving meanwhile.
-//! - ListenerSet and BackendTLSPolicy are optional: their CRDs may not be
-//!   installed. A 404 on their list or watch counts as an empty list (logged
+//! - ListenerSet, BackendTLSPolicy, GRPCRoute, TLSRoute and RolloutPolicy
+//!   (`sluice.dev`, watched with its status: followers serve the rollouts
+//!   the leader recorded there) are optional:
+//!   their CRDs may not be installed. A 404 on their list or watch counts as an empty list (logged
 //!   once, at info), so such a cluster still becomes ready. The watcher keeps
 //!   retrying with its backoff (at most every 30 s), so a CRD installed
 //!   later is picked up without a restart. The core kinds stay mandatory: a
@@ -23,6 +25,7 @@
 
 pub mod cache;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{self, BoxStream, StreamExt};
@@ -35,6 +38,7 @@ use tokio::time::Instant;
 
 pub use cache::{ClusterCache, WATCHED_KINDS, WatchedKind};
 
+use crate::resources::crd::Crds;
 use crate::source::SourceUpdate;
 
 /// How updates are paced.
@@ -44,6 +48,8 @@ pub struct SourceOptions {
     pub debounce: Duration,
     /// Longest an update waits for a burst to end.
     pub max_delay: Duration,
+    /// CRDs that validate the objects of the kinds they define (`--crds`).
+    pub crds: Arc<Crds>,
 }
 
 impl Default for SourceOptions {
@@ -55,6 +61,7 @@ impl Default for SourceOptions {
             // A flip is served within milliseconds (docs/performance.md).
             debounce: Duration::from_millis(5),
             max_delay: Duration::from_secs(1),
+            crds: Arc::default(),
         }
     }
 }
@@ -100,7 +107,7 @@ pub async fn run(
     updates: mpsc::Sender<SourceUpdate>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut cache = ClusterCache::default();
+    let mut cache = ClusterCache::default().with_crds(Arc::clone(&options.crds));
     let mut events = stream::select_all(watches);
     // (first unsent change, last change)
     let mut pending: Option<(Instant, Instant)> = None;
@@ -253,6 +260,7 @@ mod tests {
         let options = SourceOptions {
             debounce: Duration::from_millis(50),
             max_delay: Duration::from_millis(500),
+            ..SourceOptions::default()
         };
         let task = tokio::spawn(run(watches, options, tx, stop_rx));
         let svc = service_index();

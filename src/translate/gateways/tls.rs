@@ -18,6 +18,7 @@ use gateway_api::experimental::gateways::{GatewayListeners, GatewayListenersTlsM
 use rustls::sign::CertifiedKey;
 
 use crate::resources::{Gateway, Snapshot};
+use crate::route::TlsMode;
 use crate::translate::certificates::certified_key;
 use crate::translate::conditions::Reason;
 use crate::translate::references::{self, CoreRef, Referrer};
@@ -62,9 +63,43 @@ impl ListenerTls {
     }
 }
 
-/// Resolve the TLS settings of an HTTPS listener defined by `from` (a
-/// Gateway, or a ListenerSet: its certificateRefs resolve from its own
-/// namespace, with ReferenceGrants to its own kind).
+/// The TLS settings of any listener defined by `from` (see [`resolve`]):
+/// an HTTPS listener's certificate and, when `frontend` gives its Gateway
+/// (and that Gateway's namespace), the client certificate validation the
+/// Gateway asks for its port; a TLS listener's certificate in `Terminate`
+/// mode, none in `Passthrough` mode; nothing for other protocols.
+pub(crate) fn for_listener(
+    snapshot: &Snapshot,
+    from: Referrer<'_>,
+    listener: &GatewayListeners,
+    frontend: Option<(&Gateway, &str)>,
+) -> ListenerTls {
+    match listener.protocol.as_str() {
+        "HTTPS" => {
+            let tls = resolve(snapshot, from, listener);
+            match frontend {
+                Some((gw, gw_ns)) => tls.with_frontend(snapshot, gw, gw_ns, listener),
+                None => tls,
+            }
+        }
+        "TLS" if tls_mode(listener) == TlsMode::Passthrough => ListenerTls::default(),
+        "TLS" => resolve(snapshot, from, listener),
+        _ => ListenerTls::default(),
+    }
+}
+
+/// A TLS listener's `tls.mode` (the CRD's default is `Terminate`).
+pub(crate) fn tls_mode(listener: &GatewayListeners) -> TlsMode {
+    match listener.tls.as_ref().and_then(|t| t.mode.as_ref()) {
+        Some(GatewayListenersTlsMode::Passthrough) => TlsMode::Passthrough,
+        Some(GatewayListenersTlsMode::Terminate) | None => TlsMode::Terminate,
+    }
+}
+
+/// Resolve the TLS settings of an HTTPS listener, or of a TLS listener in
+/// `Terminate` mode, defined by `from` (a Gateway, or a ListenerSet: its
+/// certificateRefs resolve from its own namespace, with ReferenceGrants to
+/// its own kind).
 pub(crate) fn resolve(
     snapshot: &Snapshot,
     from: Referrer<'_>,
@@ -74,7 +109,10 @@ pub(crate) fn resolve(
     let Some(tls) = &listener.tls else {
         out.unresolved = Some((
             Reason::InvalidCertificateRef,
-            "an HTTPS listener needs tls.certificateRefs".into(),
+            format!(
+                "a {} listener that terminates TLS needs tls.certificateRefs",
+                listener.protocol
+            ),
         ));
         return out;
     };

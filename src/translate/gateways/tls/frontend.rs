@@ -242,7 +242,7 @@ mod tests {
         let yaml = format!(
             "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata:\n  name: gw\n  namespace: infra\nspec:\n  gatewayClassName: sluice\n  tls:\n    frontend:\n{indented}  listeners:\n  - {{name: https, port: 443, protocol: HTTPS}}\n  - {{name: https-8443, port: 8443, protocol: HTTPS}}\n  - {{name: http, port: 80, protocol: HTTP}}\n"
         );
-        serde_yaml::from_str(&yaml).unwrap()
+        crate::yaml::from_str(&yaml).unwrap()
     }
 
     fn listener<'a>(gw: &'a Gateway, name: &str) -> &'a GatewayListeners {
@@ -385,7 +385,7 @@ perPort:
     fn a_reference_grant_to_config_maps_allows_another_namespace() {
         let ca = ca_pem();
         let mut s = snapshot(vec![config_map("web", "web-ca", Some(&ca))]);
-        let grant: ReferenceGrant = serde_yaml::from_str(
+        let grant: ReferenceGrant = crate::yaml::from_str(
             "apiVersion: gateway.networking.k8s.io/v1beta1
 kind: ReferenceGrant
 metadata: {name: g, namespace: web}

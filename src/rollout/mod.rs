@@ -1,0 +1,38 @@
+//! Rollouts (RolloutPolicy): a route's weights say where traffic ends up,
+//! a RolloutPolicy says how it gets there.
+//!
+//! When the weights of a governed rule change, sluice keeps `from` (the
+//! shares it served just before) and `to` (the new spec shares) and serves
+//! `from + p * (to - from)` at each step `p`, judging the backends whose
+//! share grows by their outcomes, and going back to `from` when they fail.
+//! It never writes the route's spec.
+//!
+//! The parts, apart so that each can be tested and replaced alone:
+//! - [`shares`]: backend identities and the exact step arithmetic;
+//! - [`machine`]: the state machine, pure (configuration, counters and
+//!   clock in; served shares, transitions and records out);
+//! - [`status`]: the status shape of a rollout (`status.rollouts[]` of
+//!   the policy), which is also what is persisted;
+//! - [`store`]: where records are kept across restarts (standalone: a
+//!   file in `--state-dir`), behind the [`RolloutStore`] trait. Kubernetes
+//!   mode keeps them in each policy's `status.rollouts` instead, written by
+//!   the leader with the rest of the policy's status (the status writer,
+//!   `crate::status`) and read back by every replica ([`recorded`]).
+//!
+//! The serve loop drives them: on every configuration and every tick while
+//! a rollout is in flight it evaluates the machine and, when the served
+//! shares change, translates again (a step is a table swap like any
+//! reload). See `docs/rollouts.md`.
+
+pub mod machine;
+pub mod shares;
+pub mod status;
+pub mod store;
+
+pub use machine::{
+    Evaluation, GovernedRule, Phase, PolicyKey, Readiness, Rollout, RolloutInputs, Rollouts,
+    RuleKey, ServedRule, ServedShares, StepCounts, Transition, duration_text,
+};
+pub use shares::{BackendKey, BackendShare, Weights};
+pub use status::{RolloutReport, RolloutStatus, recorded};
+pub use store::{FileStore, MemoryStore, RolloutStore, default_state_dir};

@@ -1,0 +1,178 @@
+//! The dashboard in a real browser: headless chromium loads the admin
+//! listener's `/` from a gateway with traffic flowing and a rollout, runs
+//! the page's polling, and the DOM it renders is checked for what a
+//! person would see: route names, shares written as percentages, the
+//! rollout's phase; then again after a weight change.
+//!
+//! Skipped, with the reason printed, when no chromium is installed
+//! (`.ci/run` installs Debian's `chromium`). `SLUICE_CHROMIUM` names the
+//! binary; `SLUICE_DASHBOARD_SCREENSHOT=path.png` also saves a screenshot
+//! of the second page (how docs/dashboard.png is made).
+
+mod serve_harness;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::StatusCode;
+use serde_json::Value;
+use serve_harness::{DEADLINE, Fixture, route_yaml, write};
+
+const POLICY: &str = "apiVersion: sluice.dev/v1alpha1
+kind: RolloutPolicy
+metadata: {name: web-rollout, namespace: default}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: HTTPRoute, name: web}]
+  steps: ['50%', '100%']
+  interval: 1h
+  analysis: {minRequests: 1000000}
+";
+
+fn chromium() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("SLUICE_CHROMIUM") {
+        return Some(PathBuf::from(path));
+    }
+    let path = std::env::var_os("PATH")?;
+    for dir in std::env::split_paths(&path) {
+        for name in ["chromium", "chromium-browser", "google-chrome"] {
+            let candidate = dir.join(name);
+            if candidate.is_file() {
+                return Some(candidate);
+            }
+        }
+    }
+    None
+}
+
+/// Load `url` in headless chromium, let the page poll for a few seconds of
+/// virtual time, and return the DOM it rendered.
+async fn render(chromium: &Path, url: String, screenshot: Option<PathBuf>) -> String {
+    let chromium = chromium.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let profile = tempfile::tempdir().expect("temp profile");
+        let mut command = std::process::Command::new(&chromium);
+        command.args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            "--window-size=1280,900",
+            // Virtual time runs the page's 2 s polling a few times; it
+            // stands still while a fetch is in flight.
+            "--virtual-time-budget=5000",
+        ]);
+        command.arg(format!("--user-data-dir={}", profile.path().display()));
+        match &screenshot {
+            Some(path) => command.arg(format!("--screenshot={}", path.display())),
+            None => command.arg("--dump-dom"),
+        };
+        let out = command.arg(&url).output().expect("chromium runs");
+        assert!(
+            out.status.success(),
+            "chromium failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("UTF-8 DOM")
+    })
+    .await
+    .expect("chromium task")
+}
+
+/// The text of the `<b data-share="kind">` in the table row of `backend`.
+fn share(dom: &str, backend: &str, kind: &str) -> String {
+    let row_start = dom
+        .find(&format!("data-backend=\"{backend}\""))
+        .unwrap_or_else(|| panic!("no row for {backend} in\n{dom}"));
+    let row = &dom[row_start..];
+    let row = &row[..row.find("</tr>").expect("row ends")];
+    let marker = format!("data-share=\"{kind}\">");
+    let at = row
+        .find(&marker)
+        .unwrap_or_else(|| panic!("no {kind} share in {row}"))
+        + marker.len();
+    row[at..at + row[at..].find('<').expect("share ends")].to_string()
+}
+
+async fn overview(fx: &Fixture) -> Value {
+    let (code, body) = fx.admin("/overview").await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    serde_json::from_str(&body).expect("JSON")
+}
+
+/// Poll `/overview` until the rollout is in `phase`.
+async fn wait_for_phase(fx: &Fixture, phase: &str) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let o = overview(fx).await;
+        if o["rollouts"][0]["phase"] == phase {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "rollout never {phase}: {o:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_shares_and_rollouts_in_a_browser() {
+    let Some(chromium) = chromium() else {
+        eprintln!(
+            "skipped: no chromium found (install Debian's `chromium`, or set SLUICE_CHROMIUM)"
+        );
+        return;
+    };
+    let fx = Fixture::start(&route_yaml("web", "/", 3, 1)).await;
+    write(fx.dir.path(), "policy.yaml", POLICY);
+    wait_for_phase(&fx, "Complete").await;
+    for _ in 0..40 {
+        assert_eq!(fx.request("/").await.0, StatusCode::OK);
+    }
+    let url = format!("http://{}/", fx.gateway.admin_addr());
+
+    let dom = render(&chromium, url.clone(), None).await;
+    assert!(
+        dom.contains("data-polls=\""),
+        "the page never polled:\n{dom}"
+    );
+    assert!(dom.contains("HTTPRoute default/web · rule 0"), "{dom}");
+    assert_eq!(share(&dom, "default/blue:80", "spec"), "75%");
+    assert_eq!(share(&dom, "default/green:80", "spec"), "25%");
+    assert_eq!(share(&dom, "default/green:80", "served"), "25%");
+    // 40 requests split exactly 3:1.
+    assert_eq!(share(&dom, "default/green:80", "observed"), "25%");
+    assert!(dom.contains("Gateway default/gw"), "{dom}");
+    assert!(dom.contains("<td>1 ready</td>"), "ready endpoints: {dom}");
+    assert!(dom.contains("<td class=\"phase\">Complete</td>"), "{dom}");
+
+    // All to green: the rollout serves half of the way at its first step.
+    let generation = fx.generation().await;
+    write(fx.dir.path(), "route.yaml", &route_yaml("web", "/", 0, 1));
+    fx.wait_for_generation_after(generation).await;
+    wait_for_phase(&fx, "Progressing").await;
+    let dom = render(&chromium, url.clone(), None).await;
+    assert_eq!(share(&dom, "default/green:80", "spec"), "100%");
+    assert_eq!(share(&dom, "default/blue:80", "spec"), "0%");
+    assert_eq!(share(&dom, "default/green:80", "served"), "62.5%");
+    assert!(
+        dom.contains("<td class=\"phase\">Progressing</td>"),
+        "{dom}"
+    );
+    assert!(dom.contains("default/web-rollout"), "{dom}");
+    // Gate values against the policy's limits.
+    assert!(dom.contains("(needs 1000000 req, 3600s per step)"), "{dom}");
+
+    if let Some(path) = std::env::var_os("SLUICE_DASHBOARD_SCREENSHOT") {
+        for _ in 0..40 {
+            fx.request("/").await;
+        }
+        render(&chromium, url, Some(PathBuf::from(path))).await;
+    }
+    fx.gateway.shutdown().await;
+}
