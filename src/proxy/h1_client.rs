@@ -28,19 +28,20 @@
 //! nothing of the request was taken). A request whose body was still
 //! streaming is never sent again here (the retry policy and its replay
 //! buffer decide that). Interim responses (100, 102, 103) are read and
-//! dropped.
+//! dropped. A 101 to a request that asked to upgrade hands the connection
+//! over ([`BackendUpgrade`], spliced by [`super::upgrade`]); a 101 to any
+//! other request is a 502.
 //!
-//! Upgrades (WebSocket) and HTTP/2 backends stay with hyper's clients
-//! ([`super::upstream`]).
+//! HTTP/2 backends stay with hyper's client ([`super::h2`]).
 
 use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -330,6 +331,9 @@ async fn exchange(
     let framing = request_framing(&parts, &body);
     let head_request = parts.method == Method::HEAD;
     let idempotent = parts.method.is_idempotent();
+    // The handler puts `Upgrade` back only on requests that ask to
+    // switch protocols (it is hop-by-hop otherwise).
+    let upgrade = parts.headers.contains_key(UPGRADE);
     let mut out = Vec::with_capacity(512);
     encode_head(&mut out, &parts, framing, key.endpoint);
     drop(parts);
@@ -413,7 +417,7 @@ async fn exchange(
                 return Err(UpstreamError::exchange(e));
             }
         };
-        return response(pool, conn, head, sender, write_failed);
+        return response(pool, conn, head, sender, write_failed, upgrade);
     }
 }
 
@@ -429,16 +433,18 @@ fn response(
     head: h1::ResponseHead,
     sender: Option<BodySender>,
     write_failed: bool,
+    upgrade: bool,
 ) -> Result<Response<PooledBody>, UpstreamError> {
     let status = head.status;
-    if status == StatusCode::SWITCHING_PROTOCOLS {
-        // Upgrades go through hyper's client: nothing after a 101 here
-        // could be read as HTTP.
+    let switching = status == StatusCode::SWITCHING_PROTOCOLS;
+    if switching && !upgrade {
+        // Nothing after it could be read as HTTP.
         return Err(UpstreamError::exchange(BadResponse(
             "a 101 to a request that did not ask to upgrade",
         )));
     }
     let state = match head.framing {
+        _ if switching => State::Done,
         ResponseFraming::None => State::Done,
         ResponseFraming::Length(n) => State::Length(n),
         ResponseFraming::Chunked => {
@@ -463,9 +469,19 @@ fn response(
             .map_err(|_| UpstreamError::exchange(BadResponse("malformed field value")))?;
         headers.append(name, value);
     }
-    let reusable = head.keep_alive && !write_failed;
+    let reusable = head.keep_alive && !write_failed && !switching;
+    let (conn, handover) = if switching {
+        // The connection is the upgrade's now, with what the backend sent
+        // after the 101 (see `super::upgrade`).
+        let Conn { io, mut buf, .. } = *conn;
+        let read_ahead = buf.split().freeze();
+        let up = BackendUpgraded { io, read_ahead };
+        (None, Some(BackendUpgrade(Arc::new(Mutex::new(Some(up))))))
+    } else {
+        (Some(conn), None)
+    };
     let mut body = PooledBody {
-        conn: Some(conn),
+        conn,
         pool,
         state,
         sending: sender.map(Box::new),
@@ -483,7 +499,28 @@ fn response(
         Version::HTTP_11
     };
     *resp.headers_mut() = headers;
+    if let Some(handover) = handover {
+        resp.extensions_mut().insert(handover);
+    }
     Ok(resp)
+}
+
+/// A backend's connection after its 101, and the bytes it sent after the
+/// response head.
+pub(super) struct BackendUpgraded {
+    pub io: Io,
+    pub read_ahead: Bytes,
+}
+
+/// A response extension of a 101: the backend's connection, for
+/// [`super::upgrade`] to take (an extension must be `Clone`).
+#[derive(Clone)]
+pub(super) struct BackendUpgrade(Arc<Mutex<Option<BackendUpgraded>>>);
+
+impl BackendUpgrade {
+    pub fn take(&self) -> Option<BackendUpgraded> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
 }
 
 /// Where a response body is.
