@@ -18,6 +18,9 @@ enum Reply {
     Keep(Vec<u8>),
     /// Write these bytes and close the connection.
     Close(Vec<u8>),
+    /// Write these bytes (a 101 and what follows it), then echo what comes
+    /// until the connection closes.
+    Switch(Vec<u8>),
 }
 
 /// A keep-alive HTTP/1.1 backend written as raw bytes: `answer` gets each
@@ -110,6 +113,17 @@ async fn serve(mut stream: TcpStream, answer: fn(&str, &[u8]) -> Reply) {
                 let _ = stream.write_all(&bytes).await;
                 return;
             }
+            Reply::Switch(bytes) => {
+                if stream.write_all(&bytes).await.is_err() {
+                    return;
+                }
+                if !buf.is_empty() && stream.write_all(&buf).await.is_err() {
+                    return;
+                }
+                let (mut r, mut w) = stream.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                return;
+            }
         }
     }
 }
@@ -180,6 +194,11 @@ fn answers(head: &str, body: &[u8]) -> Reply {
         // Answered as keep-alive, then closed anyway.
         "/closes-after" => Reply::Close(ok(b"ok")),
         "/big" => Reply::Keep(ok(&vec![b'x'; 4 << 20])),
+        // The backend's first frame comes in the same write as its 101.
+        "/ws" if head.contains("upgrade: websocket") => Reply::Switch(
+            b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\nhello-from-backend;"
+                .to_vec(),
+        ),
         _ => Reply::Keep(ok(body)),
     }
 }
@@ -334,4 +353,45 @@ async fn expect_100_continue_goes_through_and_the_backends_interim_answer_is_dro
     // The backend's own 100 is not passed on a second time.
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert_eq!(body, b"hello");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_hands_both_connections_over_with_the_bytes_after_the_101() {
+    let backend = Backend::start(answers).await;
+    let gw = gateway_to(&backend).await;
+    let mut s = TcpStream::connect(gw.addr()).await.unwrap();
+    s.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let want = b"hello-from-backend;ping";
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut sent = false;
+    while !got.ends_with(want) {
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
+        if !sent && got.windows(4).any(|w| w == b"\r\n\r\n") {
+            s.write_all(b"ping").await.unwrap();
+            sent = true;
+        }
+        let mut chunk = [0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(20), s.read(&mut chunk))
+            .await
+            .expect("bytes in time")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&chunk[..n]);
+    }
+    let (head, rest) = split(&got);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("upgrade: websocket"),
+        "{head}"
+    );
+    assert_eq!(rest, want);
 }
