@@ -845,4 +845,84 @@ mod tests {
             assert!(!valid_host(bad), "{}", String::from_utf8_lossy(bad));
         }
     }
+
+    fn response(bytes: &[u8]) -> Result<Option<ResponseHead>, BadResponse> {
+        parse_response(bytes, false)
+    }
+
+    #[test]
+    fn response_heads_say_where_their_body_ends() {
+        let framing = |b: &[u8]| response(b).unwrap().unwrap().framing;
+        assert_eq!(
+            framing(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"),
+            ResponseFraming::Length(5)
+        );
+        assert_eq!(
+            framing(b"HTTP/1.1 200 OK\r\ncontent-length: 5, 5\r\n\r\n"),
+            ResponseFraming::Length(5)
+        );
+        assert_eq!(
+            framing(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
+            ResponseFraming::Chunked
+        );
+        assert_eq!(
+            framing(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n"),
+            ResponseFraming::UntilClose
+        );
+        assert_eq!(
+            framing(b"HTTP/1.1 200 OK\r\n\r\n"),
+            ResponseFraming::UntilClose
+        );
+        assert_eq!(
+            framing(b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n"),
+            ResponseFraming::None
+        );
+        let head = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", true)
+            .unwrap()
+            .unwrap();
+        assert_eq!(head.framing, ResponseFraming::None);
+        assert!(head.keep_alive);
+        // Cut anywhere within the head: not complete yet.
+        let whole = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n";
+        for cut in 0..whole.len() {
+            assert!(response(&whole[..cut]).unwrap().is_none(), "{cut}");
+        }
+    }
+
+    #[test]
+    fn keep_alive_follows_the_version_and_connection() {
+        let keep = |b: &[u8]| response(b).unwrap().unwrap().keep_alive;
+        assert!(keep(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"));
+        assert!(!keep(
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        ));
+        assert!(!keep(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n"));
+        assert!(keep(
+            b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n"
+        ));
+        // A body that ends with the connection ends the connection.
+        assert!(!keep(b"HTTP/1.1 200 OK\r\n\r\n"));
+    }
+
+    #[test]
+    fn responses_that_could_be_framed_two_ways_are_refused() {
+        for bad in [
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0x5\r\n\r\n",
+            b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"HTTP/1.1 200 OK\nContent-Length: 5\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\n\n",
+            b"HTTP/1.1 2000 OK\r\n\r\n",
+        ] {
+            assert!(response(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        let mut huge = b"HTTP/1.1 200 OK\r\n".to_vec();
+        while huge.len() < MAX_RESPONSE_HEAD_BYTES {
+            huge.extend_from_slice(b"x-filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
+        }
+        assert!(response(&huge).is_err());
+    }
 }
