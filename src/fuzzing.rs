@@ -9,7 +9,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::proxy::ProxyLimits;
-use crate::proxy::h1::{self, ChunkedWalker, Framing, HeadLimits};
+use crate::proxy::h1::{self, ChunkedWalker, Framing, HeadLimits, ResponseFraming};
 use crate::resources::crd::{Crds, is_crd};
 use crate::resources::{Generations, Snapshot, parse_manifests_with};
 use crate::route::{Lookup, RouteTable, normalize_host};
@@ -439,5 +439,155 @@ pub fn h1_framing(data: &[u8]) {
                 String::from_utf8_lossy(data)
             ),
         }
+    }
+}
+
+/// What a parser made of a response, in [`h1_response`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SeenResponse {
+    /// A whole response: its status and decoded body length.
+    Response { status: u16, body: u64 },
+    /// The head was accepted and the body failed (malformed, cut short).
+    BodyFailed { status: u16 },
+    /// The head was refused.
+    Refused,
+    /// The bytes ended within the head.
+    Incomplete,
+}
+
+/// What sluice's own response parser ([`h1::parse_response`]) makes of
+/// `data`, the answer to a GET (or a HEAD when `head_request`), the
+/// connection closed after it.
+pub fn h1_response_ours(data: &[u8], head_request: bool) -> SeenResponse {
+    let mut at = 0;
+    let head = loop {
+        match h1::parse_response(&data[at..], head_request) {
+            Err(_) => return SeenResponse::Refused,
+            Ok(None) => return SeenResponse::Incomplete,
+            // The proxy refuses a 101 it did not ask for.
+            Ok(Some(h)) if h.status == http::StatusCode::SWITCHING_PROTOCOLS => {
+                return SeenResponse::Refused;
+            }
+            Ok(Some(h)) if h.status.is_informational() => at += h.len,
+            Ok(Some(h)) => break h,
+        }
+    };
+    at += head.len;
+    let rest = &data[at..];
+    let status = head.status.as_u16();
+    let body = match head.framing {
+        ResponseFraming::None => Some(0),
+        ResponseFraming::Length(n) => Some(n).filter(|n| *n <= rest.len() as u64),
+        ResponseFraming::UntilClose => Some(rest.len() as u64),
+        ResponseFraming::Chunked => {
+            let mut walker = ChunkedWalker::default();
+            match walker.walk(rest) {
+                Ok(_) if walker.is_done() => Some(walker.decoded),
+                _ => None,
+            }
+        }
+    };
+    match body {
+        Some(body) => SeenResponse::Response { status, body },
+        None => SeenResponse::BodyFailed { status },
+    }
+}
+
+/// What hyper's HTTP/1.1 client (as the proxy used it before its own)
+/// makes of the same bytes: the reference of [`h1_response`].
+pub fn h1_response_hyper(data: &[u8], head_request: bool) -> SeenResponse {
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    thread_local! {
+        static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a current-thread runtime");
+    }
+    RUNTIME.with(|rt| {
+        rt.block_on(async {
+            let (client, mut server) = tokio::io::duplex(1 << 20);
+            let Ok((mut send, conn)) = hyper::client::conn::http1::handshake::<
+                _,
+                http_body_util::Empty<bytes::Bytes>,
+            >(hyper_util::rt::TokioIo::new(client))
+            .await
+            else {
+                return SeenResponse::Refused;
+            };
+            let driver = tokio::spawn(conn);
+            let serve = async {
+                // The request first (so the answer is to it), then the bytes.
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match server.read(&mut byte).await {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let _ = server.write_all(data).await;
+                let _ = server.shutdown().await;
+                // Keep reading so the client's writes never block.
+                let mut sink = Vec::new();
+                let _ = server.read_to_end(&mut sink).await;
+            };
+            let method = if head_request {
+                http::Method::HEAD
+            } else {
+                http::Method::GET
+            };
+            let req = http::Request::builder()
+                .method(method)
+                .uri("/")
+                .header(http::header::HOST, "h")
+                .body(http_body_util::Empty::new())
+                .expect("a valid request");
+            let exchange = async {
+                let resp = match send.send_request(req).await {
+                    Ok(resp) => resp,
+                    Err(_) => return SeenResponse::Refused,
+                };
+                let status = resp.status().as_u16();
+                match resp.into_body().collect().await {
+                    Ok(body) => SeenResponse::Response {
+                        status,
+                        body: body.to_bytes().len() as u64,
+                    },
+                    Err(_) => SeenResponse::BodyFailed { status },
+                }
+            };
+            let (_, seen) = tokio::join!(serve, exchange);
+            driver.abort();
+            seen
+        })
+    })
+}
+
+/// Differential fuzz target: the same bytes as the answer to a GET and to
+/// a HEAD, to sluice's response parser and to hyper's client. Fails when
+/// sluice accepts a response hyper refuses, or when both accept and
+/// disagree on its status or where (and with how many bytes) its body
+/// ends. (hyper refusing a head that sluice refuses too, or sluice being
+/// the stricter, is fine.)
+pub fn h1_response(data: &[u8]) {
+    for head_request in [false, true] {
+        let ours = h1_response_ours(data, head_request);
+        let theirs = h1_response_hyper(data, head_request);
+        let agree = match (&ours, &theirs) {
+            (SeenResponse::Refused, _) => true,
+            // The bytes ended within the head: hyper says so as an error.
+            (SeenResponse::Incomplete, SeenResponse::Refused | SeenResponse::Incomplete) => true,
+            (SeenResponse::BodyFailed { status: a }, SeenResponse::BodyFailed { status: b }) => {
+                a == b
+            }
+            (a, b) => a == b,
+        };
+        assert!(
+            agree,
+            "response framing disagrees (HEAD: {head_request}):\n  sluice: {ours:?}\n  hyper:  {theirs:?}\n  input:  {:?}",
+            String::from_utf8_lossy(data)
+        );
     }
 }

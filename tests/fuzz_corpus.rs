@@ -92,3 +92,66 @@ fn http1_seeds_frame_alike_in_sluice_and_hyper() {
         assert_eq!(h1_requests(&data), [Seen::Refused], "{name}");
     }
 }
+
+#[test]
+fn http1_response_seeds_frame_alike_in_sluice_and_hyper() {
+    use sluice::fuzzing::{SeenResponse, h1_response, h1_response_hyper, h1_response_ours};
+    let inputs = files("fuzz/seeds/h1_response");
+    assert!(inputs.len() >= 10, "seed corpus went missing");
+    for input in &inputs {
+        let data = std::fs::read(input).unwrap();
+        // Every prefix: heads and bodies cut anywhere.
+        for cut in 0..=data.len() {
+            h1_response(&data[..cut]);
+        }
+    }
+    let seed = |name: &str| {
+        std::fs::read(format!(
+            "{}/fuzz/seeds/h1_response/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    };
+    // The well-formed seeds are read whole, and alike, by both (the
+    // differential alone would pass a parser that refused everything).
+    for (name, status, body) in [
+        ("length.txt", 200, 5),
+        ("chunked.txt", 200, 5),
+        ("until-close.txt", 200, 13),
+        ("interim.txt", 201, 2),
+        ("no-body.txt", 304, 0),
+        ("http10.txt", 200, 3),
+        ("te-gzip.txt", 200, 8),
+        ("no-content.txt", 204, 0),
+    ] {
+        let data = seed(name);
+        let want = SeenResponse::Response { status, body };
+        assert_eq!(h1_response_ours(&data, false), want, "{name}");
+        assert_eq!(h1_response_hyper(&data, false), want, "{name}");
+    }
+    // A HEAD's answer has no body, whatever its length says.
+    assert_eq!(
+        h1_response_ours(&seed("length.txt"), true),
+        SeenResponse::Response {
+            status: 200,
+            body: 0
+        }
+    );
+    // What could be framed two ways is refused (the client gets 502).
+    for name in [
+        "cl-and-te.txt",
+        "cl-differ.txt",
+        "bad-chunk.txt",
+        "bare-lf.txt",
+        "switching.txt",
+    ] {
+        let ours = h1_response_ours(&seed(name), false);
+        assert!(
+            matches!(
+                ours,
+                SeenResponse::Refused | SeenResponse::BodyFailed { .. }
+            ),
+            "{name}: {ours:?}"
+        );
+    }
+}

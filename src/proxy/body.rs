@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio::time::Sleep;
 
 use super::error::ProxyError;
-use super::pool::PooledBody;
+use super::h1_client::PooledBody;
 
 /// The error type of bodies sent upstream.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -279,14 +279,14 @@ impl ResponseBody {
 
 impl Body for ResponseBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
-            ResponseBody::Upstream(b) => Pin::new(b).poll_frame(cx),
+            ResponseBody::Upstream(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
             ResponseBody::Pooled(b) => Pin::new(b).poll_frame(cx),
             ResponseBody::Full(b) => Poll::Ready(b.take().map(|d| Ok(Frame::data(d)))),
         }

@@ -24,7 +24,7 @@
 
 use std::ops::Range;
 
-use http::{Method, Uri};
+use http::{Method, StatusCode, Uri};
 
 use super::error::ProxyError;
 
@@ -245,6 +245,152 @@ fn parse_length(value: &[u8]) -> Result<u64, ProxyError> {
     Ok(value.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
 }
 
+/// Where a response body ends (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseFraming {
+    /// No body: the answer to HEAD, 1xx, 204, 304, `Content-Length: 0`.
+    None,
+    /// `Content-Length` bytes.
+    Length(u64),
+    /// Chunked.
+    Chunked,
+    /// Until the connection closes (no length given).
+    UntilClose,
+}
+
+/// A parsed response head. Ranges index the buffer it was parsed from.
+#[derive(Debug, Clone)]
+pub struct ResponseHead {
+    /// Length of the head, its final CRLF included.
+    pub len: usize,
+    pub status: StatusCode,
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub minor: u8,
+    /// Each header field: name and value.
+    pub fields: Vec<(Range<usize>, Range<usize>)>,
+    pub framing: ResponseFraming,
+    /// The connection may carry another request after this response.
+    pub keep_alive: bool,
+}
+
+/// Most bytes of a response head (hyper's client read up to ~400 KiB;
+/// nginx's `proxy_buffer_size` is 4-8 KiB).
+pub const MAX_RESPONSE_HEAD_BYTES: usize = 64 * 1024;
+/// Most fields of a response head (as hyper's client allowed).
+pub const MAX_RESPONSE_FIELDS: usize = 100;
+
+/// Why a backend's response head was refused (the client gets 502).
+#[derive(Debug, thiserror::Error)]
+#[error("invalid response head from the backend: {0}")]
+pub struct BadResponse(pub &'static str);
+
+/// Parse the response head at the start of `buf`, the answer to a request
+/// whose method was HEAD when `head_request`. `Ok(None)`: not complete
+/// yet.
+///
+/// What the proxy could forward ambiguously (response smuggling) is
+/// refused: line ends other than CRLF, Content-Length together with
+/// Transfer-Encoding, differing or malformed Content-Lengths,
+/// Transfer-Encoding on HTTP/1.0. A Transfer-Encoding whose last coding
+/// is not chunked means the body ends with the connection (RFC 9112
+/// §6.3).
+pub fn parse_response(buf: &[u8], head_request: bool) -> Result<Option<ResponseHead>, BadResponse> {
+    let mut on_stack =
+        [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_RESPONSE_FIELDS];
+    let mut resp = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut resp,
+        buf,
+        &mut on_stack,
+    ) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_RESPONSE_HEAD_BYTES => {
+            return Err(BadResponse("head too large"));
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(BadResponse("too many fields")),
+        Err(_) => return Err(BadResponse("malformed head")),
+    };
+    if len > MAX_RESPONSE_HEAD_BYTES {
+        return Err(BadResponse("head too large"));
+    }
+    let head = &buf[..len];
+    if head
+        .iter()
+        .enumerate()
+        .any(|(i, b)| *b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
+    {
+        return Err(BadResponse("bare LF"));
+    }
+    let minor = resp.version.unwrap_or(1);
+    let status = resp
+        .code
+        .and_then(|c| StatusCode::from_u16(c).ok())
+        .ok_or(BadResponse("malformed status"))?;
+    let offset = |s: &[u8]| s.as_ptr() as usize - buf.as_ptr() as usize;
+    let mut fields = Vec::with_capacity(resp.headers.len());
+    let mut length: Option<u64> = None;
+    let mut te_chunked: Option<bool> = None;
+    let mut close = false;
+    let mut keep_alive = false;
+    for h in resp.headers.iter() {
+        let name = h.name.as_bytes();
+        let value = h.value;
+        let start = offset(name);
+        let vstart = offset(value);
+        fields.push((start..start + name.len(), vstart..vstart + value.len()));
+        if name.eq_ignore_ascii_case(b"content-length") {
+            // `n` or `n, n, ...` (all alike), as often as it comes.
+            for part in value.split(|b| *b == b',') {
+                let n = parse_length(part.trim_ascii())
+                    .map_err(|_| BadResponse("malformed Content-Length"))?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(BadResponse("differing Content-Lengths"));
+                }
+                length = Some(n);
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            // The last coding of the last field decides.
+            let last = value.rsplit(|b| *b == b',').next().unwrap_or(b"");
+            te_chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            close |= has_token(value, b"close");
+            keep_alive |= has_token(value, b"keep-alive");
+        }
+    }
+    let bodiless = head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let framing = match (te_chunked, length) {
+        (Some(_), Some(_)) => {
+            return Err(BadResponse("both Content-Length and Transfer-Encoding"));
+        }
+        (Some(_), None) if minor == 0 => {
+            return Err(BadResponse("Transfer-Encoding on HTTP/1.0"));
+        }
+        _ if bodiless => ResponseFraming::None,
+        (Some(true), None) => ResponseFraming::Chunked,
+        (Some(false), None) => ResponseFraming::UntilClose,
+        (None, Some(0)) => ResponseFraming::None,
+        (None, Some(n)) => ResponseFraming::Length(n),
+        (None, None) => ResponseFraming::UntilClose,
+    };
+    let keep_alive = if minor == 1 {
+        !close
+    } else {
+        keep_alive && !close
+    };
+    Ok(Some(ResponseHead {
+        len,
+        status,
+        minor,
+        fields,
+        framing,
+        keep_alive: keep_alive && framing != ResponseFraming::UntilClose,
+    }))
+}
+
 /// Most hex digits in a chunk size (a `u64`).
 const MAX_CHUNK_SIZE_DIGITS: u8 = 16;
 /// Most bytes of chunk extensions over a whole body.
@@ -287,7 +433,7 @@ enum Chunk {
 
 /// Walks a chunked body as its bytes go by, without changing them: says
 /// where the body ends and refuses malformed chunking.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChunkedWalker {
     state: Chunk,
     extension_bytes: u64,
@@ -698,5 +844,85 @@ mod tests {
         ] {
             assert!(!valid_host(bad), "{}", String::from_utf8_lossy(bad));
         }
+    }
+
+    fn response(bytes: &[u8]) -> Result<Option<ResponseHead>, BadResponse> {
+        parse_response(bytes, false)
+    }
+
+    #[test]
+    fn response_heads_say_where_their_body_ends() {
+        let framing = |b: &[u8]| response(b).unwrap().unwrap().framing;
+        assert_eq!(
+            framing(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"),
+            ResponseFraming::Length(5)
+        );
+        assert_eq!(
+            framing(b"HTTP/1.1 200 OK\r\ncontent-length: 5, 5\r\n\r\n"),
+            ResponseFraming::Length(5)
+        );
+        assert_eq!(
+            framing(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
+            ResponseFraming::Chunked
+        );
+        assert_eq!(
+            framing(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n"),
+            ResponseFraming::UntilClose
+        );
+        assert_eq!(
+            framing(b"HTTP/1.1 200 OK\r\n\r\n"),
+            ResponseFraming::UntilClose
+        );
+        assert_eq!(
+            framing(b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n"),
+            ResponseFraming::None
+        );
+        let head = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", true)
+            .unwrap()
+            .unwrap();
+        assert_eq!(head.framing, ResponseFraming::None);
+        assert!(head.keep_alive);
+        // Cut anywhere within the head: not complete yet.
+        let whole = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n";
+        for cut in 0..whole.len() {
+            assert!(response(&whole[..cut]).unwrap().is_none(), "{cut}");
+        }
+    }
+
+    #[test]
+    fn keep_alive_follows_the_version_and_connection() {
+        let keep = |b: &[u8]| response(b).unwrap().unwrap().keep_alive;
+        assert!(keep(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"));
+        assert!(!keep(
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        ));
+        assert!(!keep(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n"));
+        assert!(keep(
+            b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n"
+        ));
+        // A body that ends with the connection ends the connection.
+        assert!(!keep(b"HTTP/1.1 200 OK\r\n\r\n"));
+    }
+
+    #[test]
+    fn responses_that_could_be_framed_two_ways_are_refused() {
+        for bad in [
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0x5\r\n\r\n",
+            b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"HTTP/1.1 200 OK\nContent-Length: 5\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\n\n",
+            b"HTTP/1.1 2000 OK\r\n\r\n",
+        ] {
+            assert!(response(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        let mut huge = b"HTTP/1.1 200 OK\r\n".to_vec();
+        while huge.len() < MAX_RESPONSE_HEAD_BYTES {
+            huge.extend_from_slice(b"x-filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
+        }
+        assert!(response(&huge).is_err());
     }
 }

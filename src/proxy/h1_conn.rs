@@ -209,9 +209,16 @@ impl Exchange<'_> {
         let close = !keep_alive
             || *self.draining.borrow()
             || resp.headers().get(CONNECTION).is_some_and(|v| v == "close");
-        let (parts, body) = resp.into_parts();
-        let framing = encode_head(&mut conn.out, &parts, &body, is_head, minor, close);
+        let (parts, mut body) = resp.into_parts();
+        let mut framing = encode_head(&mut conn.out, &parts, &body, is_head, minor, close);
         drop(parts);
+        // A backend's chunked body goes on as the backend chunked it.
+        if framing == OutFraming::Chunked
+            && let ResponseBody::Pooled(b) = &mut body
+            && b.pass_chunks_through()
+        {
+            framing = OutFraming::ChunkedAsIs;
+        }
         if conn.write_body(io, body, framing, &mut pump).await.is_err() {
             return Next::Gone;
         }
@@ -467,6 +474,9 @@ enum OutFraming {
     Length,
     /// Chunked (the length is not known in advance).
     Chunked,
+    /// Chunked by the backend: its chunks are written as they came
+    /// ([`PooledBody::pass_chunks_through`](super::h1_client::PooledBody::pass_chunks_through)).
+    ChunkedAsIs,
     /// Until the connection closes (an HTTP/1.0 client, length unknown).
     UntilClose,
 }

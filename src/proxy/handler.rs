@@ -462,7 +462,7 @@ impl<'t> Forwarding<'_, 't> {
         if h2 && te_trailers {
             grpc::restore_te(&mut parts.headers);
         }
-        let upstream = self.upstream(endpoints, h2, upgrade.is_some());
+        let upstream = self.upstream(endpoints, h2);
         let per_try = self.rule.timeouts.backend_request;
         // A request with a body can be sent again when it fits the replay
         // buffer; a larger one is streamed once.
@@ -544,23 +544,17 @@ impl<'t> Forwarding<'_, 't> {
     }
 
     /// The client for `endpoints`: HTTP/2 per endpoint (cleartext or TLS)
-    /// for h2c and GRPCRoute backends, TLS per their BackendTLSPolicy,
-    /// hyper-util's for upgrades, sluice's HTTP/1.1 pool for the rest.
-    fn upstream(&self, endpoints: &EndpointSet, h2: bool, upgrade: bool) -> Upstream {
+    /// for h2c and GRPCRoute backends, sluice's own HTTP/1.1 client and
+    /// pool for the rest (upgrades included), cleartext or TLS per their
+    /// BackendTLSPolicy.
+    fn upstream(&self, endpoints: &EndpointSet, h2: bool) -> Upstream {
         let shared = self.shared;
         match &endpoints.tls {
             _ if h2 => Upstream::Client(Box::new(ClientUpstream::H2(
                 shared.h2.clone(),
                 endpoints.tls.clone(),
             ))),
-            Some(tls) => Upstream::Client(Box::new(ClientUpstream::Tls(
-                shared.backend_tls.client(tls),
-                tls.clone(),
-            ))),
-            None if upgrade => {
-                Upstream::Client(Box::new(ClientUpstream::Plain(shared.client.clone())))
-            }
-            None => Upstream::Pool(shared.pool.clone()),
+            tls => Upstream::Pool(shared.pool.clone(), tls.clone()),
         }
     }
 
@@ -606,7 +600,7 @@ impl<'t> Forwarding<'_, 't> {
                 Version::HTTP_11
             };
             *copy.headers_mut() = parts.headers.clone();
-            let upstream = self.upstream(set, h2, false);
+            let upstream = self.upstream(set, h2);
             tokio::spawn(async move {
                 let sent = async {
                     let resp = upstream.send(endpoint, copy).await.ok()?;
@@ -679,7 +673,7 @@ mod tests {
     /// Every request's future is moved whole (into hyper's dispatcher, into
     /// each parent future when first awaited): it was 5.6 KB, with memcpy
     /// ~14% of sluice's instructions per request. Rarely taken paths
-    /// (retries, hyper-util's clients, new connections) are boxed.
+    /// (retries, hyper's HTTP/2 client) and the HTTP/1.1 exchange are boxed.
     #[test]
     fn the_request_future_stays_small() {
         let handle_future = || {

@@ -26,7 +26,6 @@
 //! Not supported yet: timeouts cover the time to the response headers, not
 //! the streaming of the body after them.
 
-mod backend_tls;
 mod body;
 mod conn;
 mod cors;
@@ -35,6 +34,7 @@ mod filters;
 mod forwarded;
 mod grpc;
 pub mod h1;
+mod h1_client;
 mod h1_conn;
 mod h2;
 mod handler;
@@ -63,8 +63,6 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use hyper::service::service_fn;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -75,7 +73,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::metrics::Metrics;
 use crate::route::{EndpointReport, Outliers, RouteTable};
-use body::{RequestBody, UpstreamBody};
+use body::RequestBody;
 use conn::{ClientSlot, FloodLimits, InFlight, PerClient, TrackedBody, Watched};
 
 /// What holds a client connection's places under the connection limits:
@@ -108,16 +106,12 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 pub(crate) struct Shared {
     table: ArcSwap<RouteTable>,
     metrics: Arc<Metrics>,
-    /// HTTP/1.1 to cleartext endpoints, pooled per endpoint address;
-    /// outlives tables.
+    /// HTTP/1.1 to endpoints (cleartext, and TLS per BackendTLSPolicy),
+    /// pooled per endpoint address and TLS setting; outlives tables.
     pool: Arc<pool::Pool>,
-    /// HTTP/1.1 through hyper-util's pooled client, for upgrades.
-    client: Client<HttpConnector, UpstreamBody>,
     /// HTTP/2 (`appProtocol: kubernetes.io/h2c`, GRPCRoute backends), one
     /// client per endpoint; outlives tables.
     h2: Arc<h2::H2Clients>,
-    /// TLS to backends with a BackendTLSPolicy, pooled per TLS setting.
-    backend_tls: backend_tls::BackendTlsClients,
     /// How client connections are served: HTTP/1.1 with keep-alive, or
     /// HTTP/2 with prior knowledge (h2c), detected per connection.
     server: auto::Builder<TokioExecutor>,
@@ -153,12 +147,6 @@ impl Proxy {
         limits.max_connections_per_listener = limits
             .max_connections_per_listener
             .min(Semaphore::MAX_PERMITS);
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(connector);
         let mut server = auto::Builder::new(TokioExecutor::new());
         // hyper's read buffer bounds the request head: a head that does not
         // fit gets 431. (It also caps how much of a body is read ahead.)
@@ -187,9 +175,7 @@ impl Proxy {
                 table: ArcSwap::from_pointee(RouteTable::default()),
                 metrics: metrics.clone(),
                 pool: pool::Pool::new(POOL_IDLE_TIMEOUT),
-                client,
                 h2: Default::default(),
-                backend_tls: Default::default(),
                 listeners: Mutex::new(BTreeMap::new()),
                 connections: Arc::new(Semaphore::new(limits.max_connections)),
                 per_client: Arc::default(),

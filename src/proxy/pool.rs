@@ -1,53 +1,49 @@
-//! Keep-alive HTTP/1.1 connections to cleartext endpoints, pooled per
-//! endpoint address.
+//! Keep-alive HTTP/1.1 connections to endpoints, cleartext or TLS, pooled
+//! per endpoint address (and TLS setting).
 //!
-//! hyper-util's pooled client checks a connection out under a lock keyed by
-//! scheme and authority, boxes the response future, rewrites the URI, and
-//! once the response is done spawns a task per request to put the
-//! connection back. Here a connection is hyper's `client::conn::http1`
-//! pair: its connection future runs in a task of its own (spawned once per
-//! connection), and the request sender is kept in the endpoint's idle
-//! stack, most recently used first. The response body ([`PooledBody`])
-//! holds the sender and puts it back when the body has ended and the
-//! connection is ready for another request; nothing is spawned or boxed
-//! per request.
+//! A connection is just the socket and its read buffer ([`Conn`]): no task
+//! drives it. The request's own task writes the request and reads the
+//! response on it ([`super::h1_client`]); the response body owns it while
+//! it streams and puts it back here when the body has ended and the
+//! connection may carry another request. Idle connections are kept most
+//! recently used first, at most [`MAX_IDLE_PER_ENDPOINT`] per endpoint,
+//! each for at most the idle timeout.
 //!
-//! (Polling the connection future in the request's own task instead was
-//! measured too: fewer instructions, but more CPU in total, because the
-//! proxy's writes to the backend and the client then come one at a time
-//! instead of batched per scheduler turn, and wake the other side more
-//! often. See docs/performance.md.)
+//! Nobody reads an idle connection, so a close from the endpoint is seen
+//! when the connection is taken out: a connection whose socket has become
+//! readable while idle (the endpoint closed it, or sent bytes nobody asked
+//! for) is dropped then. A close that arrives in the moment between that
+//! check and the request is caught by the exchange, which sends a request
+//! it can send again on a new connection. A sweeper task drops expired and
+//! closed idle connections of endpoints no request visits any more.
 //!
-//! The connection task notices a close the endpoint sends while the
-//! connection is idle, so a closed connection is not taken out again; a
-//! request that a reused connection turned out unable to carry before any
-//! of it was written is sent again on another connection, as hyper-util's
-//! client does. At most [`MAX_IDLE_PER_ENDPOINT`] connections are kept idle
-//! per endpoint, each for at most the idle timeout; a sweeper task drops
-//! the expired and closed ones of endpoints no request visits any more.
-//!
-//! Upgrades (WebSocket), h2c and TLS backends are not served from here.
+//! TLS to backends is what a BackendTLSPolicy asks: an endpoint whose
+//! [`EndpointSet`](crate::route::EndpointSet) carries a [`BackendTls`] is
+//! reached over TLS, `validation.hostname` sent as SNI, the backend's
+//! certificate verified against the policy's CAs, the Gateway's client
+//! certificate presented when it has one; no ALPN is offered (HTTP/1.1).
+//! Its connections are pooled apart, per setting ([`BackendTls::key`]). A
+//! handshake that fails (an untrusted or misnamed certificate, an invalid
+//! policy) fails the request as a refused connection does: 502, and a
+//! connect failure to the rule's retry policy.
 
 use std::collections::HashMap;
+use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use futures_util::future::{self, Either, FutureExt};
-use http::header::HOST;
-use http::{HeaderValue, Request, Response};
-use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
-use hyper::client::conn::http1::{Builder, SendRequest};
-use hyper_util::rt::TokioIo;
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
 
-use super::body::UpstreamBody;
 use super::error::UpstreamError;
+use crate::route::BackendTls;
 
 /// Idle connections kept per endpoint; more are closed when they become
 /// idle. It covers the concurrency the proxy itself allows a few clients
@@ -61,20 +57,98 @@ pub const MAX_IDLE_PER_ENDPOINT: usize = 1024;
 /// How often the sweeper looks for expired or closed idle connections.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(15);
 
-/// What sends requests on one connection (its connection future runs in
-/// its own task).
-type Conn = SendRequest<UpstreamBody>;
+/// How long a TLS handshake with a backend may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Which connections may carry a request: the endpoint, and the TLS
+/// settings (a BackendTLSPolicy's [`BackendTls::key`]) or none.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Key {
+    pub endpoint: SocketAddr,
+    pub tls: Option<Arc<str>>,
+}
+
+/// A connection's transport.
+pub(crate) enum Io {
+    Tcp(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// One connection to an endpoint.
+pub(crate) struct Conn {
+    pub io: Io,
+    /// Bytes read and not used yet.
+    pub buf: BytesMut,
+    pub key: Key,
+    /// It carried a request before this one (so it may have been closed
+    /// by the endpoint while idle).
+    pub reused: bool,
+}
+
+impl Conn {
+    /// Whether the endpoint closed the idle connection (or sent something
+    /// unasked): the socket is readable. Never waits; reads only when the
+    /// runtime saw the socket become readable.
+    fn closed_while_idle(&mut self) -> bool {
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut byte = [0u8; 1];
+        let mut buf = ReadBuf::new(&mut byte);
+        !matches!(
+            Pin::new(&mut self.io).poll_read(&mut cx, &mut buf),
+            Poll::Pending
+        )
+    }
+}
 
 struct Idle {
-    conn: Conn,
+    conn: Box<Conn>,
     since: Instant,
 }
 
-/// The pool: idle connections by endpoint. Outlives route tables.
+/// The pool: idle connections by [`Key`]. Outlives route tables.
 pub(crate) struct Pool {
-    idle: Mutex<HashMap<SocketAddr, Vec<Idle>>>,
+    idle: Mutex<HashMap<Key, Vec<Idle>>>,
     idle_timeout: Duration,
-    builder: Builder,
     sweeper: AtomicBool,
 }
 
@@ -83,173 +157,94 @@ impl Pool {
         Arc::new(Pool {
             idle: Mutex::new(HashMap::new()),
             idle_timeout,
-            builder: Builder::new(),
             sweeper: AtomicBool::new(false),
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<SocketAddr, Vec<Idle>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Vec<Idle>>> {
         // Each change under the lock is one push, pop or retain: a panic
         // cannot leave the map inconsistent, so poisoning is ignored.
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Send `req` (origin-form URI, HTTP/1.1) to `endpoint` on an idle
-    /// connection or a new one. The response body keeps the connection
-    /// and returns it to the pool when it has been read to its end.
-    ///
-    /// The request is handed to an idle connection before the returned
-    /// future is first polled, so the future holds the answer's receiver
-    /// and not the request as well: futures are moved whole, and this one
-    /// is part of every request's.
-    pub fn send(
-        self: &Arc<Self>,
-        endpoint: SocketAddr,
-        mut req: Request<UpstreamBody>,
-    ) -> impl Future<Output = Result<Response<PooledBody>, UpstreamError>> + Send + 'static {
-        if !req.headers().contains_key(HOST) {
-            // hyper-util's client did this; requests from HTTP/2 clients
-            // without an authority would otherwise have no Host at all.
-            if let Ok(v) = HeaderValue::from_str(&endpoint.to_string()) {
-                req.headers_mut().insert(HOST, v);
-            }
-        }
-        // Combinators rather than an `async` block: one would keep the
-        // request (or the sent request's future) twice.
-        match self.checkout(endpoint) {
-            Some(mut conn) => {
-                let pool = self.clone();
-                Either::Left(conn.try_send_request(req).then(move |answer| match answer {
-                    Ok(resp) => {
-                        Either::Left(future::ready(Ok(pool.response(endpoint, resp, conn))))
-                    }
-                    Err(mut e) => Either::Right(match e.take_message() {
-                        // Not a byte of it was written: the idle connection
-                        // had closed meanwhile. Another connection gets it.
-                        Some(unsent) => {
-                            Box::pin(async move { pool.send_again(endpoint, unsent).await })
-                                as Pin<Box<dyn Future<Output = _> + Send>>
-                        }
-                        None => {
-                            Box::pin(future::ready(Err(UpstreamError::exchange(e.into_error()))))
-                        }
-                    }),
-                }))
-            }
-            // Boxed: the future of the common case (an idle connection)
-            // stays small.
-            None => {
-                let pool = self.clone();
-                Either::Right(Box::pin(
-                    async move { pool.send_on_new(endpoint, req).await },
-                ))
-            }
-        }
-    }
-
-    /// [`Pool::send`] after an idle connection turned out closed: the
-    /// next idle ones, then a new one.
-    async fn send_again(
-        self: &Arc<Self>,
-        endpoint: SocketAddr,
-        mut req: Request<UpstreamBody>,
-    ) -> Result<Response<PooledBody>, UpstreamError> {
-        loop {
-            let Some(mut conn) = self.checkout(endpoint) else {
-                return self.send_on_new(endpoint, req).await;
-            };
-            match conn.try_send_request(req).await {
-                Ok(resp) => return Ok(self.response(endpoint, resp, conn)),
-                Err(mut e) => match e.take_message() {
-                    Some(unsent) => req = unsent,
-                    None => return Err(UpstreamError::exchange(e.into_error())),
-                },
-            }
-        }
-    }
-
-    async fn send_on_new(
-        self: &Arc<Self>,
-        endpoint: SocketAddr,
-        req: Request<UpstreamBody>,
-    ) -> Result<Response<PooledBody>, UpstreamError> {
-        let mut conn = self.connect(endpoint).await?;
-        match conn.try_send_request(req).await {
-            Ok(resp) => Ok(self.response(endpoint, resp, conn)),
-            Err(e) => Err(UpstreamError::exchange(e.into_error())),
-        }
-    }
-
-    fn response(
-        self: &Arc<Self>,
-        endpoint: SocketAddr,
-        resp: Response<Incoming>,
-        conn: Conn,
-    ) -> Response<PooledBody> {
-        let (parts, body) = resp.into_parts();
-        let body = PooledBody {
-            body,
-            conn: Some(conn),
-            pool: self.clone(),
-            endpoint,
-        };
-        Response::from_parts(parts, body)
-    }
-
-    /// The most recently used idle connection to `endpoint` that is still
-    /// open and ready.
-    fn checkout(&self, endpoint: SocketAddr) -> Option<Conn> {
+    /// The most recently used idle connection for `key` that is still
+    /// open.
+    pub fn checkout(&self, key: &Key) -> Option<Box<Conn>> {
         let mut pool = self.lock();
-        let stack = pool.get_mut(&endpoint)?;
-        while let Some(idle) = stack.pop() {
+        let stack = pool.get_mut(key)?;
+        while let Some(mut idle) = stack.pop() {
             if idle.since.elapsed() >= self.idle_timeout {
                 // The rest of the stack is older still.
                 stack.clear();
                 break;
             }
-            if idle.conn.is_ready() {
+            if !idle.conn.closed_while_idle() {
+                idle.conn.reused = true;
                 return Some(idle.conn);
             }
         }
-        pool.remove(&endpoint);
+        pool.remove(key);
         None
     }
 
-    async fn connect(&self, endpoint: SocketAddr) -> Result<Conn, UpstreamError> {
+    /// A new connection for `key`: TCP, then TLS as `tls` says.
+    pub async fn connect(key: &Key, tls: Option<&BackendTls>) -> Result<Box<Conn>, UpstreamError> {
+        let endpoint = key.endpoint;
         let tcp = TcpStream::connect(endpoint)
             .await
             .map_err(|e| UpstreamError::connect(endpoint, e))?;
         tcp.set_nodelay(true)
             .map_err(|e| UpstreamError::connect(endpoint, e))?;
-        let (conn, driver) = self
-            .builder
-            .handshake(TokioIo::new(tcp))
-            .await
-            .map_err(|e| UpstreamError::connect(endpoint, e))?;
-        tokio::spawn(async move {
-            if let Err(e) = driver.await {
-                tracing::debug!(%endpoint, error = %e, "upstream connection failed");
+        let io = match tls {
+            None => Io::Tcp(tcp),
+            Some(tls) => {
+                let config = tls.config.clone().map_err(|why| {
+                    UpstreamError::connect(
+                        endpoint,
+                        io::Error::other(format!(
+                            "BackendTLSPolicy {} is invalid: {why}",
+                            tls.policy
+                        )),
+                    )
+                })?;
+                let handshake = TlsConnector::from(config).connect(tls.server_name.clone(), tcp);
+                let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
+                    .await
+                    .map_err(|_| {
+                        io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
+                    })
+                    .and_then(|r| r)
+                    .map_err(|e| {
+                        tracing::debug!(policy = %tls.policy, error = %e, "TLS backend unreachable");
+                        UpstreamError::connect(endpoint, e)
+                    })?;
+                Io::Tls(Box::new(stream))
             }
-        });
-        Ok(conn)
+        };
+        Ok(Box::new(Conn {
+            io,
+            buf: BytesMut::new(),
+            key: key.clone(),
+            reused: false,
+        }))
     }
 
-    /// Put `conn` back if it can take another request; close it otherwise.
-    fn checkin(self: &Arc<Self>, endpoint: SocketAddr, conn: Conn) {
-        if !conn.is_ready() {
+    /// Keep `conn` for another request (its exchange ended cleanly).
+    pub fn checkin(self: &Arc<Self>, conn: Box<Conn>) {
+        if !conn.buf.is_empty() {
+            // Bytes beyond the response: nothing on it can be trusted.
             return;
         }
-        let idle = Idle {
-            conn,
-            since: Instant::now(),
-        };
         {
             let mut pool = self.lock();
-            let stack = pool.entry(endpoint).or_default();
+            let stack = pool.entry(conn.key.clone()).or_default();
             if stack.len() >= MAX_IDLE_PER_ENDPOINT {
                 return;
             }
-            stack.push(idle);
+            stack.push(Idle {
+                conn,
+                since: Instant::now(),
+            });
         }
         if !self.sweeper.load(Ordering::Relaxed) {
             self.start_sweeper();
@@ -272,17 +267,17 @@ impl Pool {
     fn sweep(&self) {
         let now = Instant::now();
         self.lock().retain(|_, stack| {
-            stack.retain(|idle| {
-                now.duration_since(idle.since) < self.idle_timeout && !idle.conn.is_closed()
+            stack.retain_mut(|idle| {
+                now.duration_since(idle.since) < self.idle_timeout && !idle.conn.closed_while_idle()
             });
             !stack.is_empty()
         });
     }
 
-    /// Idle connections to `endpoint` now (for tests).
+    /// Idle connections for `key` now (for tests).
     #[cfg(test)]
-    fn idle_count(&self, endpoint: SocketAddr) -> usize {
-        self.lock().get(&endpoint).map_or(0, Vec::len)
+    pub fn idle_count(&self, key: &Key) -> usize {
+        self.lock().get(key).map_or(0, Vec::len)
     }
 }
 
@@ -298,75 +293,15 @@ async fn sweep(pool: Weak<Pool>) {
         pool.sweep();
     }
 }
-
-/// A response body from a pooled connection; once it has ended the
-/// connection goes back to the pool. Dropped before its end, it closes the
-/// connection.
-pub struct PooledBody {
-    body: Incoming,
-    conn: Option<Conn>,
-    pool: Arc<Pool>,
-    endpoint: SocketAddr,
-}
-
-impl std::fmt::Debug for PooledBody {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PooledBody")
-            .field("endpoint", &self.endpoint)
-            .field("pooled", &self.conn.is_some())
-            .finish()
-    }
-}
-
-impl PooledBody {
-    fn release(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            self.pool.checkin(self.endpoint, conn);
-        }
-    }
-}
-
-impl Body for PooledBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.get_mut();
-        let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
-        match &frame {
-            Some(Ok(_)) if this.body.is_end_stream() => this.release(),
-            Some(Ok(_)) => {}
-            None => this.release(),
-            Some(Err(_)) => this.conn = None,
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
-
-impl Drop for PooledBody {
-    fn drop(&mut self) {
-        // A body with nothing in it (HEAD, 204, 304, `Content-Length: 0`)
-        // may never be polled: its connection is reusable all the same.
-        if self.body.is_end_stream() {
-            self.release();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::body::UpstreamBody;
+    use crate::proxy::h1_client::{self, PooledBody};
+    use bytes::Bytes;
+    use http::header::HOST;
+    use http::{HeaderValue, Request, Response};
+    use http_body::Body;
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
@@ -412,6 +347,13 @@ mod tests {
         (addr, accepted)
     }
 
+    fn key(endpoint: SocketAddr) -> Key {
+        Key {
+            endpoint,
+            tls: None,
+        }
+    }
+
     fn get() -> Request<UpstreamBody> {
         let mut req = Request::new(UpstreamBody::Empty);
         *req.uri_mut() = "/x".parse().expect("uri");
@@ -429,9 +371,11 @@ mod tests {
         let (addr, accepted) = backend(usize::MAX).await;
         let pool = Pool::new(Duration::from_secs(90));
         for _ in 0..5 {
-            let resp = pool.send(addr, get()).await.expect("answered");
+            let resp = h1_client::send(&pool, addr, None, get())
+                .await
+                .expect("answered");
             assert_eq!(read(resp).await, "ok");
-            assert_eq!(pool.idle_count(addr), 1);
+            assert_eq!(pool.idle_count(&key(addr)), 1);
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
     }
@@ -441,11 +385,13 @@ mod tests {
         let (addr, accepted) = backend(1).await;
         let pool = Pool::new(Duration::from_secs(90));
         for _ in 0..5 {
-            let resp = pool.send(addr, get()).await.expect("answered");
+            let resp = h1_client::send(&pool, addr, None, get())
+                .await
+                .expect("answered");
             assert_eq!(read(resp).await, "ok");
             // Let the backend's close arrive before the next request.
             let deadline = Instant::now() + Duration::from_secs(5);
-            while pool.idle_count(addr) > 0 && Instant::now() < deadline {
+            while pool.idle_count(&key(addr)) > 0 && Instant::now() < deadline {
                 pool.sweep();
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
@@ -458,27 +404,33 @@ mod tests {
         let (addr, accepted) = backend(usize::MAX).await;
         let pool = Pool::new(Duration::ZERO);
         for _ in 0..3 {
-            let resp = pool.send(addr, get()).await.expect("answered");
+            let resp = h1_client::send(&pool, addr, None, get())
+                .await
+                .expect("answered");
             assert_eq!(read(resp).await, "ok");
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
         pool.sweep();
-        assert_eq!(pool.idle_count(addr), 0);
+        assert_eq!(pool.idle_count(&key(addr)), 0);
     }
 
     #[tokio::test]
     async fn a_body_dropped_before_its_end_closes_the_connection() {
         let (addr, accepted) = backend(usize::MAX).await;
         let pool = Pool::new(Duration::from_secs(90));
-        let resp = pool.send(addr, get()).await.expect("answered");
+        let resp = h1_client::send(&pool, addr, None, get())
+            .await
+            .expect("answered");
         let body = resp.into_body();
         // `Content-Length: 2` not read yet: nothing is returned.
         if body.is_end_stream() {
             panic!("body of two bytes reported empty");
         }
         drop(body);
-        assert_eq!(pool.idle_count(addr), 0);
-        let resp = pool.send(addr, get()).await.expect("answered");
+        assert_eq!(pool.idle_count(&key(addr)), 0);
+        let resp = h1_client::send(&pool, addr, None, get())
+            .await
+            .expect("answered");
         assert_eq!(read(resp).await, "ok");
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
@@ -489,7 +441,9 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         drop(listener);
         let pool = Pool::new(Duration::from_secs(90));
-        let err = pool.send(addr, get()).await.expect_err("nothing listens");
+        let err = h1_client::send(&pool, addr, None, get())
+            .await
+            .expect_err("nothing listens");
         assert!(err.is_connect(), "{err}");
     }
 }

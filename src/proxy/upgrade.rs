@@ -5,7 +5,8 @@
 //! them; for a request that asks to upgrade they are put back on the way to
 //! the backend, and when the backend answers 101 Switching Protocols on the
 //! way back. Both connections are then handed over (the client's by hyper
-//! or by the lean HTTP/1.1 loop, the backend's by hyper's client) and the
+//! or by the lean HTTP/1.1 loop, the backend's by sluice's HTTP/1.1
+//! client, [`super::h1_client`]) and the
 //! bytes are copied both ways by a task of their own, which holds no route
 //! table: a reload never cuts an upgraded connection.
 
@@ -21,6 +22,8 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
+
+use super::h1_client::{BackendUpgrade, BackendUpgraded};
 
 /// A client request that asks to switch protocols.
 pub(super) struct UpgradeRequest {
@@ -101,9 +104,13 @@ impl UpgradeRequest {
         if parts.status != StatusCode::SWITCHING_PROTOCOLS {
             return;
         }
-        let Some(backend) = parts.extensions.remove::<OnUpgrade>() else {
-            // Cannot happen with the HTTP/1.1 pool (it serves upgrades);
-            // without the backend's half there is nothing to splice.
+        let Some(backend) = parts
+            .extensions
+            .remove::<BackendUpgrade>()
+            .and_then(|b| b.take())
+        else {
+            // Cannot happen (the HTTP/1.1 client hands 101s over); without
+            // the backend's half there is nothing to splice.
             tracing::warn!("backend answered 101 but its connection cannot be taken over");
             parts.status = StatusCode::BAD_GATEWAY;
             return;
@@ -118,16 +125,13 @@ fn set_upgrade_headers(headers: &mut HeaderMap, protocol: HeaderValue) {
     headers.insert(UPGRADE, protocol);
 }
 
-/// Copy bytes both ways until either side closes.
-async fn splice(client: ClientSide, backend: OnUpgrade) {
-    let backend = match backend.await {
-        Ok(backend) => backend,
-        Err(e) => {
-            tracing::debug!(error = %e, "upgrade failed");
-            return;
-        }
+/// Copy bytes both ways until either side closes. The backend's side
+/// first gives back what it sent after its 101.
+async fn splice(client: ClientSide, backend: BackendUpgraded) {
+    let mut backend = ReadAhead {
+        first: backend.read_ahead,
+        io: Box::new(backend.io),
     };
-    let mut backend = TokioIo::new(backend);
     let mut client: Box<dyn UpgradedIo> = match client {
         ClientSide::Hyper(client) => match client.await {
             Ok(client) => Box::new(TokioIo::new(client)),

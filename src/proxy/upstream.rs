@@ -1,17 +1,15 @@
 //! Which client carries a request to an endpoint, and the request URI each
 //! one needs.
 //!
-//! HTTP/1.1 to cleartext endpoints goes through sluice's own pool
-//! ([`Pool`]); upgrades (WebSocket) through hyper-util's pooled client;
-//! TLS endpoints through the pooled client of their BackendTLSPolicy
-//! settings; HTTP/2 (h2c, and GRPCRoute backends in cleartext or TLS)
-//! through a client per endpoint that keeps the request's authority
-//! ([`super::h2`]). Requests, retries and mirrors all go through
+//! HTTP/1.1 to endpoints, cleartext or TLS (BackendTLSPolicy), upgrades
+//! (WebSocket) included, goes through sluice's own client and pool
+//! ([`h1_client`], [`Pool`]); HTTP/2 (h2c, and GRPCRoute backends in
+//! cleartext or TLS) through hyper's client, one per endpoint, which keeps
+//! the request's authority ([`super::h2`]). Requests, retries and mirrors all go through
 //! [`Upstream::send`], so each gets the same treatment whatever the client.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -21,35 +19,30 @@ use futures_util::FutureExt;
 use futures_util::future::Either;
 use http::uri::{Authority, Scheme};
 use http::{Request, Response, Uri, Version};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 
-use super::backend_tls::BackendTlsConnector;
 use super::body::{ResponseBody, UpstreamBody, client_body_failure};
 use super::error::{ProxyError, UpstreamError};
+use super::h1_client;
 use super::h2::H2Clients;
 use super::pool::Pool;
 use crate::route::BackendTls;
 
-/// The client for one backend's endpoints. hyper-util's clients are
+/// The client for one backend's endpoints. hyper's HTTP/2 client is
 /// boxed: this is held across the request's awaits, and the common case
 /// (the pool) should not make every request's future a few hundred bytes
 /// larger.
 #[derive(Clone)]
 pub(super) enum Upstream {
-    /// HTTP/1.1 over cleartext: sluice's pool.
-    Pool(Arc<Pool>),
-    /// One of hyper-util's clients (h2c, upgrades, TLS).
+    /// HTTP/1.1, cleartext or TLS (a BackendTLSPolicy's): sluice's own
+    /// client ([`super::h1_client`]) on its pool.
+    Pool(Arc<Pool>, Option<Arc<BackendTls>>),
+    /// hyper's HTTP/2 client (h2c, GRPCRoute backends).
     Client(Box<ClientUpstream>),
 }
 
-/// The rarer paths, through hyper-util's pooled clients.
+/// HTTP/2, through hyper's client.
 #[derive(Clone)]
 pub(super) enum ClientUpstream {
-    /// Cleartext (h2c, upgrades).
-    Plain(Client<HttpConnector, UpstreamBody>),
-    /// TLS as a BackendTLSPolicy says (HTTP/1.1; ALPN is not offered).
-    Tls(Client<BackendTlsConnector, UpstreamBody>, Arc<BackendTls>),
     /// HTTP/2, over TLS per the setting when given.
     H2(Arc<H2Clients>, Option<Arc<BackendTls>>),
 }
@@ -66,12 +59,12 @@ impl Upstream {
         req: Request<UpstreamBody>,
     ) -> impl Future<Output = Result<Response<ResponseBody>, ProxyError>> + Send + '_ {
         let pending = match self {
-            Upstream::Pool(pool) => Either::Left(
-                pool.send(endpoint, req)
+            Upstream::Pool(pool, tls) => Either::Left(
+                h1_client::send(pool, endpoint, tls.as_ref(), req)
                     .map(|r| r.map(|r| r.map(ResponseBody::Pooled)).map_err(Ok)),
             ),
-            // Boxed: h2c, upgrades and TLS are the rarer paths, and the
-            // future of the common one (the pool) stays small.
+            // Boxed: HTTP/2 backends are the rarer path, and the future
+            // of the common one (the pool) stays small.
             Upstream::Client(client) => {
                 let client = (**client).clone();
                 Either::Right(
@@ -91,51 +84,30 @@ impl Upstream {
 }
 
 impl ClientUpstream {
-    /// [`Upstream::send`] through one of hyper-util's clients, which take
-    /// the request with its absolute URI. `Err(Err(_))`: no URI could be
+    /// [`Upstream::send`] through hyper's HTTP/2 client, which takes the
+    /// request with its absolute URI. `Err(Err(_))`: no URI could be
     /// made; `Err(Ok(_))`: the backend could not be reached.
     async fn send(
         self,
         endpoint: SocketAddr,
         mut req: Request<UpstreamBody>,
     ) -> Result<Response<ResponseBody>, Result<UpstreamError, ProxyError>> {
-        if let ClientUpstream::H2(clients, tls) = self {
-            // The client's authority goes in the URI (`:authority`); the
-            // client of this endpoint dials it whatever the URI says.
-            let authority = req
-                .headers_mut()
-                .remove(http::header::HOST)
-                .and_then(|h| Authority::try_from(h.as_bytes()).ok());
-            *req.uri_mut() =
-                authority_uri(endpoint, authority, tls.is_some(), req.uri()).map_err(Err)?;
-            *req.version_mut() = Version::HTTP_2;
-            return clients
-                .client(endpoint, tls.as_ref())
-                .request(req)
-                .await
-                .map(|r| r.map(ResponseBody::Upstream))
-                .map_err(|e| Ok(UpstreamError::from(e)));
-        }
-        *req.uri_mut() = absolute_uri(endpoint, req.uri()).map_err(Err)?;
-        match self {
-            ClientUpstream::Plain(client) => client
-                .request(req)
-                .await
-                .map(|r| r.map(ResponseBody::Upstream))
-                .map_err(|e| Ok(UpstreamError::from(e))),
-            ClientUpstream::Tls(client, tls) => {
-                *req.version_mut() = Version::HTTP_11;
-                client
-                    .request(req)
-                    .await
-                    .map(|r| r.map(ResponseBody::Upstream))
-                    .map_err(|e| {
-                        tracing::debug!(policy = %tls.policy, error = %e, "TLS backend unreachable");
-                        Ok(UpstreamError::from(e))
-                    })
-            }
-            ClientUpstream::H2(..) => unreachable!("sent above"),
-        }
+        let ClientUpstream::H2(clients, tls) = self;
+        // The client's authority goes in the URI (`:authority`); the
+        // client of this endpoint dials it whatever the URI says.
+        let authority = req
+            .headers_mut()
+            .remove(http::header::HOST)
+            .and_then(|h| Authority::try_from(h.as_bytes()).ok());
+        *req.uri_mut() =
+            authority_uri(endpoint, authority, tls.is_some(), req.uri()).map_err(Err)?;
+        *req.version_mut() = Version::HTTP_2;
+        clients
+            .client(endpoint, tls.as_ref())
+            .request(req)
+            .await
+            .map(|r| r.map(ResponseBody::Upstream))
+            .map_err(|e| Ok(UpstreamError::from(e)))
     }
 }
 
@@ -208,30 +180,6 @@ fn endpoint_authority(endpoint: SocketAddr) -> Option<Authority> {
     })
 }
 
-/// The absolute URI hyper-util's client needs (it connects to the
-/// authority and sends the request in origin-form).
-fn absolute_uri(endpoint: SocketAddr, origin: &Uri) -> Result<Uri, ProxyError> {
-    let invalid = || ProxyError::InvalidFilterResult {
-        what: "request path",
-    };
-    if let Some(authority) = endpoint_authority(endpoint) {
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(Scheme::HTTP);
-        parts.authority = Some(authority);
-        parts.path_and_query = origin.path_and_query().cloned();
-        if let Ok(uri) = Uri::from_parts(parts) {
-            return Ok(uri);
-        }
-    }
-    let mut s = String::with_capacity(64);
-    let _ = write!(s, "http://{endpoint}");
-    match origin.path_and_query() {
-        Some(pq) if pq.as_str().starts_with('/') => s.push_str(pq.as_str()),
-        _ => s.push('/'),
-    }
-    Uri::try_from(s).map_err(|_| invalid())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,14 +204,5 @@ mod tests {
         assert_eq!(kept.to_string(), "http://grpc.example.com/a.B/C?x");
         let tls = authority_uri(endpoint, None, true, &uri).expect("valid");
         assert_eq!(tls.to_string(), "https://10.0.0.1:8080/a.B/C?x");
-    }
-
-    #[test]
-    fn absolute_uri_names_the_endpoint() {
-        let uri: Uri = "/a/b?x=1&y".parse().expect("uri");
-        let v4 = absolute_uri("127.0.0.1:2".parse().expect("addr"), &uri).expect("valid");
-        assert_eq!(v4.to_string(), "http://127.0.0.1:2/a/b?x=1&y");
-        let v6 = absolute_uri("[::1]:3".parse().expect("addr"), &uri).expect("valid");
-        assert_eq!(v6.to_string(), "http://[::1]:3/a/b?x=1&y");
     }
 }

@@ -683,3 +683,26 @@ async fn a_mirror_to_a_tls_backend_gets_the_request_over_tls() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+#[tokio::test]
+async fn tls_connections_to_a_backend_are_kept_alive_and_reused() {
+    let ca = TestCa::new();
+    let backend = TlsBackend::start(&ca.issue(&["abc.example.com"]), &ca).await;
+    let mut manifests = gateway();
+    manifests.push_str(&ca_config_map("ca", &ca));
+    manifests.push_str(&tls_service("good", backend.addr, "abc.example.com", "ca"));
+    let sluice = Sluice::start(&[("all.yaml", manifests)]).await;
+    sluice
+        .eventually("example.com", "/good", |r| r.status == StatusCode::OK)
+        .await;
+    let mut conn = sluice.connect().await;
+    for i in 0..10 {
+        let r = conn.get("example.com", "/good").await;
+        assert_eq!(r.status, StatusCode::OK, "request {i}");
+        assert_eq!(r.body, Bytes::from_static(b"hello over TLS"));
+    }
+    // One handshake for all eleven requests: the pooled TLS connection
+    // carried each of them (sluice's own HTTP/1.1 client and pool).
+    assert_eq!(backend.seen().len(), 1, "{:?}", backend.seen());
+    assert_eq!(backend.requests().len(), 11);
+}

@@ -27,4 +27,5 @@ mod rollouts;
 mod sessions;
 mod status;
 mod tls_routes;
+mod upstream;
 mod weights;
