@@ -44,7 +44,7 @@ use crate::rollout::{
 use crate::route::RouteTable;
 use crate::source::{ConfigError, FileSource, SourceUpdate};
 use crate::translate::{
-    ObjectStatus, RuleSummary, StatusReport, TranslateOptions, rollout_inputs, translate_served,
+    ObjectStatus, RuleSummary, StatusReport, TranslateOptions, rollout_inputs, translate_phased,
 };
 
 /// How often rollout gates and clocks are judged while a rollout is at a
@@ -568,40 +568,57 @@ impl Server {
         let options = self.options.clone();
         let served = self.rollouts.served.clone();
         let previous = self.state.published();
-        let translated = tokio::task::spawn_blocking(move || {
+        // The table is swapped in as soon as it is built; the status (and
+        // keeping its transition times) is computed meanwhile, on the same
+        // blocking thread, and published after: a flip does not wait for
+        // the status of every object.
+        let (routing_tx, routing_rx) = oneshot::channel();
+        let status = tokio::task::spawn_blocking(move || {
             // Build the new table once the one it replaced last time is
             // freed, so that the two never overlap in memory.
             RouteTable::wait_for_freed_tables();
-            let mut translation = translate_served(&snapshot, &options, &served);
+            let mut status =
+                translate_phased(&snapshot, &options, &served, Timestamp::now(), |r| {
+                    // The receiver is gone only when the serve loop stopped.
+                    let _ = routing_tx.send(r);
+                });
             // Conditions whose status did not change keep the time it last
             // changed, as in Kubernetes mode. The previous status is as
             // large as the configuration: walk it here, off the async
             // workers.
-            keep_transition_times(&mut translation.status, &previous.status);
-            (translation, previous)
-        })
-        .await;
-        let (mut translation, previous) = match translated {
+            keep_transition_times(&mut status, &previous.status);
+            (status, previous)
+        });
+        let Ok(routing) = routing_rx.await else {
+            // Translate panicked before the table was built.
+            if let Err(error) = status.await {
+                tracing::error!(%error, "translate failed; keeping the current configuration");
+            }
+            return;
+        };
+        for warning in &routing.warnings {
+            tracing::warn!("{warning}");
+        }
+        let failures = self.proxy.apply(routing.table).await;
+        let (mut status, previous) = match status.await {
             Ok(t) => t,
             Err(error) => {
-                tracing::error!(%error, "translate failed; keeping the current configuration");
+                // The table serves; the status published stays the previous
+                // one until the next translation.
+                tracing::error!(%error, "computing the status failed; the new table serves, the status shown is the previous one");
                 return;
             }
         };
-        for warning in &translation.warnings {
-            tracing::warn!("{warning}");
-        }
-        let failures = self.proxy.apply(translation.table).await;
         if !failures.is_empty() {
             for failure in &failures {
                 tracing::warn!(bind = %failure.bind, error = %failure.error, "cannot listen");
             }
             let failures: Vec<(SocketAddr, String)> =
                 failures.into_iter().map(|f| (f.bind, f.error)).collect();
-            translation.status.apply_bind_failures(&failures);
+            status.apply_bind_failures(&failures);
             // A listener that failed to bind at the previous reload too
             // keeps that failure's time (rare: walked on the async worker).
-            keep_transition_times(&mut translation.status, &previous.status);
+            keep_transition_times(&mut status, &previous.status);
         }
         // The previous status is freed with `replaced` below.
         drop(previous);
@@ -617,15 +634,15 @@ impl Server {
             "{what}"
         );
         self.metrics.set_shares(
-            translation
+            routing
                 .rules
                 .iter()
                 .flat_map(RuleSummary::share_rows)
                 .collect(),
         );
-        let rules = Arc::new(translation.rules);
+        let rules = Arc::new(routing.rules);
         let replaced = self.state.publish(Published {
-            status: translation.status,
+            status,
             errors: current.errors.clone(),
             rules: rules.clone(),
             generation: self.generation,

@@ -39,7 +39,9 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::resources::{CONTROLLER_NAME, Snapshot};
 use crate::rollout::ServedShares;
-use crate::route::{HostPattern, ListenerHandle, RouteKind, RouteOrder, RouteTableBuilder};
+use crate::route::{
+    HostPattern, ListenerHandle, RouteKind, RouteOrder, RouteTable, RouteTableBuilder,
+};
 
 use backends::BackendResolver;
 use conditions::Reason;
@@ -92,6 +94,46 @@ pub fn translate_served_at(
     served: &ServedShares,
     now: Timestamp,
 ) -> Translation {
+    let mut routing = None;
+    let status = translate_phased(snapshot, options, served, now, |r| routing = Some(r));
+    let Routing {
+        table,
+        rules,
+        warnings,
+    } = routing.expect("translate_phased hands the table over before the status");
+    Translation {
+        table,
+        status,
+        rules,
+        warnings,
+    }
+}
+
+/// What serving a configuration needs, before its status is known: the
+/// route table, the rule summaries and the warnings.
+#[derive(Debug)]
+pub struct Routing {
+    pub table: RouteTable,
+    /// As [`Translation::rules`].
+    pub rules: Vec<RuleSummary>,
+    /// As [`Translation::warnings`].
+    pub warnings: Vec<String>,
+}
+
+/// [`translate_served_at`] in two steps: `routing` is called with the
+/// table as soon as it is built, and the status (everything in it is
+/// computed from what built the table, after it) is returned afterwards.
+/// serve swaps the table in from `routing`, so that a flip does not wait
+/// for the status of every object: the status is computed while the new
+/// table already serves. One code path for both forms, so the two give
+/// the same table and status.
+pub fn translate_phased(
+    snapshot: &Snapshot,
+    options: &TranslateOptions,
+    served: &ServedShares,
+    now: Timestamp,
+    routing: impl FnOnce(Routing),
+) -> StatusReport {
     let mut warnings = Vec::new();
     let labels = namespace_labels(snapshot);
     let (class_statuses, classes) = gateways::gateway_classes(snapshot, now);
@@ -107,6 +149,16 @@ pub fn translate_served_at(
         &labels,
         &mut warnings,
     );
+    let BoundListeners {
+        builder,
+        binds: listener_binds,
+        ..
+    } = listeners;
+    routing(Routing {
+        table: builder.build(),
+        rules,
+        warnings,
+    });
     let route_statuses = attached
         .iter()
         .map(|route| routes::route_status(route, &views, now));
@@ -115,14 +167,9 @@ pub fn translate_served_at(
         let route_gateways = rollouts::route_gateways(&attached, &views);
         objects.extend(rollouts::policy_statuses(snapshot, &route_gateways, now));
     }
-    Translation {
-        table: listeners.builder.build(),
-        status: StatusReport {
-            objects,
-            listener_binds: listeners.binds,
-        },
-        rules,
-        warnings,
+    StatusReport {
+        objects,
+        listener_binds,
     }
 }
 
@@ -234,8 +281,10 @@ fn attach_routes<'a>(
     routes.sort_by_key(|(head, _)| (sort_key(head.meta), head.kind));
     let mut attached_routes = Vec::new();
     let mut rules = Vec::new();
-    // Hostnames HTTPRoutes and GRPCRoutes hold on each (gateway, listener).
-    let mut claims: BTreeMap<(usize, usize), Vec<Claim>> = BTreeMap::new();
+    // Hostnames HTTPRoutes and GRPCRoutes hold on each (gateway, listener),
+    // by kind: a route looks only at the other kind's claims, so that
+    // 10,000 HTTPRoutes on one listener are not compared pairwise.
+    let mut claims: Claims = BTreeMap::new();
     for (head, compile) in routes {
         let mut parents = routes::attach(&head, views, labels);
         if parents.is_empty() {
@@ -368,9 +417,12 @@ fn all_routes<'a>(
     http.chain(grpc).chain(tls).collect()
 }
 
+/// The hostnames accepted HTTPRoutes and GRPCRoutes hold, by (gateway,
+/// listener, route kind), in the order they were claimed.
+type Claims = BTreeMap<(usize, usize, RouteKind), Vec<Claim>>;
+
 /// A hostname an accepted HTTPRoute or GRPCRoute holds on a listener.
 struct Claim {
-    kind: RouteKind,
     host: HostPattern,
     /// `HTTPRoute ns/name`, for the loser's message.
     route: String,
@@ -383,7 +435,7 @@ struct Claim {
 fn resolve_kind_conflicts(
     route: &RouteHead<'_>,
     parents: &mut [routes::ParentResult],
-    claims: &mut BTreeMap<(usize, usize), Vec<Claim>>,
+    claims: &mut Claims,
     views: &[GatewayView],
 ) {
     for parent in parents.iter_mut() {
@@ -392,11 +444,15 @@ fn resolve_kind_conflicts(
         };
         let mut lost = Vec::new();
         attachments.retain(|a| {
-            let held = claims.get(&(a.gateway, a.listener)).and_then(|cs| {
-                cs.iter().find(|c| {
-                    c.kind != route.kind && a.hostnames.iter().any(|h| h.intersect(&c.host).is_some())
-                })
-            });
+            let held = [RouteKind::Http, RouteKind::Grpc]
+                .into_iter()
+                .filter(|kind| *kind != route.kind)
+                .filter_map(|kind| claims.get(&(a.gateway, a.listener, kind)))
+                .find_map(|cs| {
+                    cs.iter().find(|c| {
+                        a.hostnames.iter().any(|h| h.intersect(&c.host).is_some())
+                    })
+                });
             match held {
                 Some(c) => {
                     lost.push(format!(
@@ -413,10 +469,11 @@ fn resolve_kind_conflicts(
             continue;
         }
         for a in attachments.iter() {
-            let held = claims.entry((a.gateway, a.listener)).or_default();
+            let held = claims
+                .entry((a.gateway, a.listener, route.kind))
+                .or_default();
             for h in &a.hostnames {
                 held.push(Claim {
-                    kind: route.kind,
                     host: h.clone(),
                     route: route.id(),
                 });
