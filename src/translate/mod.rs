@@ -46,7 +46,7 @@ use crate::route::{
 use backends::BackendResolver;
 use conditions::Reason;
 use gateways::GatewayView;
-use meta::{created_nanos, sort_key};
+use meta::{created_nanos, sort_key_ref};
 use routes::{AttachedRoute, CompiledRoute, RouteHead};
 
 /// Settings that are not part of the manifests.
@@ -278,7 +278,9 @@ fn attach_routes<'a>(
     warnings: &mut Vec<String>,
 ) -> (Vec<AttachedRoute<'a>>, Vec<RuleSummary>) {
     let mut routes = all_routes(snapshot, served);
-    routes.sort_by_key(|(head, _)| (sort_key(head.meta), head.kind));
+    routes.sort_by(|(a, _), (b, _)| {
+        (sort_key_ref(a.meta), a.kind).cmp(&(sort_key_ref(b.meta), b.kind))
+    });
     let mut attached_routes = Vec::new();
     let mut rules = Vec::new();
     // Hostnames HTTPRoutes and GRPCRoutes hold on each (gateway, listener),
@@ -376,7 +378,7 @@ fn all_routes<'a>(
 ) -> Vec<(RouteHead<'a>, Compile<'a>)> {
     /// A route's head, and its compile step (`compile` given the route's
     /// namespace and name).
-    fn entry<'a, P: serde::Serialize>(
+    fn entry<'a, P: routes::RouteParentRef>(
         kind: RouteKind,
         meta: &'a ObjectMeta,
         hostnames: &'a [String],
