@@ -44,7 +44,8 @@ use crate::rollout::{
 use crate::route::RouteTable;
 use crate::source::{ConfigError, FileSource, SourceUpdate};
 use crate::translate::{
-    ObjectStatus, RuleSummary, StatusReport, TranslateOptions, rollout_inputs, translate_phased,
+    CompiledRoutes, ObjectStatus, RuleSummary, StatusReport, TranslateOptions, rollout_inputs,
+    translate_reusing,
 };
 
 /// How often rollout gates and clocks are judged while a rollout is at a
@@ -268,6 +269,9 @@ struct Server {
     generation: u64,
     current: Option<Current>,
     rollouts: RolloutDriver,
+    /// The routes compiled for the table in service, reused by the next
+    /// translation for the routes it leaves unchanged.
+    compiled: CompiledRoutes,
 }
 
 impl Server {
@@ -316,6 +320,7 @@ impl Server {
             metrics,
             generation: 0,
             current: None,
+            compiled: CompiledRoutes::new(),
             rollouts: RolloutDriver {
                 role,
                 resume: false,
@@ -573,12 +578,16 @@ impl Server {
         // blocking thread, and published after: a flip does not wait for
         // the status of every object.
         let (routing_tx, routing_rx) = oneshot::channel();
+        // Taken for the translation and put back after it (a translation
+        // that panics leaves an empty one: the next compiles everything).
+        let mut compiled = std::mem::take(&mut self.compiled);
         let status = tokio::task::spawn_blocking(move || {
             // Build the new table once the one it replaced last time is
             // freed, so that the two never overlap in memory.
             RouteTable::wait_for_freed_tables();
+            let now = Timestamp::now();
             let mut status =
-                translate_phased(&snapshot, &options, &served, Timestamp::now(), |r| {
+                translate_reusing(&snapshot, &options, &served, now, &mut compiled, |r| {
                     // The receiver is gone only when the serve loop stopped.
                     let _ = routing_tx.send(r);
                 });
@@ -587,7 +596,7 @@ impl Server {
             // large as the configuration: walk it here, off the async
             // workers.
             keep_transition_times(&mut status, &previous.status);
-            (status, previous)
+            (status, previous, compiled)
         });
         let Ok(routing) = routing_rx.await else {
             // Translate panicked before the table was built.
@@ -600,7 +609,7 @@ impl Server {
             tracing::warn!("{warning}");
         }
         let failures = self.proxy.apply(routing.table).await;
-        let (mut status, previous) = match status.await {
+        let (mut status, previous, compiled) = match status.await {
             Ok(t) => t,
             Err(error) => {
                 // The table serves; the status published stays the previous
@@ -620,6 +629,12 @@ impl Server {
             // keeps that failure's time (rare: walked on the async worker).
             keep_transition_times(&mut status, &previous.status);
         }
+        tracing::debug!(
+            compiled = compiled.last_counts().0,
+            reused = compiled.last_counts().1,
+            "routes compiled and reused"
+        );
+        self.compiled = compiled;
         // The previous status is freed with `replaced` below.
         drop(previous);
         self.generation += 1;

@@ -20,6 +20,7 @@ mod matches;
 mod meta;
 mod output;
 mod references;
+mod reuse;
 mod rollouts;
 mod routes;
 mod tlsroutes;
@@ -29,10 +30,12 @@ pub use output::{
     BackendOutcome, BackendSummary, ListenerBind, ObjectStatus, RuleRollout, RuleSummary,
     StatusMetadata, StatusReport, Translation,
 };
+pub use reuse::CompiledRoutes;
 pub use rollouts::rollout_inputs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
@@ -47,6 +50,7 @@ use backends::BackendResolver;
 use conditions::Reason;
 use gateways::GatewayView;
 use meta::{created_nanos, sort_key_ref};
+use reuse::Reuse;
 use routes::{AttachedRoute, CompiledRoute, RouteHead};
 
 /// Settings that are not part of the manifests.
@@ -134,6 +138,38 @@ pub fn translate_phased(
     now: Timestamp,
     routing: impl FnOnce(Routing),
 ) -> StatusReport {
+    translate_core(snapshot, options, served, now, &mut Reuse::none(), routing)
+}
+
+/// [`translate_phased`] reusing the compiled routes of the previous
+/// translation kept in `compiled` where nothing they depend on changed
+/// (see [`CompiledRoutes`]), and keeping this one's for the next. Gives
+/// what [`translate_phased`] gives.
+pub fn translate_reusing(
+    snapshot: &Arc<Snapshot>,
+    options: &TranslateOptions,
+    served: &ServedShares,
+    now: Timestamp,
+    compiled: &mut CompiledRoutes,
+    routing: impl FnOnce(Routing),
+) -> StatusReport {
+    let previous = std::mem::take(compiled);
+    let mut reuse = Reuse::of(&previous, snapshot, served);
+    let status = translate_core(snapshot, options, served, now, &mut reuse, routing);
+    reuse.keep(compiled, snapshot.clone(), served);
+    status
+}
+
+/// The phases of a translation, compiled routes taken from `reuse` where
+/// it has them.
+fn translate_core(
+    snapshot: &Snapshot,
+    options: &TranslateOptions,
+    served: &ServedShares,
+    now: Timestamp,
+    reuse: &mut Reuse<'_>,
+    routing: impl FnOnce(Routing),
+) -> StatusReport {
     let mut warnings = Vec::new();
     let labels = namespace_labels(snapshot);
     let (class_statuses, classes) = gateways::gateway_classes(snapshot, now);
@@ -147,6 +183,7 @@ pub fn translate_phased(
         &resolver,
         served,
         &labels,
+        reuse,
         &mut warnings,
     );
     let BoundListeners {
@@ -275,10 +312,11 @@ fn attach_routes<'a>(
     resolver: &BackendResolver<'_>,
     served: &'a ServedShares,
     labels: &dyn Fn(&str) -> BTreeMap<String, String>,
+    reuse: &mut Reuse<'_>,
     warnings: &mut Vec<String>,
 ) -> (Vec<AttachedRoute<'a>>, Vec<RuleSummary>) {
     let mut routes = all_routes(snapshot, served);
-    routes.sort_by(|(a, _), (b, _)| {
+    routes.sort_by(|(a, ..), (b, ..)| {
         (sort_key_ref(a.meta), a.kind).cmp(&(sort_key_ref(b.meta), b.kind))
     });
     let mut attached_routes = Vec::new();
@@ -287,7 +325,7 @@ fn attach_routes<'a>(
     // by kind: a route looks only at the other kind's claims, so that
     // 10,000 HTTPRoutes on one listener are not compared pairwise.
     let mut claims: Claims = BTreeMap::new();
-    for (head, compile) in routes {
+    for (head, index, compile) in routes {
         let mut parents = routes::attach(&head, views, labels);
         if parents.is_empty() {
             warnings.push(format!(
@@ -309,7 +347,14 @@ fn attach_routes<'a>(
                 })
                 .collect(),
         );
-        let compiled = compile(resolver);
+        let compiled = reuse.route(
+            snapshot,
+            head.kind,
+            head.namespace,
+            head.name,
+            index,
+            || compile(resolver),
+        );
         let order = RouteOrder {
             created: created_nanos(head.meta),
             namespace: head.namespace.to_string(),
@@ -353,14 +398,14 @@ fn attach_routes<'a>(
             }
         }
         if accepted_anywhere {
-            rules.extend(compiled.summaries);
-            warnings.extend(compiled.warnings);
+            rules.extend(compiled.summaries.iter().cloned());
+            warnings.extend(compiled.warnings.iter().cloned());
         }
         attached_routes.push(AttachedRoute {
             head,
             parents,
-            unsupported: compiled.unsupported,
-            ref_failures: compiled.ref_failures,
+            unsupported: compiled.unsupported.clone(),
+            ref_failures: compiled.ref_failures.clone(),
         });
     }
     rules.sort_by(|a, b| (&a.kind, &a.route, a.rule).cmp(&(&b.kind, &b.route, b.rule)));
@@ -370,12 +415,13 @@ fn attach_routes<'a>(
 /// Compiles one route, given the backend resolver.
 type Compile<'a> = Box<dyn FnOnce(&BackendResolver<'_>) -> CompiledRoute + 'a>;
 
-/// Every route of the snapshot, with what compiles it (and the shares
-/// rollouts serve, by route kind, name and rule).
+/// Every route of the snapshot, with its index in its kind's list and what
+/// compiles it (and the shares rollouts serve, by route kind, name and
+/// rule).
 fn all_routes<'a>(
     snapshot: &'a Snapshot,
     served: &'a ServedShares,
-) -> Vec<(RouteHead<'a>, Compile<'a>)> {
+) -> Vec<(RouteHead<'a>, usize, Compile<'a>)> {
     /// A route's head, and its compile step (`compile` given the route's
     /// namespace and name).
     fn entry<'a, P: routes::RouteParentRef>(
@@ -383,36 +429,40 @@ fn all_routes<'a>(
         meta: &'a ObjectMeta,
         hostnames: &'a [String],
         parent_refs: &[P],
+        index: usize,
         compile: impl FnOnce(&'a str, &'a str, &BackendResolver<'_>) -> CompiledRoute + 'a,
-    ) -> (RouteHead<'a>, Compile<'a>) {
+    ) -> (RouteHead<'a>, usize, Compile<'a>) {
         let head = RouteHead::new(kind, meta, hostnames, parent_refs);
         let (ns, name) = (head.namespace, head.name);
-        (head, Box::new(move |res| compile(ns, name, res)))
+        (head, index, Box::new(move |res| compile(ns, name, res)))
     }
-    let http = snapshot.http_routes.iter().map(|r| {
+    let http = snapshot.http_routes.iter().enumerate().map(|(i, r)| {
         entry(
             RouteKind::Http,
             &r.metadata,
             r.spec.hostnames.as_deref().unwrap_or_default(),
             r.spec.parent_refs.as_deref().unwrap_or_default(),
+            i,
             move |ns, name, res| routes::compile_route(r, ns, name, res, served),
         )
     });
-    let grpc = snapshot.grpc_routes.iter().map(|r| {
+    let grpc = snapshot.grpc_routes.iter().enumerate().map(|(i, r)| {
         entry(
             RouteKind::Grpc,
             &r.metadata,
             r.spec.hostnames.as_deref().unwrap_or_default(),
             r.spec.parent_refs.as_deref().unwrap_or_default(),
+            i,
             move |ns, name, res| grpcroutes::compile_route(r, ns, name, res, served),
         )
     });
-    let tls = snapshot.tls_routes.iter().map(|r| {
+    let tls = snapshot.tls_routes.iter().enumerate().map(|(i, r)| {
         entry(
             RouteKind::Tls,
             &r.metadata,
             &r.spec.hostnames,
             r.spec.parent_refs.as_deref().unwrap_or_default(),
+            i,
             move |ns, name, res| tlsroutes::compile_route(r, ns, name, res, served),
         )
     });
