@@ -130,12 +130,14 @@ impl Snapshot {
         let mut omitted_weights = BTreeSet::new();
         let mut objects = Vec::new();
         for l in loaded {
-            let route = l.object.id();
-            omitted_weights.extend(
-                l.omitted_weights
-                    .iter()
-                    .map(|&(i, j)| (route.clone(), i, j)),
-            );
+            if !l.omitted_weights.is_empty() {
+                let route = l.object.id();
+                omitted_weights.extend(
+                    l.omitted_weights
+                        .iter()
+                        .map(|&(i, j)| (route.clone(), i, j)),
+                );
+            }
             objects.push(l.object);
         }
         assign(&mut objects);
