@@ -112,7 +112,8 @@ def websocket_once(port):
 
 
 def one_request(port, host, post):
-    """One request on a new connection: whether it got a 2xx."""
+    """One request on a new connection: whether it got a 2xx, and if not why
+    (the status line sluice answered, or what the socket said)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
             if post:
@@ -128,9 +129,11 @@ def one_request(port, host, post):
                 if not chunk:
                     break
                 data += chunk
-        return data.startswith(b"HTTP/1.1 2")
-    except OSError:
-        return False
+        if data.startswith(b"HTTP/1.1 2"):
+            return True, None
+        return False, data.split(b"\r\n", 1)[0].decode(errors="replace") or "closed, no answer"
+    except OSError as e:
+        return False, type(e).__name__
 
 
 class Counts:
@@ -139,11 +142,15 @@ class Counts:
         self.sent = {}
         self.failed = {}
 
-    def add(self, kind, ok):
+        self.why = {}
+
+    def add(self, kind, ok, why=None):
         with self.lock:
             self.sent[kind] = self.sent.get(kind, 0) + 1
             if not ok:
                 self.failed[kind] = self.failed.get(kind, 0) + 1
+                key = (kind, why or "failed")
+                self.why[key] = self.why.get(key, 0) + 1
 
 
 def paced(every, until, body):
@@ -224,7 +231,7 @@ def main():
 
         def new_conn():
             post[0] = not post[0]
-            counts.add("new conns", one_request(port, "split.example", post[0]))
+            counts.add("new conns", *one_request(port, "split.example", post[0]))
 
         flip = [False]
 
@@ -253,12 +260,13 @@ def main():
         def websocket():
             try:
                 ok = websocket_once(port)
-            except OSError:
-                ok = False
-            counts.add("websocket", ok)
+            except OSError as e:
+                ok = e
+            counts.add("websocket", ok is True, None if ok is True else
+                       type(ok).__name__ if isinstance(ok, OSError) else "bad upgrade or echo")
 
         def flap_request():
-            counts.add("flapping", one_request(port, "flap.example", False))
+            counts.add("flapping", *one_request(port, "flap.example", False))
 
         jobs = [(0.05, new_conn), (1.0, websocket), (5.0, flip_weights), (1.0, flapping),
                 (0.1, flap_request), (5.0, sample)]
@@ -272,7 +280,26 @@ def main():
         ka = json.loads(out.strip().splitlines()[-1])
         counts.sent["keep-alive"] = ka["scheduled"]
         counts.failed["keep-alive"] = ka["failed"]
+        for why in ("connect_failed", "closed", "timed_out", "non_2xx"):
+            if ka.get(why):
+                counts.why[("keep-alive", why)] = ka[why]
         sample()
+        # What sluice itself answered on the split route, by status code: a
+        # failure the clients saw that sluice did not answer as an error is
+        # the client's or the machine's (a timeout under load), not sluice's.
+        codes = {}
+        try:
+            with socket.create_connection(("127.0.0.1", admin), timeout=5) as s:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n")
+                text = b""
+                while chunk := s.recv(65536):
+                    text += chunk
+            for line in text.decode(errors="replace").splitlines():
+                if line.startswith("sluice_requests_total{") and 'route="default/split"' in line:
+                    code = line.split('code="', 1)[1].split('"', 1)[0]
+                    codes[code] = codes.get(code, 0) + int(float(line.rsplit(" ", 1)[1]))
+        except (OSError, IndexError, ValueError) as e:
+            codes = {"unread": str(e)}
     finally:
         flap_down()
         stop(proxy)
@@ -286,11 +313,16 @@ def main():
     step = max(1, len(samples) // 12)
     for s in samples[::step] + ([samples[-1]] if (len(samples) - 1) % step else []):
         print(f"{s['t']:>6} {s['rss_kib'] / 1024:>8.1f} {s['fds'] if s['fds'] is not None else '-':>5}")
+    for (kind, why), n in sorted(counts.why.items()):
+        print(f"  {kind}: {n} {why}")
+    print(f"sluice's answers on split.example by status code: {codes}")
     failed_outside = sum(v for k, v in counts.failed.items() if k != "flapping")
     print(f"failed outside the flapping backend: {failed_outside} (goal 0)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"seconds": seconds, "sent": counts.sent, "failed": counts.failed,
+                       "why": {f"{k}: {w}": n for (k, w), n in counts.why.items()},
+                       "sluice_codes": codes,
                        "samples": samples}, f, indent=1)
     if not samples or not counts.sent.get("keep-alive"):
         print("no numbers", file=sys.stderr)
