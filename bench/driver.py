@@ -803,6 +803,50 @@ def held(args, exes, backends):
     return rows
 
 
+def flip_times(kind, exes, backends, extra, count):
+    """`count` flips of one proxy (`extra` more routes for sluice): the
+    times (ms) from each write to the first request served by it, sorted,
+    and how many were not served within 30 s."""
+    target = Proxy(kind, exes, backends, (1, 0), extra_routes=extra)
+    b = backends
+    try:
+        target.start()
+        times, missed = [], 0
+        for i in range(count):
+            split, port = ((0, 1), b.canary) if i % 2 == 0 else ((1, 0), b.stable)
+            started = time.perf_counter()
+            target.write_config(split)
+            target.reload()
+            deadline, again = started + 30, started + 5
+            while time.perf_counter() < deadline:
+                status, body = http_get(target.port, "/__port")
+                if status == 200 and body.strip() == str(port):
+                    times.append((time.perf_counter() - started) * 1e3)
+                    break
+                if time.perf_counter() > again:
+                    # A peer may drop a reload signal that arrives
+                    # while it is still busy with the previous one.
+                    target.reload()
+                    again += 5
+            else:
+                missed += 1
+                log(f"{kind}: flip {i} not served within 30 s")
+            time.sleep(0.3)
+    finally:
+        target.stop()
+    return sorted(times), missed
+
+
+def k8s_flip_row(exes, extra, count):
+    """Kubernetes mode: from the watch event to the first request served
+    (`benches/k8s_flip.rs`), as its JSON row."""
+    out = subprocess.run(
+        [exes["k8s_flip"], "run", "--sluice", exes["sluice"],
+         "--routes", str(extra), "--flips", str(count)],
+        check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def flips(args, exes, backends):
     """Weight flip visible after: from the configuration write (and the
     peer's reload command) to the first request the new configuration
@@ -814,49 +858,18 @@ def flips(args, exes, backends):
     if not args.quick:
         plan.append(("sluice", 10000))
     rows = []
-    b = backends
     for kind, extra in plan:
-        target = Proxy(kind, exes, backends, (1, 0), extra_routes=extra)
-        try:
-            target.start()
-            times, missed = [], 0
-            for i in range(count):
-                split, port = ((0, 1), b.canary) if i % 2 == 0 else ((1, 0), b.stable)
-                started = time.perf_counter()
-                target.write_config(split)
-                target.reload()
-                deadline, again = started + 30, started + 5
-                while time.perf_counter() < deadline:
-                    status, body = http_get(target.port, "/__port")
-                    if status == 200 and body.strip() == str(port):
-                        times.append((time.perf_counter() - started) * 1e3)
-                        break
-                    if time.perf_counter() > again:
-                        # A peer may drop a reload signal that arrives
-                        # while it is still busy with the previous one.
-                        target.reload()
-                        again += 5
-                else:
-                    missed += 1
-                    log(f"{kind}: flip {i} not served within 30 s")
-                time.sleep(0.3)
-            times.sort()
-            row = {"name": f"{kind}" + (f", {extra:,} more routes" if extra else ""),
-                   "proxy": kind, "routes": extra + 1, "flips": count, "missed": missed,
-                   "median_ms": statistics.median(times) if times else None,
-                   "max_ms": times[-1] if times else None}
-            rows.append(row)
-            log(f"flip {row['name']}: median {fmt(row['median_ms'], 1)} ms, "
-                f"max {fmt(row['max_ms'], 1)} ms, {missed} missed")
-        finally:
-            target.stop()
+        times, missed = flip_times(kind, exes, backends, extra, count)
+        row = {"name": f"{kind}" + (f", {extra:,} more routes" if extra else ""),
+               "proxy": kind, "routes": extra + 1, "flips": count, "missed": missed,
+               "median_ms": statistics.median(times) if times else None,
+               "max_ms": times[-1] if times else None}
+        rows.append(row)
+        log(f"flip {row['name']}: median {fmt(row['median_ms'], 1)} ms, "
+            f"max {fmt(row['max_ms'], 1)} ms, {missed} missed")
     # Kubernetes mode: from the watch event to the first request served.
     for extra in (100,) if args.quick else (0, 100, 10000):
-        out = subprocess.run(
-            [exes["k8s_flip"], "run", "--sluice", exes["sluice"],
-             "--routes", str(extra), "--flips", str(count)],
-            check=True, capture_output=True, text=True).stdout
-        row = json.loads(out.strip().splitlines()[-1])
+        row = k8s_flip_row(exes, extra, count)
         row.update(name="sluice --kubernetes" + (f", {extra:,} more routes" if extra else ""),
                    proxy="sluice")
         rows.append(row)

@@ -5,6 +5,8 @@
 #   bash bench/run.sh --quick    # under a minute once built; CI's smoke test
 #   bash bench/run.sh --ab before=/tmp/sluice-old after=target/release/sluice
 #                                # paired A/B of sluice binaries (bench/ab.py)
+#   bash bench/run.sh --flip-ab before=/tmp/sluice-old after=target/release/sluice
+#                                # paired A/B of the flip row, file and Kubernetes mode (bench/flip_ab.py)
 #   bash bench/run.sh --profile instructions before=/tmp/sluice-old after=target/release/sluice
 #                                # callgrind instructions or wake-ups per request (bench/profile.py)
 #   bash bench/run.sh --stalled [--baseline /tmp/sluice-old] [--rounds 3]
@@ -63,6 +65,10 @@ PYTHON=python3
 if [[ "${1:-}" == --ab ]]; then
     shift
     exec "$PYTHON" bench/ab.py --tools "$tools" "$@"
+fi
+if [[ "${1:-}" == --flip-ab ]]; then
+    shift
+    exec "$PYTHON" bench/flip_ab.py --tools "$tools" "$@"
 fi
 if [[ "${1:-}" == --profile ]]; then
     shift

@@ -44,7 +44,8 @@ use crate::rollout::{
 use crate::route::RouteTable;
 use crate::source::{ConfigError, FileSource, SourceUpdate};
 use crate::translate::{
-    ObjectStatus, RuleSummary, StatusReport, TranslateOptions, rollout_inputs, translate_served,
+    CompiledRoutes, ObjectStatus, RuleSummary, StatusReport, TranslateOptions, rollout_inputs,
+    translate_reusing,
 };
 
 /// How often rollout gates and clocks are judged while a rollout is at a
@@ -268,6 +269,9 @@ struct Server {
     generation: u64,
     current: Option<Current>,
     rollouts: RolloutDriver,
+    /// The routes compiled for the table in service, reused by the next
+    /// translation for the routes it leaves unchanged.
+    compiled: CompiledRoutes,
 }
 
 impl Server {
@@ -316,6 +320,7 @@ impl Server {
             metrics,
             generation: 0,
             current: None,
+            compiled: CompiledRoutes::new(),
             rollouts: RolloutDriver {
                 role,
                 resume: false,
@@ -568,41 +573,68 @@ impl Server {
         let options = self.options.clone();
         let served = self.rollouts.served.clone();
         let previous = self.state.published();
-        let translated = tokio::task::spawn_blocking(move || {
+        // The table is swapped in as soon as it is built; the status (and
+        // keeping its transition times) is computed meanwhile, on the same
+        // blocking thread, and published after: a flip does not wait for
+        // the status of every object.
+        let (routing_tx, routing_rx) = oneshot::channel();
+        // Taken for the translation and put back after it (a translation
+        // that panics leaves an empty one: the next compiles everything).
+        let mut compiled = std::mem::take(&mut self.compiled);
+        let status = tokio::task::spawn_blocking(move || {
             // Build the new table once the one it replaced last time is
             // freed, so that the two never overlap in memory.
             RouteTable::wait_for_freed_tables();
-            let mut translation = translate_served(&snapshot, &options, &served);
+            let now = Timestamp::now();
+            let mut status =
+                translate_reusing(&snapshot, &options, &served, now, &mut compiled, |r| {
+                    // The receiver is gone only when the serve loop stopped.
+                    let _ = routing_tx.send(r);
+                });
             // Conditions whose status did not change keep the time it last
             // changed, as in Kubernetes mode. The previous status is as
             // large as the configuration: walk it here, off the async
             // workers.
-            keep_transition_times(&mut translation.status, &previous.status);
-            (translation, previous)
-        })
-        .await;
-        let (mut translation, previous) = match translated {
+            keep_transition_times(&mut status, &previous.status);
+            (status, previous, compiled)
+        });
+        let Ok(routing) = routing_rx.await else {
+            // Translate panicked before the table was built.
+            if let Err(error) = status.await {
+                tracing::error!(%error, "translate failed; keeping the current configuration");
+            }
+            return;
+        };
+        for warning in &routing.warnings {
+            tracing::warn!("{warning}");
+        }
+        let failures = self.proxy.apply(routing.table).await;
+        let (mut status, previous, compiled) = match status.await {
             Ok(t) => t,
             Err(error) => {
-                tracing::error!(%error, "translate failed; keeping the current configuration");
+                // The table serves; the status published stays the previous
+                // one until the next translation.
+                tracing::error!(%error, "computing the status failed; the new table serves, the status shown is the previous one");
                 return;
             }
         };
-        for warning in &translation.warnings {
-            tracing::warn!("{warning}");
-        }
-        let failures = self.proxy.apply(translation.table).await;
         if !failures.is_empty() {
             for failure in &failures {
                 tracing::warn!(bind = %failure.bind, error = %failure.error, "cannot listen");
             }
             let failures: Vec<(SocketAddr, String)> =
                 failures.into_iter().map(|f| (f.bind, f.error)).collect();
-            translation.status.apply_bind_failures(&failures);
+            status.apply_bind_failures(&failures);
             // A listener that failed to bind at the previous reload too
             // keeps that failure's time (rare: walked on the async worker).
-            keep_transition_times(&mut translation.status, &previous.status);
+            keep_transition_times(&mut status, &previous.status);
         }
+        tracing::debug!(
+            compiled = compiled.last_counts().0,
+            reused = compiled.last_counts().1,
+            "routes compiled and reused"
+        );
+        self.compiled = compiled;
         // The previous status is freed with `replaced` below.
         drop(previous);
         self.generation += 1;
@@ -617,15 +649,15 @@ impl Server {
             "{what}"
         );
         self.metrics.set_shares(
-            translation
+            routing
                 .rules
                 .iter()
                 .flat_map(RuleSummary::share_rows)
                 .collect(),
         );
-        let rules = Arc::new(translation.rules);
+        let rules = Arc::new(routing.rules);
         let replaced = self.state.publish(Published {
-            status: translation.status,
+            status,
             errors: current.errors.clone(),
             rules: rules.clone(),
             generation: self.generation,

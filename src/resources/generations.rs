@@ -25,7 +25,8 @@ type ObjectKey = (&'static str, String, String);
 
 #[derive(Debug, Clone)]
 struct Seen {
-    spec: serde_json::Value,
+    /// [`Object::spec_json`].
+    spec: Vec<u8>,
     generation: i64,
     created: Timestamp,
 }
@@ -46,7 +47,7 @@ impl Generations {
                 object.namespace().unwrap_or("").to_string(),
                 object.name().to_string(),
             );
-            let spec = object.spec_value();
+            let spec = object.spec_json();
             let prev = self.seen.get(&key);
             let meta = object.metadata_mut();
             let generation = match (meta.generation, prev) {

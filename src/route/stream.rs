@@ -30,12 +30,26 @@ pub enum TlsMode {
 }
 
 /// A TLS listener's routes by SNI.
-#[derive(Debug)]
 pub struct StreamRoutes {
     pub mode: TlsMode,
     exact: HashMap<String, Arc<Rule>>,
     /// Keyed by the wildcard's suffix (`.example.com`).
     wildcard: HashMap<String, Arc<Rule>>,
+}
+
+// Debug with the maps in key order, as `ListenerRoutes`.
+impl std::fmt::Debug for StreamRoutes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::collections::BTreeMap;
+        f.debug_struct("StreamRoutes")
+            .field("mode", &self.mode)
+            .field("exact", &self.exact.iter().collect::<BTreeMap<_, _>>())
+            .field(
+                "wildcard",
+                &self.wildcard.iter().collect::<BTreeMap<_, _>>(),
+            )
+            .finish()
+    }
 }
 
 impl StreamRoutes {

@@ -15,6 +15,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, mpsc};
@@ -148,7 +149,6 @@ struct HostRoutes {
     index: Option<Box<PathIndex>>,
 }
 
-#[derive(Debug)]
 struct PathIndex {
     /// Range of `listed` holding the positions (in `order`) of the
     /// candidates under each first segment, ascending.
@@ -244,7 +244,6 @@ impl HostRoutes {
 }
 
 /// The routes attached to one Gateway listener.
-#[derive(Debug)]
 pub struct ListenerRoutes {
     /// `gateway/<ns>/<name>/listener/<listener name>`.
     pub id: String,
@@ -263,6 +262,39 @@ pub struct ListenerRoutes {
     /// Keyed by the wildcard's suffix (`.example.com`).
     wildcard: HashMap<String, HostRoutes>,
     any: HostRoutes,
+}
+
+// Debug with the hash maps in key order: two tables built from the same
+// configuration print the same (translate's tests compare them so).
+impl fmt::Debug for PathIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PathIndex")
+            .field(
+                "by_segment",
+                &self.by_segment.iter().collect::<BTreeMap<_, _>>(),
+            )
+            .field("listed", &self.listed)
+            .field("fallback", &self.fallback)
+            .finish()
+    }
+}
+
+impl fmt::Debug for ListenerRoutes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ListenerRoutes")
+            .field("id", &self.id)
+            .field("hostname", &self.hostname)
+            .field("tls", &self.tls)
+            .field("stream", &self.stream)
+            .field("candidates", &self.candidates)
+            .field("exact", &self.exact.iter().collect::<BTreeMap<_, _>>())
+            .field(
+                "wildcard",
+                &self.wildcard.iter().collect::<BTreeMap<_, _>>(),
+            )
+            .field("any", &self.any)
+            .finish()
+    }
 }
 
 impl ListenerRoutes {

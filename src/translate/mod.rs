@@ -20,6 +20,7 @@ mod matches;
 mod meta;
 mod output;
 mod references;
+mod reuse;
 mod rollouts;
 mod routes;
 mod tlsroutes;
@@ -29,22 +30,27 @@ pub use output::{
     BackendOutcome, BackendSummary, ListenerBind, ObjectStatus, RuleRollout, RuleSummary,
     StatusMetadata, StatusReport, Translation,
 };
+pub use reuse::CompiledRoutes;
 pub use rollouts::rollout_inputs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::resources::{CONTROLLER_NAME, Snapshot};
 use crate::rollout::ServedShares;
-use crate::route::{HostPattern, ListenerHandle, RouteKind, RouteOrder, RouteTableBuilder};
+use crate::route::{
+    HostPattern, ListenerHandle, RouteKind, RouteOrder, RouteTable, RouteTableBuilder,
+};
 
 use backends::BackendResolver;
 use conditions::Reason;
 use gateways::GatewayView;
-use meta::{created_nanos, sort_key};
+use meta::{created_nanos, sort_key_ref};
+use reuse::Reuse;
 use routes::{AttachedRoute, CompiledRoute, RouteHead};
 
 /// Settings that are not part of the manifests.
@@ -92,6 +98,78 @@ pub fn translate_served_at(
     served: &ServedShares,
     now: Timestamp,
 ) -> Translation {
+    let mut routing = None;
+    let status = translate_phased(snapshot, options, served, now, |r| routing = Some(r));
+    let Routing {
+        table,
+        rules,
+        warnings,
+    } = routing.expect("translate_phased hands the table over before the status");
+    Translation {
+        table,
+        status,
+        rules,
+        warnings,
+    }
+}
+
+/// What serving a configuration needs, before its status is known: the
+/// route table, the rule summaries and the warnings.
+#[derive(Debug)]
+pub struct Routing {
+    pub table: RouteTable,
+    /// As [`Translation::rules`].
+    pub rules: Vec<RuleSummary>,
+    /// As [`Translation::warnings`].
+    pub warnings: Vec<String>,
+}
+
+/// [`translate_served_at`] in two steps: `routing` is called with the
+/// table as soon as it is built, and the status (everything in it is
+/// computed from what built the table, after it) is returned afterwards.
+/// serve swaps the table in from `routing`, so that a flip does not wait
+/// for the status of every object: the status is computed while the new
+/// table already serves. One code path for both forms, so the two give
+/// the same table and status.
+pub fn translate_phased(
+    snapshot: &Snapshot,
+    options: &TranslateOptions,
+    served: &ServedShares,
+    now: Timestamp,
+    routing: impl FnOnce(Routing),
+) -> StatusReport {
+    translate_core(snapshot, options, served, now, &mut Reuse::none(), routing)
+}
+
+/// [`translate_phased`] reusing the compiled routes of the previous
+/// translation kept in `compiled` where nothing they depend on changed
+/// (see [`CompiledRoutes`]), and keeping this one's for the next. Gives
+/// what [`translate_phased`] gives.
+pub fn translate_reusing(
+    snapshot: &Arc<Snapshot>,
+    options: &TranslateOptions,
+    served: &ServedShares,
+    now: Timestamp,
+    compiled: &mut CompiledRoutes,
+    routing: impl FnOnce(Routing),
+) -> StatusReport {
+    let previous = std::mem::take(compiled);
+    let mut reuse = Reuse::of(&previous, snapshot, served);
+    let status = translate_core(snapshot, options, served, now, &mut reuse, routing);
+    reuse.keep(compiled, snapshot.clone(), served);
+    status
+}
+
+/// The phases of a translation, compiled routes taken from `reuse` where
+/// it has them.
+fn translate_core(
+    snapshot: &Snapshot,
+    options: &TranslateOptions,
+    served: &ServedShares,
+    now: Timestamp,
+    reuse: &mut Reuse<'_>,
+    routing: impl FnOnce(Routing),
+) -> StatusReport {
     let mut warnings = Vec::new();
     let labels = namespace_labels(snapshot);
     let (class_statuses, classes) = gateways::gateway_classes(snapshot, now);
@@ -105,8 +183,19 @@ pub fn translate_served_at(
         &resolver,
         served,
         &labels,
+        reuse,
         &mut warnings,
     );
+    let BoundListeners {
+        builder,
+        binds: listener_binds,
+        ..
+    } = listeners;
+    routing(Routing {
+        table: builder.build(),
+        rules,
+        warnings,
+    });
     let route_statuses = attached
         .iter()
         .map(|route| routes::route_status(route, &views, now));
@@ -115,14 +204,9 @@ pub fn translate_served_at(
         let route_gateways = rollouts::route_gateways(&attached, &views);
         objects.extend(rollouts::policy_statuses(snapshot, &route_gateways, now));
     }
-    Translation {
-        table: listeners.builder.build(),
-        status: StatusReport {
-            objects,
-            listener_binds: listeners.binds,
-        },
-        rules,
-        warnings,
+    StatusReport {
+        objects,
+        listener_binds,
     }
 }
 
@@ -228,15 +312,20 @@ fn attach_routes<'a>(
     resolver: &BackendResolver<'_>,
     served: &'a ServedShares,
     labels: &dyn Fn(&str) -> BTreeMap<String, String>,
+    reuse: &mut Reuse<'_>,
     warnings: &mut Vec<String>,
 ) -> (Vec<AttachedRoute<'a>>, Vec<RuleSummary>) {
     let mut routes = all_routes(snapshot, served);
-    routes.sort_by_key(|(head, _)| (sort_key(head.meta), head.kind));
+    routes.sort_by(|(a, ..), (b, ..)| {
+        (sort_key_ref(a.meta), a.kind).cmp(&(sort_key_ref(b.meta), b.kind))
+    });
     let mut attached_routes = Vec::new();
     let mut rules = Vec::new();
-    // Hostnames HTTPRoutes and GRPCRoutes hold on each (gateway, listener).
-    let mut claims: BTreeMap<(usize, usize), Vec<Claim>> = BTreeMap::new();
-    for (head, compile) in routes {
+    // Hostnames HTTPRoutes and GRPCRoutes hold on each (gateway, listener),
+    // by kind: a route looks only at the other kind's claims, so that
+    // 10,000 HTTPRoutes on one listener are not compared pairwise.
+    let mut claims: Claims = BTreeMap::new();
+    for (head, index, compile) in routes {
         let mut parents = routes::attach(&head, views, labels);
         if parents.is_empty() {
             warnings.push(format!(
@@ -258,7 +347,14 @@ fn attach_routes<'a>(
                 })
                 .collect(),
         );
-        let compiled = compile(resolver);
+        let compiled = reuse.route(
+            snapshot,
+            head.kind,
+            head.namespace,
+            head.name,
+            index,
+            || compile(resolver),
+        );
         let order = RouteOrder {
             created: created_nanos(head.meta),
             namespace: head.namespace.to_string(),
@@ -302,14 +398,14 @@ fn attach_routes<'a>(
             }
         }
         if accepted_anywhere {
-            rules.extend(compiled.summaries);
-            warnings.extend(compiled.warnings);
+            rules.extend(compiled.summaries.iter().cloned());
+            warnings.extend(compiled.warnings.iter().cloned());
         }
         attached_routes.push(AttachedRoute {
             head,
             parents,
-            unsupported: compiled.unsupported,
-            ref_failures: compiled.ref_failures,
+            unsupported: compiled.unsupported.clone(),
+            ref_failures: compiled.ref_failures.clone(),
         });
     }
     rules.sort_by(|a, b| (&a.kind, &a.route, a.rule).cmp(&(&b.kind, &b.route, b.rule)));
@@ -319,58 +415,66 @@ fn attach_routes<'a>(
 /// Compiles one route, given the backend resolver.
 type Compile<'a> = Box<dyn FnOnce(&BackendResolver<'_>) -> CompiledRoute + 'a>;
 
-/// Every route of the snapshot, with what compiles it (and the shares
-/// rollouts serve, by route kind, name and rule).
+/// Every route of the snapshot, with its index in its kind's list and what
+/// compiles it (and the shares rollouts serve, by route kind, name and
+/// rule).
 fn all_routes<'a>(
     snapshot: &'a Snapshot,
     served: &'a ServedShares,
-) -> Vec<(RouteHead<'a>, Compile<'a>)> {
+) -> Vec<(RouteHead<'a>, usize, Compile<'a>)> {
     /// A route's head, and its compile step (`compile` given the route's
     /// namespace and name).
-    fn entry<'a, P: serde::Serialize>(
+    fn entry<'a, P: routes::RouteParentRef>(
         kind: RouteKind,
         meta: &'a ObjectMeta,
         hostnames: &'a [String],
         parent_refs: &[P],
+        index: usize,
         compile: impl FnOnce(&'a str, &'a str, &BackendResolver<'_>) -> CompiledRoute + 'a,
-    ) -> (RouteHead<'a>, Compile<'a>) {
+    ) -> (RouteHead<'a>, usize, Compile<'a>) {
         let head = RouteHead::new(kind, meta, hostnames, parent_refs);
         let (ns, name) = (head.namespace, head.name);
-        (head, Box::new(move |res| compile(ns, name, res)))
+        (head, index, Box::new(move |res| compile(ns, name, res)))
     }
-    let http = snapshot.http_routes.iter().map(|r| {
+    let http = snapshot.http_routes.iter().enumerate().map(|(i, r)| {
         entry(
             RouteKind::Http,
             &r.metadata,
             r.spec.hostnames.as_deref().unwrap_or_default(),
             r.spec.parent_refs.as_deref().unwrap_or_default(),
+            i,
             move |ns, name, res| routes::compile_route(r, ns, name, res, served),
         )
     });
-    let grpc = snapshot.grpc_routes.iter().map(|r| {
+    let grpc = snapshot.grpc_routes.iter().enumerate().map(|(i, r)| {
         entry(
             RouteKind::Grpc,
             &r.metadata,
             r.spec.hostnames.as_deref().unwrap_or_default(),
             r.spec.parent_refs.as_deref().unwrap_or_default(),
+            i,
             move |ns, name, res| grpcroutes::compile_route(r, ns, name, res, served),
         )
     });
-    let tls = snapshot.tls_routes.iter().map(|r| {
+    let tls = snapshot.tls_routes.iter().enumerate().map(|(i, r)| {
         entry(
             RouteKind::Tls,
             &r.metadata,
             &r.spec.hostnames,
             r.spec.parent_refs.as_deref().unwrap_or_default(),
+            i,
             move |ns, name, res| tlsroutes::compile_route(r, ns, name, res, served),
         )
     });
     http.chain(grpc).chain(tls).collect()
 }
 
+/// The hostnames accepted HTTPRoutes and GRPCRoutes hold, by (gateway,
+/// listener, route kind), in the order they were claimed.
+type Claims = BTreeMap<(usize, usize, RouteKind), Vec<Claim>>;
+
 /// A hostname an accepted HTTPRoute or GRPCRoute holds on a listener.
 struct Claim {
-    kind: RouteKind,
     host: HostPattern,
     /// `HTTPRoute ns/name`, for the loser's message.
     route: String,
@@ -383,7 +487,7 @@ struct Claim {
 fn resolve_kind_conflicts(
     route: &RouteHead<'_>,
     parents: &mut [routes::ParentResult],
-    claims: &mut BTreeMap<(usize, usize), Vec<Claim>>,
+    claims: &mut Claims,
     views: &[GatewayView],
 ) {
     for parent in parents.iter_mut() {
@@ -392,11 +496,15 @@ fn resolve_kind_conflicts(
         };
         let mut lost = Vec::new();
         attachments.retain(|a| {
-            let held = claims.get(&(a.gateway, a.listener)).and_then(|cs| {
-                cs.iter().find(|c| {
-                    c.kind != route.kind && a.hostnames.iter().any(|h| h.intersect(&c.host).is_some())
-                })
-            });
+            let held = [RouteKind::Http, RouteKind::Grpc]
+                .into_iter()
+                .filter(|kind| *kind != route.kind)
+                .filter_map(|kind| claims.get(&(a.gateway, a.listener, kind)))
+                .find_map(|cs| {
+                    cs.iter().find(|c| {
+                        a.hostnames.iter().any(|h| h.intersect(&c.host).is_some())
+                    })
+                });
             match held {
                 Some(c) => {
                     lost.push(format!(
@@ -413,10 +521,11 @@ fn resolve_kind_conflicts(
             continue;
         }
         for a in attachments.iter() {
-            let held = claims.entry((a.gateway, a.listener)).or_default();
+            let held = claims
+                .entry((a.gateway, a.listener, route.kind))
+                .or_default();
             for h in &a.hostnames {
                 held.push(Claim {
-                    kind: route.kind,
                     host: h.clone(),
                     route: route.id(),
                 });

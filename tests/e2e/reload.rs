@@ -130,3 +130,95 @@ async fn a_broken_file_keeps_its_last_good_objects_serving() {
         "{metrics}"
     );
 }
+
+/// Route `r{i}` on hostname `r{i}.example.com`, all of it to `blue` or all
+/// of it to `green`.
+fn one_of_many(i: usize, to_green: bool) -> String {
+    let (b, g) = if to_green { (0, 1) } else { (1, 0) };
+    route(
+        "default",
+        &format!("r{i}"),
+        &format!(
+            "  hostnames: [r{i}.example.com]\n  rules:\n  - backendRefs:\n    - {{name: blue, port: 8080, weight: {b}}}\n    - {{name: green, port: 8080, weight: {g}}}"
+        ),
+    )
+}
+
+/// Many routes in one file, `to_green(i)` saying where each one sends.
+fn many_routes(n: usize, to_green: impl Fn(usize) -> bool) -> String {
+    (0..n).map(|i| one_of_many(i, to_green(i))).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changing_one_route_among_many_in_a_file_changes_that_route_only() {
+    const ROUTES: usize = 60;
+    const CHANGED: usize = 17;
+    let blue = Pods::start("default", "blue", 1).await;
+    let green = Pods::start("default", "green", 1).await;
+    let before = |i: usize| i % 2 == 1;
+    let gw = Sluice::start(&[
+        (
+            "base.yaml",
+            gateway() + &blue.manifests() + &green.manifests(),
+        ),
+        ("routes.yaml", many_routes(ROUTES, before)),
+    ])
+    .await;
+    let mut conn = gw.connect().await;
+    for i in 0..ROUTES {
+        let pod = conn.get(&format!("r{i}.example.com"), "/").await.pod();
+        assert_eq!(
+            pod.starts_with("green"),
+            before(i),
+            "route r{i} before: {pod}"
+        );
+    }
+    let generation = |status: serde_json::Value| status["metadata"]["generation"].clone();
+    assert_eq!(
+        generation(gw.object_status("HTTPRoute", Some("default"), "r17").await),
+        1
+    );
+
+    // The same file, with one route's split turned around.
+    let after = |i: usize| if i == CHANGED { !before(i) } else { before(i) };
+    gw.write("routes.yaml", &many_routes(ROUTES, after));
+    gw.eventually(&format!("r{CHANGED}.example.com"), "/", |r| {
+        r.pod()
+            .starts_with(if after(CHANGED) { "green" } else { "blue" })
+    })
+    .await;
+    // Served only by the new split from now on; every other route as before.
+    let mut conn = gw.connect().await;
+    for _ in 0..10 {
+        let pod = conn
+            .get(&format!("r{CHANGED}.example.com"), "/")
+            .await
+            .pod();
+        assert!(pod.starts_with("green") == after(CHANGED), "{pod}");
+    }
+    for i in 0..ROUTES {
+        let pod = conn.get(&format!("r{i}.example.com"), "/").await.pod();
+        assert_eq!(
+            pod.starts_with("green"),
+            after(i),
+            "route r{i} after: {pod}"
+        );
+    }
+    // The status follows once published: the changed route's spec is at
+    // generation 2 and observed there; the others stay at 1.
+    let observed = |status: &serde_json::Value| {
+        status["status"]["parents"][0]["conditions"][0]["observedGeneration"].clone()
+    };
+    poll_until(
+        "the changed route's status to show generation 2",
+        || gw.log(),
+        async || {
+            let s = gw.object_status("HTTPRoute", Some("default"), "r17").await;
+            generation(s.clone()) == 2 && observed(&s) == 2
+        },
+    )
+    .await;
+    let other = gw.object_status("HTTPRoute", Some("default"), "r16").await;
+    assert_eq!(generation(other.clone()), 1, "{other:#}");
+    assert_eq!(observed(&other), 1, "{other:#}");
+}
