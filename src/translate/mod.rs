@@ -305,6 +305,10 @@ fn bind_listeners(views: &[GatewayView]) -> BoundListeners {
 ///
 /// Returns the routes to report on, in that order, and the rule summaries
 /// of those accepted somewhere, by (kind, route, rule).
+// The translation's phases hand their state down one by one, as
+// translate_core's other phases do; a struct for one call would only
+// rename them.
+#[allow(clippy::too_many_arguments)]
 fn attach_routes<'a>(
     snapshot: &'a Snapshot,
     views: &mut [GatewayView],

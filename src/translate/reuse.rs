@@ -32,6 +32,10 @@ use super::routes::CompiledRoute;
 /// (kind, namespace, name) of a route.
 type RouteKey = (RouteKind, String, String);
 
+/// Compiled routes by route: the index of each in its kind's list of the
+/// snapshot they were compiled from, and its compiled form.
+type ByRoute = HashMap<RouteKey, (usize, Arc<CompiledRoute>)>;
+
 /// The compiled routes of the last translation, for the next one.
 #[derive(Default)]
 pub struct CompiledRoutes {
@@ -39,7 +43,7 @@ pub struct CompiledRoutes {
     inputs: Option<(Arc<Snapshot>, ServedShares)>,
     /// By route: its index in its kind's list of `inputs`' snapshot, and
     /// its compiled form.
-    routes: HashMap<RouteKey, (usize, Arc<CompiledRoute>)>,
+    routes: ByRoute,
     /// How many routes the last translation compiled, and reused.
     counts: (usize, usize),
 }
@@ -69,11 +73,8 @@ impl CompiledRoutes {
 pub(super) struct Reuse<'c> {
     /// The previous snapshot and its routes, when the shared inputs are
     /// unchanged.
-    previous: Option<(
-        &'c Snapshot,
-        &'c HashMap<RouteKey, (usize, Arc<CompiledRoute>)>,
-    )>,
-    next: HashMap<RouteKey, (usize, Arc<CompiledRoute>)>,
+    previous: Option<(&'c Snapshot, &'c ByRoute)>,
+    next: ByRoute,
     compiled: usize,
     reused: usize,
 }
