@@ -8,10 +8,14 @@
 //! by the loop as the handler's upstream exchange takes it (a small channel
 //! of frames), also while the response streams back.
 //!
-//! While a connection idles it gives its memory back, as nginx does: the
-//! read and write buffers are freed once no byte has come for
-//! [`RELEASE_AFTER`], and the next request is read into a fresh small
-//! buffer. hyper's server kept 24 KiB of buffers per idle connection.
+//! While a connection idles it holds no buffer, as nginx does: the read and
+//! write buffers are given back once a response is written and nothing
+//! more was sent, and the next request's first bytes are read into room on
+//! the stack before a fresh small buffer is taken for them. hyper's server
+//! kept 24 KiB of buffers per idle connection. The connection's task is
+//! sized by its idle state (its largest), so that state is kept small:
+//! one timer, the draining watch, and the read (docs/performance.md,
+//! *Issue 13, third pass*).
 //!
 //! Everything the parser refuses is answered from its [`ProxyError`] and
 //! the connection closed; a head that does not arrive within the
@@ -20,9 +24,12 @@
 //! response. An upgrade (WebSocket) hands the connection to
 //! [`super::upgrade`] after the 101.
 
+use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::ops::Range;
+use std::pin::{Pin, pin};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -31,7 +38,7 @@ use http::header::{CONNECTION, CONTENT_LENGTH, HOST, HeaderName, HeaderValue, TR
 use http::{HeaderMap, Method, Request, StatusCode, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
@@ -46,8 +53,8 @@ const READ_CHUNK: usize = 8 * 1024;
 /// Room a request head is read into first (nginx's
 /// `client_header_buffer_size`); a larger head doubles it as it comes.
 const HEAD_CHUNK: usize = 1024;
-/// An idle connection frees its buffers after this long without a byte.
-pub(super) const RELEASE_AFTER: Duration = Duration::from_secs(1);
+/// Room reserved for a response head when the write buffer is taken.
+const OUT_HEAD: usize = 512;
 /// Request body frames the loop may read ahead of the upstream exchange.
 const BODY_FRAMES: usize = 2;
 /// Response bytes gathered before they are written.
@@ -57,34 +64,35 @@ const WRITE_BATCH: usize = 64 * 1024;
 /// idles past its timeout, or the proxy drains. `_permits` hold its places
 /// under the connection limits; the first request head is due by
 /// `first_head_by`.
+///
+/// Spawned as a task of its own (not awaited inside another future), so
+/// that the task is no larger than this future: each argument is kept in
+/// it for the connection's life.
 pub(super) async fn serve<S>(
     shared: Arc<Shared>,
     mut io: S,
     tls: Option<TlsConnection>,
-    client: SocketAddr,
+    peer: handler::Peer,
     bind: SocketAddr,
     _permits: super::Permits,
-    first_head_by: Instant,
+    mut first_head_by: Option<Instant>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let limits = HeadLimits::from_limits(&shared.limits);
-    let peer = handler::Peer::new(client);
     let mut draining = shared.draining.subscribe();
     let mut conn = Conn {
         buf: BytesMut::new(),
         out: Vec::new(),
-        released: false,
     };
-    let mut head_by = Some(first_head_by);
     loop {
         let head = match conn
-            .read_head(&shared, &mut io, &limits, &mut draining, head_by.take())
+            .read_head(&shared, &mut io, &mut draining, first_head_by.take())
             .await
         {
             Ok(Some(head)) => head,
             Ok(None) => return,
             Err(refused) => {
+                let client = peer.addr;
                 tracing::debug!(%client, error = %refused, "request head refused");
                 let _ = Box::pin(conn.write_error(&mut io, refused)).await;
                 return;
@@ -101,7 +109,7 @@ pub(super) async fn serve<S>(
             draining: &draining,
         };
         match Box::pin(exchange.run(&mut conn, &mut io, head)).await {
-            Next::Request => {}
+            Next::Request => conn.release(),
             Next::Close => {
                 let _ = io.shutdown().await;
                 return;
@@ -254,12 +262,20 @@ struct Conn {
     buf: BytesMut,
     /// What is about to be written.
     out: Vec<u8>,
-    /// The buffers were freed while idle: read the next head into a small
-    /// buffer first.
-    released: bool,
 }
 
 impl Conn {
+    /// Give the buffers back between requests, unless the client has sent
+    /// (pipelined) the next request's bytes already: an idle connection
+    /// holds no buffer. Taking them again is one small allocation each,
+    /// from the allocator's per-thread cache.
+    fn release(&mut self) {
+        if self.buf.is_empty() {
+            self.buf = BytesMut::new();
+        }
+        self.out = Vec::new();
+    }
+
     /// Wait for and parse the next request head. `Ok(None)`: the connection
     /// is to close without an answer (closed by the client, timed out,
     /// draining while idle).
@@ -271,58 +287,47 @@ impl Conn {
         &mut self,
         shared: &Shared,
         io: &mut S,
-        limits: &HeadLimits,
         draining: &mut watch::Receiver<bool>,
         head_by: Option<Instant>,
     ) -> Result<Option<RequestHead>, ProxyError> {
         let l = &shared.limits;
-        let head_timeout = l.request_header_timeout.min(l.idle_timeout);
-        let now = Instant::now();
         // Waiting for the first byte of the next request on a kept-alive
         // connection (pipelined bytes start the head at once).
         let mut between = head_by.is_none() && self.buf.is_empty();
         let mut deadline = match head_by {
             Some(by) => by,
-            None if between => now + l.keepalive_timeout.min(l.idle_timeout),
-            None => now + head_timeout,
+            None if between => Instant::now() + l.keepalive_timeout.min(l.idle_timeout),
+            None => Instant::now() + l.request_header_timeout.min(l.idle_timeout),
         };
-        let mut release_at = Some(now + RELEASE_AFTER).filter(|at| *at < deadline);
         loop {
             if !self.buf.is_empty() {
-                if let Some(head) = h1::parse_request(&self.buf, limits)? {
+                let limits = HeadLimits::from_limits(l);
+                if let Some(head) = h1::parse_request(&self.buf, &limits)? {
                     return Ok(Some(head));
                 }
             } else if *draining.borrow() {
                 return Ok(None);
             }
-            if self.buf.capacity() == self.buf.len() && !self.released {
-                self.buf.reserve(self.buf.len().max(HEAD_CHUNK));
-            }
             let idle = self.buf.is_empty();
-            let timer = release_at.unwrap_or(deadline);
             tokio::select! {
-                read = io.read_buf(&mut self.buf) => match read {
+                read = read_head_bytes(io, &mut self.buf) => match read {
                     Ok(0) | Err(_) => return Ok(None),
                     Ok(_) => {
-                        self.released = false;
                         if between {
                             between = false;
-                            deadline = Instant::now() + head_timeout;
+                            deadline =
+                                Instant::now() + l.request_header_timeout.min(l.idle_timeout);
                         }
                     }
                 },
-                () = tokio::time::sleep_until(timer) => {
-                    if release_at.take().is_none() {
-                        // The head timeout (or the idle timeout).
+                // The head timeout (or the keep-alive or idle timeout).
+                () = tokio::time::sleep_until(deadline) => return Ok(None),
+                // Draining (checked above), or the proxy is gone.
+                changed = draining.changed(), if idle => {
+                    if changed.is_err() {
                         return Ok(None);
                     }
-                    if self.buf.is_empty() {
-                        self.buf = BytesMut::new();
-                        self.out = Vec::new();
-                        self.released = true;
-                    }
                 }
-                _ = draining.wait_for(|d| *d), if idle => return Ok(None),
             }
         }
     }
@@ -424,6 +429,40 @@ impl Conn {
     }
 }
 
+/// Read the next bytes of a request head into `buf`. A connection that
+/// holds no buffer (idle) reads into room on the stack first and takes a
+/// buffer only once bytes came; a full buffer is grown first (doubled, for
+/// a head larger than [`HEAD_CHUNK`]).
+fn read_head_bytes<'a, S: AsyncRead + Unpin>(
+    io: &'a mut S,
+    buf: &'a mut BytesMut,
+) -> impl Future<Output = std::io::Result<usize>> + 'a {
+    poll_fn(move |cx| poll_head_bytes(io, buf, cx))
+}
+
+fn poll_head_bytes<S: AsyncRead + Unpin>(
+    io: &mut S,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<std::io::Result<usize>> {
+    if buf.capacity() == 0 {
+        let mut room = [0u8; HEAD_CHUNK];
+        let mut read = ReadBuf::new(&mut room);
+        ready!(Pin::new(io).poll_read(cx, &mut read))?;
+        let got = read.filled();
+        if !got.is_empty() {
+            buf.reserve(HEAD_CHUNK);
+            buf.extend_from_slice(got);
+        }
+        return Poll::Ready(Ok(got.len()));
+    }
+    if buf.capacity() == buf.len() {
+        buf.reserve(buf.len().max(HEAD_CHUNK));
+    }
+    // tokio's `read_buf` future holds nothing between polls.
+    pin!(io.read_buf(buf)).poll(cx)
+}
+
 async fn write_now<S: AsyncWrite + Unpin>(io: &mut S, bytes: &[u8]) -> std::io::Result<()> {
     io.write_all(bytes).await?;
     io.flush().await
@@ -491,6 +530,7 @@ fn encode_head(
     close: bool,
 ) -> OutFraming {
     out.clear();
+    out.reserve(OUT_HEAD);
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(parts.status.as_str().as_bytes());
     out.push(b' ');
@@ -714,5 +754,45 @@ mod tests {
             ),
             "None HTTP/1.1 204 No Content\r\n\r\n"
         );
+    }
+}
+
+#[cfg(test)]
+mod size_probe {
+    fn ret_size<F, A, B, C, D, E, G, H, R>(_: F) -> usize
+    where
+        F: FnOnce(A, B, C, D, E, G, H) -> R,
+    {
+        std::mem::size_of::<R>()
+    }
+    fn ret_size5<F, A, B, C, D, E, R>(_: F) -> usize
+    where
+        F: FnOnce(A, B, C, D, E) -> R,
+    {
+        std::mem::size_of::<R>()
+    }
+
+    #[test]
+    fn print_sizes() {
+        use std::mem::size_of;
+        eprintln!("serve<TcpStream> {}", ret_size(super::serve::<tokio::net::TcpStream>));
+        eprintln!("serve_cleartext {}", ret_size5(super::super::serve_cleartext));
+        eprintln!("Sleep {}", size_of::<tokio::time::Sleep>());
+        eprintln!("TcpStream {}", size_of::<tokio::net::TcpStream>());
+        eprintln!("Peer {}", size_of::<super::handler::Peer>());
+        eprintln!("Permits {}", size_of::<super::super::Permits>());
+        eprintln!("Conn {}", size_of::<super::Conn>());
+        eprintln!("HeadLimits {}", size_of::<super::HeadLimits>());
+        eprintln!("TlsConn {}", size_of::<Option<super::TlsConnection>>());
+        let (_tx, mut rx) = tokio::sync::watch::channel(false);
+        let f = rx.wait_for(|d| *d);
+        eprintln!("wait_for {}", std::mem::size_of_val(&f));
+        drop(f);
+        let f = rx.changed();
+        eprintln!("changed {}", std::mem::size_of_val(&f));
+        drop(f);
+        let n = tokio::sync::Notify::new();
+        let f = n.notified();
+        eprintln!("notified {}", std::mem::size_of_val(&f));
     }
 }

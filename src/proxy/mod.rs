@@ -392,7 +392,11 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAdd
                 Box::pin(serve(shared, stream, tls, client, bind, permits)).await;
             } else {
                 let head_by = tokio::time::Instant::now() + shared.limits.request_header_timeout;
-                h1_conn::serve(shared, stream, tls, client, bind, permits, head_by).await;
+                // A task of its own: this one (the handshake's) ends, and
+                // the idle connection's task is no larger than its loop.
+                let peer = handler::Peer::new(client);
+                let h1 = h1_conn::serve(shared, stream, tls, peer, bind, permits, Some(head_by));
+                tokio::spawn(h1);
             }
         });
     }
@@ -420,7 +424,12 @@ async fn serve_cleartext(
         Box::pin(serve(shared, stream, None, client, bind, permits)).await;
     } else {
         // The first head is due by the same deadline as the first bytes.
-        h1_conn::serve(shared, stream, None, client, bind, permits, deadline).await;
+        // A task of its own, not awaited here: this future's arguments and
+        // the peek would stay in the connection's task for its whole life
+        // (300 bytes per idle connection).
+        let peer = handler::Peer::new(client);
+        let h1 = h1_conn::serve(shared, stream, None, peer, bind, permits, Some(deadline));
+        tokio::spawn(h1);
     }
 }
 
