@@ -11,11 +11,13 @@
 //! While a connection idles it holds no buffer, as nginx does: the read and
 //! write buffers are given back once a response is written and nothing
 //! more was sent, and the next request's first bytes are read into room on
-//! the stack before a fresh small buffer is taken for them. hyper's server
-//! kept 24 KiB of buffers per idle connection. The connection's task is
-//! sized by its idle state (its largest), so that state is kept small:
-//! one timer, the draining watch, and the read (docs/performance.md,
-//! *Issue 13, third pass*).
+//! the stack before a buffer is taken for them. hyper's server kept 24 KiB
+//! of buffers per idle connection. Buffers given back wait in a small
+//! per-thread [`Spare`] list for the next request, so that busy
+//! connections do not pay an allocation per request for them. The
+//! connection's task is sized by its idle state (its largest), so that
+//! state is kept small: one timer, the draining watch, and the read
+//! (docs/performance.md, *Issue 13, third pass*).
 //!
 //! Everything the parser refuses is answered from its [`ProxyError`] and
 //! the connection closed; a head that does not arrive within the
@@ -24,7 +26,9 @@
 //! response. An upgrade (WebSocket) hands the connection to
 //! [`super::upgrade`] after the 101.
 
+use std::cell::RefCell;
 use std::future::poll_fn;
+use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::pin::{Pin, pin};
@@ -55,6 +59,13 @@ const READ_CHUNK: usize = 8 * 1024;
 const HEAD_CHUNK: usize = 1024;
 /// Room reserved for a response head when the write buffer is taken.
 const OUT_HEAD: usize = 512;
+/// A read buffer with less room than this left is not kept.
+const SPARE_MIN_ROOM: usize = 256;
+/// Buffers kept per thread for the next requests (of each kind).
+const SPARE_BUFFERS: usize = 64;
+/// A buffer larger than this is freed, not kept (at most 1 MiB kept per
+/// thread).
+const SPARE_MAX_BYTES: usize = 8 * 1024;
 /// Request body frames the loop may read ahead of the upstream exchange.
 const BODY_FRAMES: usize = 2;
 /// Response bytes gathered before they are written.
@@ -267,13 +278,11 @@ struct Conn {
 impl Conn {
     /// Give the buffers back between requests, unless the client has sent
     /// (pipelined) the next request's bytes already: an idle connection
-    /// holds no buffer. Taking them again is one small allocation each,
-    /// from the allocator's per-thread cache.
+    /// holds no buffer. They go to the thread's [`Spare`] list, from which
+    /// the next request to start takes them.
     fn release(&mut self) {
-        if self.buf.is_empty() {
-            self.buf = BytesMut::new();
-        }
-        self.out = Vec::new();
+        let buf = self.buf.is_empty().then(|| std::mem::take(&mut self.buf));
+        Spare::give_back(buf, std::mem::take(&mut self.out));
     }
 
     /// Wait for and parse the next request head. `Ok(None)`: the connection
@@ -446,12 +455,15 @@ fn poll_head_bytes<S: AsyncRead + Unpin>(
     cx: &mut Context<'_>,
 ) -> Poll<std::io::Result<usize>> {
     if buf.capacity() == 0 {
-        let mut room = [0u8; HEAD_CHUNK];
-        let mut read = ReadBuf::new(&mut room);
+        let mut room = [MaybeUninit::<u8>::uninit(); HEAD_CHUNK];
+        let mut read = ReadBuf::uninit(&mut room);
         ready!(Pin::new(io).poll_read(cx, &mut read))?;
         let got = read.filled();
         if !got.is_empty() {
-            buf.reserve(HEAD_CHUNK);
+            *buf = Spare::buf();
+            if buf.capacity() < got.len() {
+                buf.reserve(HEAD_CHUNK);
+            }
             buf.extend_from_slice(got);
         }
         return Poll::Ready(Ok(got.len()));
@@ -461,6 +473,62 @@ fn poll_head_bytes<S: AsyncRead + Unpin>(
     }
     // tokio's `read_buf` future holds nothing between polls.
     pin!(io.read_buf(buf)).poll(cx)
+}
+
+thread_local! {
+    static SPARE: RefCell<Spare> = const {
+        RefCell::new(Spare {
+            bufs: Vec::new(),
+            outs: Vec::new(),
+        })
+    };
+}
+
+/// Read and write buffers given back by connections of this thread that
+/// went idle, up to [`SPARE_BUFFERS`] of each: what a busy thread takes and
+/// gives back per request, without the allocator (with 50 busy
+/// connections, a fresh 1 KiB buffer per request was 1,000 instructions of
+/// malloc and free). Held per thread, not per connection: an idle
+/// connection holds nothing.
+struct Spare {
+    bufs: Vec<BytesMut>,
+    outs: Vec<Vec<u8>>,
+}
+
+impl Spare {
+    /// A read buffer for a request that starts: empty, with room for a
+    /// head or none. (The room left after earlier heads, as a connection's
+    /// own buffer is used: its start may still be shared with them.)
+    fn buf() -> BytesMut {
+        SPARE
+            .with_borrow_mut(|spare| spare.bufs.pop())
+            .unwrap_or_default()
+    }
+
+    /// A write buffer for a response (empty; it may have room).
+    fn out() -> Vec<u8> {
+        SPARE
+            .with_borrow_mut(|spare| spare.outs.pop())
+            .unwrap_or_default()
+    }
+
+    /// Keep what a connection gives back, if there is room and it is worth
+    /// keeping; free the rest.
+    fn give_back(buf: Option<BytesMut>, mut out: Vec<u8>) {
+        SPARE.with_borrow_mut(|spare| {
+            if let Some(mut buf) =
+                buf.filter(|b| (SPARE_MIN_ROOM..=SPARE_MAX_BYTES).contains(&b.capacity()))
+                && spare.bufs.len() < SPARE_BUFFERS
+            {
+                buf.clear();
+                spare.bufs.push(buf);
+            }
+            if (1..=SPARE_MAX_BYTES).contains(&out.capacity()) && spare.outs.len() < SPARE_BUFFERS {
+                out.clear();
+                spare.outs.push(out);
+            }
+        });
+    }
 }
 
 async fn write_now<S: AsyncWrite + Unpin>(io: &mut S, bytes: &[u8]) -> std::io::Result<()> {
@@ -529,6 +597,10 @@ fn encode_head(
     minor: u8,
     close: bool,
 ) -> OutFraming {
+    if out.capacity() == 0 {
+        // Given back while the connection idled.
+        *out = Spare::out();
+    }
     out.clear();
     out.reserve(OUT_HEAD);
     out.extend_from_slice(b"HTTP/1.1 ");
