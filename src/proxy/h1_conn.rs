@@ -8,10 +8,16 @@
 //! by the loop as the handler's upstream exchange takes it (a small channel
 //! of frames), also while the response streams back.
 //!
-//! While a connection idles it gives its memory back, as nginx does: the
-//! read and write buffers are freed once no byte has come for
-//! [`RELEASE_AFTER`], and the next request is read into a fresh small
-//! buffer. hyper's server kept 24 KiB of buffers per idle connection.
+//! While a connection idles it holds no buffer, as nginx does: the read and
+//! write buffers are given back once a response is written and nothing
+//! more was sent, and the next request's first bytes are read into room on
+//! the stack before a buffer is taken for them. hyper's server kept 24 KiB
+//! of buffers per idle connection. Buffers given back wait in a small
+//! per-thread [`Spare`] list for the next request, so that busy
+//! connections do not pay an allocation per request for them. The
+//! connection's task is sized by its idle state (its largest), so that
+//! state is kept small: one timer, the draining watch, and the read
+//! (docs/performance.md, *Issue 13, third pass*).
 //!
 //! Everything the parser refuses is answered from its [`ProxyError`] and
 //! the connection closed; a head that does not arrive within the
@@ -20,9 +26,14 @@
 //! response. An upgrade (WebSocket) hands the connection to
 //! [`super::upgrade`] after the 101.
 
+use std::cell::RefCell;
+use std::future::poll_fn;
+use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::ops::Range;
+use std::pin::{Pin, pin};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -31,7 +42,7 @@ use http::header::{CONNECTION, CONTENT_LENGTH, HOST, HeaderName, HeaderValue, TR
 use http::{HeaderMap, Method, Request, StatusCode, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
@@ -46,8 +57,15 @@ const READ_CHUNK: usize = 8 * 1024;
 /// Room a request head is read into first (nginx's
 /// `client_header_buffer_size`); a larger head doubles it as it comes.
 const HEAD_CHUNK: usize = 1024;
-/// An idle connection frees its buffers after this long without a byte.
-pub(super) const RELEASE_AFTER: Duration = Duration::from_secs(1);
+/// Room reserved for a response head when the write buffer is taken.
+const OUT_HEAD: usize = 512;
+/// A read buffer with less room than this left is not kept.
+const SPARE_MIN_ROOM: usize = 256;
+/// Buffers kept per thread for the next requests (of each kind).
+const SPARE_BUFFERS: usize = 64;
+/// A buffer larger than this is freed, not kept (at most 1 MiB kept per
+/// thread).
+const SPARE_MAX_BYTES: usize = 8 * 1024;
 /// Request body frames the loop may read ahead of the upstream exchange.
 const BODY_FRAMES: usize = 2;
 /// Response bytes gathered before they are written.
@@ -57,63 +75,77 @@ const WRITE_BATCH: usize = 64 * 1024;
 /// idles past its timeout, or the proxy drains. `_permits` hold its places
 /// under the connection limits; the first request head is due by
 /// `first_head_by`.
-pub(super) async fn serve<S>(
+///
+/// Spawned as a task of its own (not awaited inside another future), so
+/// that the task is no larger than this future: each argument is kept in
+/// it for the connection's life.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps each argument twice in its future"
+)]
+pub(super) fn serve<S>(
     shared: Arc<Shared>,
     mut io: S,
     tls: Option<TlsConnection>,
-    client: SocketAddr,
+    peer: handler::Peer,
     bind: SocketAddr,
-    _permits: super::Permits,
-    first_head_by: Instant,
-) where
+    permits: super::Permits,
+    mut first_head_by: Option<Instant>,
+) -> impl Future<Output = ()> + Send + 'static
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let limits = HeadLimits::from_limits(&shared.limits);
-    let peer = handler::Peer::new(client);
-    let mut draining = shared.draining.subscribe();
-    let mut conn = Conn {
-        buf: BytesMut::new(),
-        out: Vec::new(),
-        released: false,
-    };
-    let mut head_by = Some(first_head_by);
-    loop {
-        let head = match conn
-            .read_head(&shared, &mut io, &limits, &mut draining, head_by.take())
-            .await
-        {
-            Ok(Some(head)) => head,
-            Ok(None) => return,
-            Err(refused) => {
-                tracing::debug!(%client, error = %refused, "request head refused");
-                let _ = Box::pin(conn.write_error(&mut io, refused)).await;
-                return;
-            }
+    // An `async` block, not an `async fn`: an `async fn` moves each
+    // argument into a local of its own, and both are kept in the future
+    // (with `read_head`'s, 256 bytes of task per idle connection). The
+    // block uses what it captures in place.
+    async move {
+        // Held until the connection ends.
+        let _permits = &permits;
+        let mut draining = shared.draining.subscribe();
+        let mut conn = Conn {
+            buf: BytesMut::new(),
+            out: Vec::new(),
         };
-        // One exchange, boxed: the connection's task is sized by its
-        // largest state, and an idle connection should not keep room for a
-        // request (3 KB). One allocation per request instead.
-        let exchange = Exchange {
-            shared: &shared,
-            peer: &peer,
-            tls: &tls,
-            bind,
-            draining: &draining,
-        };
-        match Box::pin(exchange.run(&mut conn, &mut io, head)).await {
-            Next::Request => {}
-            Next::Close => {
-                let _ = io.shutdown().await;
-                return;
-            }
-            Next::Gone => return,
-            Next::HandOver(tx) => {
-                let read_ahead = conn.buf.split().freeze();
-                let _ = tx.send(Upgraded {
-                    io: Box::new(io),
-                    read_ahead,
-                });
-                return;
+        loop {
+            let head = match conn
+                .read_head(&shared, &mut io, &mut draining, first_head_by.take())
+                .await
+            {
+                Ok(Some(head)) => head,
+                Ok(None) => return,
+                Err(refused) => {
+                    let client = peer.addr;
+                    tracing::debug!(%client, error = %refused, "request head refused");
+                    let _ = Box::pin(conn.write_error(&mut io, refused)).await;
+                    return;
+                }
+            };
+            // One exchange, boxed: the connection's task is sized by its
+            // largest state, and an idle connection should not keep room for a
+            // request (3 KB). One allocation per request instead.
+            let exchange = Exchange {
+                shared: &shared,
+                peer: &peer,
+                tls: &tls,
+                bind,
+                draining: &draining,
+            };
+            match Box::pin(exchange.run(&mut conn, &mut io, head)).await {
+                Next::Request => conn.release(),
+                Next::Close => {
+                    let _ = io.shutdown().await;
+                    return;
+                }
+                Next::Gone => return,
+                Next::HandOver(tx) => {
+                    let read_ahead = conn.buf.split().freeze();
+                    let _ = tx.send(Upgraded {
+                        io: Box::new(io),
+                        read_ahead,
+                    });
+                    return;
+                }
             }
         }
     }
@@ -254,12 +286,18 @@ struct Conn {
     buf: BytesMut,
     /// What is about to be written.
     out: Vec<u8>,
-    /// The buffers were freed while idle: read the next head into a small
-    /// buffer first.
-    released: bool,
 }
 
 impl Conn {
+    /// Give the buffers back between requests, unless the client has sent
+    /// (pipelined) the next request's bytes already: an idle connection
+    /// holds no buffer. They go to the thread's [`Spare`] list, from which
+    /// the next request to start takes them.
+    fn release(&mut self) {
+        let buf = self.buf.is_empty().then(|| std::mem::take(&mut self.buf));
+        Spare::give_back(buf, std::mem::take(&mut self.out));
+    }
+
     /// Wait for and parse the next request head. `Ok(None)`: the connection
     /// is to close without an answer (closed by the client, timed out,
     /// draining while idle).
@@ -267,62 +305,59 @@ impl Conn {
     /// The head is due by `head_by` (the connection's first), or, on a
     /// keep-alive connection, within the request-head timeout of its first
     /// byte, which may take the keep-alive timeout to come.
-    async fn read_head<S: AsyncRead + Unpin>(
-        &mut self,
-        shared: &Shared,
-        io: &mut S,
-        limits: &HeadLimits,
-        draining: &mut watch::Receiver<bool>,
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps each argument twice in its future"
+    )]
+    fn read_head<'a, S: AsyncRead + Unpin>(
+        &'a mut self,
+        shared: &'a Shared,
+        io: &'a mut S,
+        draining: &'a mut watch::Receiver<bool>,
         head_by: Option<Instant>,
-    ) -> Result<Option<RequestHead>, ProxyError> {
-        let l = &shared.limits;
-        let head_timeout = l.request_header_timeout.min(l.idle_timeout);
-        let now = Instant::now();
-        // Waiting for the first byte of the next request on a kept-alive
-        // connection (pipelined bytes start the head at once).
-        let mut between = head_by.is_none() && self.buf.is_empty();
-        let mut deadline = match head_by {
-            Some(by) => by,
-            None if between => now + l.keepalive_timeout.min(l.idle_timeout),
-            None => now + head_timeout,
-        };
-        let mut release_at = Some(now + RELEASE_AFTER).filter(|at| *at < deadline);
-        loop {
-            if !self.buf.is_empty() {
-                if let Some(head) = h1::parse_request(&self.buf, limits)? {
-                    return Ok(Some(head));
+    ) -> impl Future<Output = Result<Option<RequestHead>, ProxyError>> + 'a {
+        // A block, not an `async fn`, as `serve`: the arguments are not
+        // kept twice in the future.
+        async move {
+            let l = &shared.limits;
+            // Waiting for the first byte of the next request on a kept-alive
+            // connection (pipelined bytes start the head at once).
+            let mut between = head_by.is_none() && self.buf.is_empty();
+            let mut deadline = match head_by {
+                Some(by) => by,
+                None if between => Instant::now() + l.keepalive_timeout.min(l.idle_timeout),
+                None => Instant::now() + l.request_header_timeout.min(l.idle_timeout),
+            };
+            loop {
+                if !self.buf.is_empty() {
+                    let limits = HeadLimits::from_limits(l);
+                    if let Some(head) = h1::parse_request(&self.buf, &limits)? {
+                        return Ok(Some(head));
+                    }
+                } else if *draining.borrow() {
+                    return Ok(None);
                 }
-            } else if *draining.borrow() {
-                return Ok(None);
-            }
-            if self.buf.capacity() == self.buf.len() && !self.released {
-                self.buf.reserve(self.buf.len().max(HEAD_CHUNK));
-            }
-            let idle = self.buf.is_empty();
-            let timer = release_at.unwrap_or(deadline);
-            tokio::select! {
-                read = io.read_buf(&mut self.buf) => match read {
-                    Ok(0) | Err(_) => return Ok(None),
-                    Ok(_) => {
-                        self.released = false;
-                        if between {
-                            between = false;
-                            deadline = Instant::now() + head_timeout;
+                let idle = self.buf.is_empty();
+                tokio::select! {
+                    read = read_head_bytes(io, &mut self.buf) => match read {
+                        Ok(0) | Err(_) => return Ok(None),
+                        Ok(_) => {
+                            if between {
+                                between = false;
+                                deadline =
+                                    Instant::now() + l.request_header_timeout.min(l.idle_timeout);
+                            }
+                        }
+                    },
+                    // The head timeout (or the keep-alive or idle timeout).
+                    () = tokio::time::sleep_until(deadline) => return Ok(None),
+                    // Draining (checked above), or the proxy is gone.
+                    changed = draining.changed(), if idle => {
+                        if changed.is_err() {
+                            return Ok(None);
                         }
                     }
-                },
-                () = tokio::time::sleep_until(timer) => {
-                    if release_at.take().is_none() {
-                        // The head timeout (or the idle timeout).
-                        return Ok(None);
-                    }
-                    if self.buf.is_empty() {
-                        self.buf = BytesMut::new();
-                        self.out = Vec::new();
-                        self.released = true;
-                    }
                 }
-                _ = draining.wait_for(|d| *d), if idle => return Ok(None),
             }
         }
     }
@@ -424,6 +459,99 @@ impl Conn {
     }
 }
 
+/// Read the next bytes of a request head into `buf`. A connection that
+/// holds no buffer (idle) reads into room on the stack first and takes a
+/// buffer only once bytes came; a full buffer is grown first (doubled, for
+/// a head larger than [`HEAD_CHUNK`]).
+fn read_head_bytes<'a, S: AsyncRead + Unpin>(
+    io: &'a mut S,
+    buf: &'a mut BytesMut,
+) -> impl Future<Output = std::io::Result<usize>> + 'a {
+    poll_fn(move |cx| poll_head_bytes(io, buf, cx))
+}
+
+fn poll_head_bytes<S: AsyncRead + Unpin>(
+    io: &mut S,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<std::io::Result<usize>> {
+    if buf.capacity() == 0 {
+        let mut room = [MaybeUninit::<u8>::uninit(); HEAD_CHUNK];
+        let mut read = ReadBuf::uninit(&mut room);
+        ready!(Pin::new(io).poll_read(cx, &mut read))?;
+        let got = read.filled();
+        if !got.is_empty() {
+            *buf = Spare::buf();
+            if buf.capacity() < got.len() {
+                buf.reserve(HEAD_CHUNK);
+            }
+            buf.extend_from_slice(got);
+        }
+        return Poll::Ready(Ok(got.len()));
+    }
+    if buf.capacity() == buf.len() {
+        buf.reserve(buf.len().max(HEAD_CHUNK));
+    }
+    // tokio's `read_buf` future holds nothing between polls.
+    pin!(io.read_buf(buf)).poll(cx)
+}
+
+thread_local! {
+    static SPARE: RefCell<Spare> = const {
+        RefCell::new(Spare {
+            bufs: Vec::new(),
+            outs: Vec::new(),
+        })
+    };
+}
+
+/// Read and write buffers given back by connections of this thread that
+/// went idle, up to [`SPARE_BUFFERS`] of each: what a busy thread takes and
+/// gives back per request, without the allocator (with 50 busy
+/// connections, a fresh 1 KiB buffer per request was 1,000 instructions of
+/// malloc and free). Held per thread, not per connection: an idle
+/// connection holds nothing.
+struct Spare {
+    bufs: Vec<BytesMut>,
+    outs: Vec<Vec<u8>>,
+}
+
+impl Spare {
+    /// A read buffer for a request that starts: empty, with room for a
+    /// head or none. (The room left after earlier heads, as a connection's
+    /// own buffer is used: its start may still be shared with them.)
+    fn buf() -> BytesMut {
+        SPARE
+            .with_borrow_mut(|spare| spare.bufs.pop())
+            .unwrap_or_default()
+    }
+
+    /// A write buffer for a response (empty; it may have room).
+    fn out() -> Vec<u8> {
+        SPARE
+            .with_borrow_mut(|spare| spare.outs.pop())
+            .unwrap_or_default()
+    }
+
+    /// Keep what a connection gives back, if there is room and it is worth
+    /// keeping; free the rest.
+    fn give_back(buf: Option<BytesMut>, mut out: Vec<u8>) {
+        SPARE.with_borrow_mut(|spare| {
+            if let Some(mut buf) =
+                buf.filter(|b| (SPARE_MIN_ROOM..=SPARE_MAX_BYTES).contains(&b.capacity()))
+                && spare.bufs.len() < SPARE_BUFFERS
+            {
+                buf.clear();
+                spare.bufs.push(buf);
+            }
+            if (1..=SPARE_MAX_BYTES).contains(&out.capacity()) && spare.outs.len() < SPARE_BUFFERS {
+                out.clear();
+                spare.outs.push(out);
+            }
+        });
+    }
+}
+
 async fn write_now<S: AsyncWrite + Unpin>(io: &mut S, bytes: &[u8]) -> std::io::Result<()> {
     io.write_all(bytes).await?;
     io.flush().await
@@ -490,7 +618,12 @@ fn encode_head(
     minor: u8,
     close: bool,
 ) -> OutFraming {
+    if out.capacity() == 0 {
+        // Given back while the connection idled.
+        *out = Spare::out();
+    }
     out.clear();
+    out.reserve(OUT_HEAD);
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(parts.status.as_str().as_bytes());
     out.push(b' ');
@@ -689,6 +822,25 @@ mod tests {
         let mut out = Vec::new();
         let framing = encode_head(&mut out, &parts, &body, false, minor, false);
         format!("{framing:?} {}", String::from_utf8(out).unwrap())
+    }
+
+    /// The size of the future an async fn returns, without calling it.
+    fn future_size<F, A, B, C, D, E, G, H, R>(_: F) -> usize
+    where
+        F: FnOnce(A, B, C, D, E, G, H) -> R,
+    {
+        std::mem::size_of::<R>()
+    }
+
+    /// An idle connection's task is this future, sized by its largest state:
+    /// the wait for a head (one timer, the draining watch, the read; 888
+    /// bytes in a test build, a task of 1,024 bytes in a release build).
+    /// Whatever lives across that wait is paid per idle connection: a
+    /// request's state belongs in the boxed exchange.
+    #[test]
+    fn the_idle_connection_future_stays_small() {
+        let size = future_size(serve::<tokio::net::TcpStream>);
+        assert!(size <= 1_024, "serve's future grew to {size} bytes");
     }
 
     #[test]

@@ -388,11 +388,15 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAdd
             let server_name = stream.get_ref().1.server_name().map(Arc::from);
             let tls = Some(TlsConnection { server_name });
             if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
-                // Boxed: HTTP/1.1 connections' tasks are not sized for it.
-                Box::pin(serve(shared, stream, tls, client, bind, permits)).await;
+                // A task of its own, as HTTP/1.1's below.
+                tokio::spawn(serve(shared, stream, tls, client, bind, permits));
             } else {
                 let head_by = tokio::time::Instant::now() + shared.limits.request_header_timeout;
-                h1_conn::serve(shared, stream, tls, client, bind, permits, head_by).await;
+                // A task of its own: this one (the handshake's) ends, and
+                // the idle connection's task is no larger than its loop.
+                let peer = handler::Peer::new(client);
+                let h1 = h1_conn::serve(shared, stream, tls, peer, bind, permits, Some(head_by));
+                tokio::spawn(h1);
             }
         });
     }
@@ -415,12 +419,16 @@ async fn serve_cleartext(
         // A connection that has sent nothing yet is idle: close it.
         _ = draining.wait_for(|d| *d) => return,
     };
+    // Either protocol's connection is a task of its own, not awaited here:
+    // this future's arguments and the peek would stay in the connection's
+    // task for its whole life (500 bytes per idle HTTP/1.1 connection).
     if h2 {
-        // Boxed: HTTP/1.1 connections' tasks are not sized for it.
-        Box::pin(serve(shared, stream, None, client, bind, permits)).await;
+        tokio::spawn(serve(shared, stream, None, client, bind, permits));
     } else {
         // The first head is due by the same deadline as the first bytes.
-        h1_conn::serve(shared, stream, None, client, bind, permits, deadline).await;
+        let peer = handler::Peer::new(client);
+        let h1 = h1_conn::serve(shared, stream, None, peer, bind, permits, Some(deadline));
+        tokio::spawn(h1);
     }
 }
 
