@@ -1360,18 +1360,6 @@ async fn a_slow_backend_cannot_make_the_gateway_buffer_an_upload() {
 // Failing backends.
 // ---------------------------------------------------------------------------
 
-/// Split a raw HTTP/1.1 answer into head and body.
-fn split_answer(answer: &[u8]) -> (String, &[u8]) {
-    let at = answer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map_or(answer.len(), |p| p + 4);
-    (
-        String::from_utf8_lossy(&answer[..at]).into_owned(),
-        &answer[at..],
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_dying_mid_response_truncates_that_response_only() {
     let dying = RawBackend::start(|mut stream, head| async move {

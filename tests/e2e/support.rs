@@ -774,3 +774,15 @@ pub async fn tls_connect(
     let name = ServerName::try_from(sni.to_string()).expect("a valid server name");
     connector.connect(name, tcp).await
 }
+
+/// Split a raw HTTP/1.1 answer into head and body.
+pub fn split_answer(answer: &[u8]) -> (String, &[u8]) {
+    let at = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(answer.len(), |p| p + 4);
+    (
+        String::from_utf8_lossy(&answer[..at]).into_owned(),
+        &answer[at..],
+    )
+}

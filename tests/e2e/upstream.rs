@@ -151,17 +151,6 @@ async fn exchange(gw: &Sluice, request: &[u8]) -> Vec<u8> {
     out
 }
 
-fn split(answer: &[u8]) -> (String, &[u8]) {
-    let at = answer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map_or(answer.len(), |p| p + 4);
-    (
-        String::from_utf8_lossy(&answer[..at]).into_owned(),
-        &answer[at..],
-    )
-}
-
 const CHUNKED_BODY: &[u8] = b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nx-checksum: 42\r\n\r\n";
 
 fn answers(head: &str, body: &[u8]) -> Reply {
@@ -212,7 +201,7 @@ async fn a_chunked_response_is_forwarded_byte_for_byte() {
         b"GET /chunked HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
     )
     .await;
-    let (head, body) = split(&answer);
+    let (head, body) = split_answer(&answer);
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(
         head.to_ascii_lowercase()
@@ -226,7 +215,7 @@ async fn a_chunked_response_is_forwarded_byte_for_byte() {
     );
     // An HTTP/1.0 client gets the body decoded, until the close.
     let answer = exchange(&gw, b"GET /chunked HTTP/1.0\r\nHost: h\r\n\r\n").await;
-    let (head, body) = split(&answer);
+    let (head, body) = split_answer(&answer);
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert_eq!(body, b"hello world");
 }
@@ -238,7 +227,7 @@ async fn a_response_that_could_be_framed_two_ways_is_a_502_and_never_forwarded()
     for path in ["/cl-and-te", "/cl-differ", "/bad-chunk", "/bare-lf"] {
         let request = format!("GET {path} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
         let answer = exchange(&gw, request.as_bytes()).await;
-        let (head, body) = split(&answer);
+        let (head, body) = split_answer(&answer);
         assert!(head.starts_with("HTTP/1.1 502"), "{path}: {head}");
         assert!(
             !body.windows(5).any(|w| w == b"hello"),
@@ -349,7 +338,7 @@ async fn expect_100_continue_goes_through_and_the_backends_interim_answer_is_dro
         .await
         .expect("answered")
         .unwrap();
-    let (head, body) = split(&rest);
+    let (head, body) = split_answer(&rest);
     // The backend's own 100 is not passed on a second time.
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert_eq!(body, b"hello");
@@ -387,7 +376,7 @@ async fn an_upgrade_hands_both_connections_over_with_the_bytes_after_the_101() {
         assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
         got.extend_from_slice(&chunk[..n]);
     }
-    let (head, rest) = split(&got);
+    let (head, rest) = split_answer(&got);
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     assert!(
         head.to_ascii_lowercase().contains("upgrade: websocket"),
