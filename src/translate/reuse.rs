@@ -74,7 +74,9 @@ pub(super) struct Reuse<'c> {
     /// The previous snapshot and its routes, when the shared inputs are
     /// unchanged.
     previous: Option<(&'c Snapshot, &'c ByRoute)>,
-    next: ByRoute,
+    /// What this translation compiled, for the next; `None` when nothing
+    /// is kept (a full translation).
+    next: Option<ByRoute>,
     compiled: usize,
     reused: usize,
 }
@@ -84,7 +86,7 @@ impl<'c> Reuse<'c> {
     pub fn none() -> Reuse<'static> {
         Reuse {
             previous: None,
-            next: HashMap::new(),
+            next: None,
             compiled: 0,
             reused: 0,
         }
@@ -98,7 +100,7 @@ impl<'c> Reuse<'c> {
         });
         Reuse {
             previous,
-            next: HashMap::with_capacity(cache.routes.len()),
+            next: Some(HashMap::with_capacity(cache.routes.len())),
             compiled: 0,
             reused: 0,
         }
@@ -116,6 +118,11 @@ impl<'c> Reuse<'c> {
         index: usize,
         compile: impl FnOnce() -> CompiledRoute,
     ) -> Arc<CompiledRoute> {
+        let Some(next) = &mut self.next else {
+            // A full translation: nothing to look up, nothing to keep.
+            self.compiled += 1;
+            return Arc::new(compile());
+        };
         let key = (kind, namespace.to_string(), name.to_string());
         let kept = self.previous.and_then(|(prev, routes)| {
             let (old, compiled) = routes.get(&key)?;
@@ -131,7 +138,7 @@ impl<'c> Reuse<'c> {
                 Arc::new(compile())
             }
         };
-        self.next.insert(key, (index, compiled.clone()));
+        next.insert(key, (index, compiled.clone()));
         compiled
     }
 
@@ -139,7 +146,7 @@ impl<'c> Reuse<'c> {
     /// in `cache`, for the next.
     pub fn keep(self, cache: &mut CompiledRoutes, snapshot: Arc<Snapshot>, served: &ServedShares) {
         cache.inputs = Some((snapshot, served.clone()));
-        cache.routes = self.next;
+        cache.routes = self.next.unwrap_or_default();
         cache.counts = (self.compiled, self.reused);
     }
 }
