@@ -27,7 +27,6 @@
 //! policy) fails the request as a refused connection does: 502, and a
 //! connect failure to the rule's retry policy.
 
-use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -43,6 +42,7 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 use super::error::UpstreamError;
+use crate::FastMap;
 use crate::route::BackendTls;
 
 /// Idle connections kept per endpoint; more are closed when they become
@@ -147,7 +147,7 @@ struct Idle {
 
 /// The pool: idle connections by [`Key`]. Outlives route tables.
 pub(crate) struct Pool {
-    idle: Mutex<HashMap<Key, Vec<Idle>>>,
+    idle: Mutex<FastMap<Key, Vec<Idle>>>,
     idle_timeout: Duration,
     sweeper: AtomicBool,
 }
@@ -155,13 +155,13 @@ pub(crate) struct Pool {
 impl Pool {
     pub fn new(idle_timeout: Duration) -> Arc<Self> {
         Arc::new(Pool {
-            idle: Mutex::new(HashMap::new()),
+            idle: Mutex::new(FastMap::default()),
             idle_timeout,
             sweeper: AtomicBool::new(false),
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Vec<Idle>>> {
+    fn lock(&self) -> MutexGuard<'_, FastMap<Key, Vec<Idle>>> {
         // Each change under the lock is one push, pop or retain: a panic
         // cannot leave the map inconsistent, so poisoning is ignored.
         self.idle.lock().unwrap_or_else(|p| p.into_inner())

@@ -9,7 +9,6 @@
 //! [`Upstream::send`], so each gets the same treatment whatever the client.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -25,6 +24,7 @@ use super::error::{ProxyError, UpstreamError};
 use super::h1_client;
 use super::h2::H2Clients;
 use super::pool::Pool;
+use crate::FastMap;
 use crate::route::BackendTls;
 
 /// The client for one backend's endpoints. hyper's HTTP/2 client is
@@ -161,7 +161,7 @@ pub(super) fn origin_uri(path: Option<&str>, original: &Uri) -> Result<Uri, Prox
 const MAX_CACHED_AUTHORITIES: usize = 4096;
 
 thread_local! {
-    static AUTHORITIES: RefCell<HashMap<SocketAddr, Authority>> = RefCell::new(HashMap::new());
+    static AUTHORITIES: RefCell<FastMap<SocketAddr, Authority>> = RefCell::new(FastMap::default());
 }
 
 fn endpoint_authority(endpoint: SocketAddr) -> Option<Authority> {

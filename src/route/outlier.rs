@@ -23,13 +23,13 @@
 //! Nothing here logs, counts or sleeps: [`Outliers::record`] and
 //! [`Outliers::sweep`] return what happened and the proxy reports it.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::EndpointSet;
+use crate::FastMap;
 
 /// The outlier ejection knobs (Envoy's defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,7 +122,7 @@ pub struct Return {
 pub struct Outliers {
     policy: OutlierPolicy,
     epoch: Instant,
-    backends: Mutex<HashMap<Arc<str>, Arc<BackendHealth>>>,
+    backends: Mutex<FastMap<Arc<str>, Arc<BackendHealth>>>,
     /// Added to the clock (tests move time forward).
     #[cfg(test)]
     skew_ms: AtomicU64,
@@ -136,7 +136,7 @@ pub struct BackendHealth {
     /// Endpoints ejected and not yet swept back: while 0, the hot path
     /// never looks at the clock or the endpoints' state.
     ejected: AtomicUsize,
-    endpoints: Mutex<HashMap<SocketAddr, Arc<EndpointHealth>>>,
+    endpoints: Mutex<FastMap<SocketAddr, Arc<EndpointHealth>>>,
     /// Ejection decisions of this backend are made one at a time.
     deciding: Mutex<()>,
 }
@@ -231,7 +231,7 @@ impl BackendHealth {
             service,
             in_flight: AtomicUsize::new(0),
             ejected: AtomicUsize::new(0),
-            endpoints: Mutex::new(HashMap::new()),
+            endpoints: Mutex::new(FastMap::default()),
             deciding: Mutex::new(()),
         }
     }
@@ -277,7 +277,7 @@ impl Outliers {
         Outliers {
             policy,
             epoch: Instant::now(),
-            backends: Mutex::new(HashMap::new()),
+            backends: Mutex::new(FastMap::default()),
             #[cfg(test)]
             skew_ms: AtomicU64::new(0),
         }

@@ -28,6 +28,7 @@ use super::grpc::GrpcRank;
 use super::hostname::HostPattern;
 use super::matching::{Mismatch, PathMatch, RequestMatch, first_segment};
 use super::stream::{StreamBuild, StreamCandidate, StreamRoutes, TlsMode};
+use crate::FastMap;
 
 /// What identifies a route for the precedence tie-breaks.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -152,7 +153,7 @@ struct HostRoutes {
 struct PathIndex {
     /// Range of `listed` holding the positions (in `order`) of the
     /// candidates under each first segment, ascending.
-    by_segment: HashMap<Box<str>, Range<u32>>,
+    by_segment: FastMap<Box<str>, Range<u32>>,
     listed: Box<[u32]>,
     /// Positions (in `order`) of the candidates that may accept any
     /// first segment, ascending.
@@ -258,9 +259,9 @@ pub struct ListenerRoutes {
     /// Every (rule, match) attached to the listener, once per route
     /// hostname; the lists below index into it.
     candidates: Box<[Candidate]>,
-    exact: HashMap<String, HostRoutes>,
+    exact: FastMap<String, HostRoutes>,
     /// Keyed by the wildcard's suffix (`.example.com`).
-    wildcard: HashMap<String, HostRoutes>,
+    wildcard: FastMap<String, HostRoutes>,
     any: HostRoutes,
 }
 
@@ -1004,8 +1005,8 @@ fn build_listener(l: ListenerBuild) -> ListenerRoutes {
         });
         HostRoutes::new(order, &segments)
     };
-    let mut exact = HashMap::new();
-    let mut wildcard = HashMap::new();
+    let mut exact = FastMap::default();
+    let mut wildcard = FastMap::default();
     for (pattern, group) in &groups {
         match pattern {
             HostPattern::Exact(h) => {
