@@ -44,7 +44,11 @@ fi
 export PATH="$PATH:/usr/sbin:/sbin"
 
 echo "== building (release)" >&2
-cargo build --release --quiet --bin sluice
+# The bench tools first: `cargo bench --no-run` also builds the package's
+# executables, with the bench profile (no LTO, see Cargo.toml), into the
+# same target/release. The release build last puts the executable built
+# with the release profile back in target/release/sluice (cargo links it
+# there again even when it is up to date).
 tools=$(cargo bench --no-run --quiet --message-format=json \
     --bench backend --bench loadgen --bench scale --bench k8s_flip |
     python3 -c '
@@ -58,6 +62,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and "bench" in m["target"]["kind"]:
         exes[m["target"]["name"]] = m["executable"]
 print(json.dumps(exes))')
+cargo build --release --quiet --bin sluice
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 
 PYTHON=python3
