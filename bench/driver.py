@@ -348,7 +348,11 @@ spec:
             if self.mode == "https":
                 cert, key = tls_files()
                 nginx_listen = " ssl"
-                nginx_tls = f"ssl_certificate {cert}; ssl_certificate_key {key};"
+                # nginx before 1.23.4 offers no TLS 1.3 unless told: its
+                # resumed TLS 1.2 handshakes skip the key exchange that a
+                # TLS 1.3 resumption (sluice's, HAProxy's) still does.
+                nginx_tls = (f"ssl_certificate {cert}; ssl_certificate_key {key}; "
+                             "ssl_protocols TLSv1.2 TLSv1.3;")
             elif self.mode == "h2c":
                 nginx_listen = " http2"
             self.replace("nginx.conf", f"""user root;
