@@ -549,10 +549,10 @@ impl Server {
                 (
                     governed.policy.to_string(),
                     crate::admin::overview::Gates {
-                        interval: format!("{:?}", s.interval),
+                        interval: crate::rollout::duration_text(s.interval),
                         min_requests: s.min_requests,
-                        max_error_rate: s.max_error_rate.map(|p| p.to_string()),
-                        max_latency: s.max_latency.map(|d| format!("{d:?}")),
+                        confidence: s.confidence.0.to_string(),
+                        judged: s.gates.iter().map(|g| g.describe()).collect(),
                     },
                 )
             })

@@ -8,7 +8,9 @@
 //!   or has no ready endpoint, so `from` is served until it does.
 //! - `Progressing`: at a step, serving `from + p * (to - from)`; the step
 //!   passes when `interval` elapsed, the incoming backends answered
-//!   `minRequests`, and every gate holds.
+//!   `minRequests`, and every gate holds. A gate fails the step as soon
+//!   as its sequential test is sure at the policy's confidence
+//!   ([`super::gates`]), whatever `minRequests` says.
 //! - `Paused`: `spec.paused` holds the step (gates still judge), or a gate
 //!   failed with `onFailure: Pause` (held until the policy's spec changes).
 //! - `Complete`: the spec shares are served (also a rule that never rolled
@@ -23,6 +25,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use super::gates::{GateReport, Judge, StepView, Verdict};
 use super::shares::{BackendKey, Weights, share_text};
 use crate::metrics::BackendTotals;
 use crate::resources::{ConsistentKey, OnFailure, Percent, RolloutSettings};
@@ -157,16 +160,54 @@ impl Rollout {
     }
 }
 
+/// The incoming and the outgoing backends' counters, each side summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Sides {
+    incoming: BackendTotals,
+    outgoing: BackendTotals,
+}
+
 /// A rollout with what the running process counts for it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Live {
     rollout: Rollout,
-    /// The incoming backends' counters when the step started (or when the
-    /// process resumed it).
-    baseline: Option<BTreeMap<BackendKey, BackendTotals>>,
+    /// The counters when the step started (or when the process resumed
+    /// it).
+    step_start: Option<Sides>,
+    /// The counters at the last look: the judge takes what happened since.
+    last: Option<Sides>,
     /// The step's counts so far.
-    counted: BackendTotals,
+    step: StepView,
+    /// The evidence since the first step (or the resume).
+    judge: Judge,
+    /// The gates as the last look reported them.
+    reports: Vec<GateReport>,
     step_index: Option<usize>,
+}
+
+impl Default for Rollout {
+    fn default() -> Self {
+        Rollout {
+            policy: PolicyKey {
+                namespace: String::new(),
+                name: String::new(),
+            },
+            rule: RuleKey {
+                kind: RouteKind::Http,
+                namespace: String::new(),
+                route: String::new(),
+                rule: 0,
+            },
+            rule_name: None,
+            phase: Phase::Complete,
+            step: None,
+            step_started_at: None,
+            from: Weights::new(),
+            to: Weights::new(),
+            held_for: None,
+            message: String::new(),
+        }
+    }
 }
 
 /// A rollout entering a phase (a step passed counts as Progressing).
@@ -185,6 +226,10 @@ pub struct Evaluation {
     /// A recorded rollout changed, appeared or went: save them.
     pub changed: bool,
     pub transitions: Vec<Transition>,
+    /// When the clock next matters (a step's interval ends): evaluate
+    /// again then, or sooner on new configuration or a governed backend's
+    /// 5xx or slow response. `None`: nothing waits on the clock.
+    pub next: Option<Timestamp>,
 }
 
 /// The served weights of every governed rule: translate's input.
@@ -209,11 +254,20 @@ pub struct ServedRule {
 }
 
 /// A step's counts as the status shows them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct StepCounts {
+    /// The incoming backends' responses, 5xx, slow responses and p99 in
+    /// this step.
     pub requests: u64,
     pub errors: u64,
+    pub slow: u64,
     pub p99: Option<Duration>,
+    /// The outgoing backends' over the same time.
+    pub stable_requests: u64,
+    pub stable_errors: u64,
+    pub stable_slow: u64,
+    /// Each gate's evidence and what this step's counts could catch.
+    pub gates: Vec<GateReport>,
 }
 
 /// Every rollout the gateway runs.
@@ -241,9 +295,7 @@ impl Rollouts {
                     (rollout.policy.clone(), rollout.rule.clone()),
                     Live {
                         rollout,
-                        baseline: None,
-                        counted: BackendTotals::default(),
-                        step_index: None,
+                        ..Live::default()
                     },
                 )
             })
@@ -262,10 +314,16 @@ impl Rollouts {
         self.live
             .values()
             .map(|l| {
+                let (c, s) = (&l.step.canary, &l.step.stable);
                 let counts = StepCounts {
-                    requests: l.counted.requests,
-                    errors: l.counted.errors,
-                    p99: l.counted.latency_quantile(0.99),
+                    requests: c.requests,
+                    errors: c.errors,
+                    slow: c.slow,
+                    p99: c.latency_quantile(0.99),
+                    stable_requests: s.requests,
+                    stable_errors: s.errors,
+                    stable_slow: s.slow,
+                    gates: l.reports.clone(),
                 };
                 (l.rollout.clone(), l.step_index, counts)
             })
@@ -360,6 +418,7 @@ impl Rollouts {
                 },
             };
             advance(&mut live, g, totals, now, &mut out.transitions);
+            out.next = earliest(out.next, deadline(&live, g, now));
             out.changed |= recorded.as_ref() != Some(&live.rollout);
             out.served
                 .rules
@@ -372,6 +431,35 @@ impl Rollouts {
         self.live = next;
         out
     }
+}
+
+/// The earlier of two deadlines.
+fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// How often a step whose interval is over is looked at again while it
+/// waits for `minRequests` (requests that succeed wake nothing).
+pub const WAITING_FOR_REQUESTS: Duration = Duration::from_secs(1);
+
+/// When the clock next matters to `live`: its step's interval ends, or,
+/// past it and short of `minRequests`, a second from now.
+fn deadline(live: &Live, g: &GovernedRule, now: Timestamp) -> Option<Timestamp> {
+    let r = &live.rollout;
+    if r.phase != Phase::Progressing || r.held_for.is_some() || g.settings.paused {
+        return None;
+    }
+    let start = r.step_started_at?;
+    let end = start
+        .checked_add(g.settings.interval)
+        .unwrap_or(Timestamp::MAX);
+    if end > now {
+        return Some(end);
+    }
+    now.checked_add(WAITING_FOR_REQUESTS).ok()
 }
 
 /// How `rollout` serves its governed rule.
@@ -403,9 +491,7 @@ fn idle(g: &GovernedRule) -> Live {
             message: "serving the spec shares; a change of the route's weights starts a rollout"
                 .into(),
         },
-        baseline: None,
-        counted: BackendTotals::default(),
-        step_index: None,
+        ..Live::default()
     }
 }
 
@@ -452,9 +538,7 @@ fn start(g: &GovernedRule, from: Weights, transitions: &mut Vec<Transition>) -> 
             held_for: None,
             message,
         },
-        baseline: None,
-        counted: BackendTotals::default(),
-        step_index: None,
+        ..Live::default()
     }
 }
 
@@ -575,8 +659,21 @@ fn enter_step(
     r.step_started_at = Some(now);
     r.held_for = None;
     live.step_index = s.steps.iter().position(|q| *q == step);
-    live.baseline = Some(readings(&r.from, &r.to, &r.rule, totals));
-    live.counted = BackendTotals::default();
+    let current = readings(&r.from, &r.to, &r.rule, totals);
+    if let Some(last) = live.last {
+        // What happened since the last look belongs to the step before.
+        live.judge.observe(
+            &s.gates,
+            &current.incoming.since(&last.incoming),
+            &current.outgoing.since(&last.outgoing),
+        );
+    }
+    live.last = Some(current);
+    live.step_start = Some(current);
+    live.step = StepView {
+        concurrent: concurrent(r),
+        ..StepView::default()
+    };
     let of = match live.step_index {
         Some(i) => format!(" ({} of {})", i + 1, s.steps.len()),
         None => String::new(),
@@ -587,11 +684,14 @@ fn enter_step(
         s.min_requests,
         names(&r.from, &r.to)
     );
-    if let Some(max) = s.max_error_rate {
-        gates.push_str(&format!(", 5xx <= {max}"));
+    for gate in &s.gates {
+        gates.push_str(&format!(", {}", gate.describe()));
     }
-    if let Some(max) = s.max_latency {
-        gates.push_str(&format!(", p99 <= {}", duration_text(max)));
+    if !s.gates.is_empty() {
+        gates.push_str(&format!(
+            " (each judged at {} confidence)",
+            s.confidence.0
+        ));
     }
     let message = format!(
         "{how}: step {step}{of} serves {}; it passes after {gates}",
@@ -618,19 +718,29 @@ fn at_step(
     let s = &g.settings;
     let (from, to, rule) = (&live.rollout.from, &live.rollout.to, &live.rollout.rule);
     let current = readings(from, to, rule, totals);
-    let baseline = live.baseline.get_or_insert_with(|| current.clone());
-    live.counted = current
-        .iter()
-        .map(|(k, t)| t.since(baseline.get(k).unwrap_or(&BackendTotals::default())))
-        .fold(BackendTotals::default(), |sum, t| sum.plus(&t));
-    let counted = live.counted;
+    let last = *live.last.get_or_insert(current);
+    let step_start = *live.step_start.get_or_insert(current);
+    live.judge.observe(
+        &s.gates,
+        &current.incoming.since(&last.incoming),
+        &current.outgoing.since(&last.outgoing),
+    );
+    live.last = Some(current);
+    live.step = StepView {
+        canary: current.incoming.since(&step_start.incoming),
+        stable: current.outgoing.since(&step_start.outgoing),
+        concurrent: concurrent(&live.rollout),
+    };
+    let who = names(from, to);
     let step = live.rollout.step.unwrap_or(Percent::HUNDRED);
+    let verdict = live.judge.verdict(&s.gates, s.confidence, &live.step, &who);
+    live.reports = live.judge.reports(&s.gates, s.confidence, &live.step);
 
-    if let Some(breach) = breach(&counted, s, &names(from, to)) {
+    if let Verdict::Breached(breach) = &verdict {
         match s.on_failure {
             OnFailure::Rollback => {
                 let message = format!("{breach}: rolled back to {}", ratio(from, to, from));
-                live.baseline = None;
+                live.step_start = None;
                 set_phase(live, Phase::RolledBack, message, transitions);
             }
             OnFailure::Pause => {
@@ -656,19 +766,26 @@ fn at_step(
             let nanos = now.as_nanosecond() - start.as_nanosecond();
             Duration::from_nanos(u64::try_from(nanos.max(0)).unwrap_or(u64::MAX))
         });
+    let counted = live.step.canary;
     if elapsed >= s.interval && counted.requests >= s.min_requests {
+        let mut passed = counts_text(&counted);
+        if let Verdict::Excused(why) = &verdict {
+            passed.push_str(&format!("; {why}"));
+        }
+        for report in &live.reports {
+            passed.push_str(&format!("; {}: {}", report.gate, report.detects));
+        }
         match s.steps.iter().find(|p| **p > step) {
             Some(next) => {
-                let how = format!("step {step} passed ({})", counts_text(&counted));
+                let how = format!("step {step} passed ({passed})");
                 enter_step(live, g, *next, totals, now, transitions, &how);
             }
             None => {
                 let message = format!(
-                    "complete: the last step ({step}) passed ({}); serving the spec shares {}",
-                    counts_text(&counted),
+                    "complete: the last step ({step}) passed ({passed}); serving the spec shares {}",
                     ratio(from, to, to)
                 );
-                live.baseline = None;
+                live.step_start = None;
                 set_phase(live, Phase::Complete, message, transitions);
             }
         }
@@ -676,48 +793,34 @@ fn at_step(
         // Unpaused: back to the step, its clock and counts kept.
         let message = format!("spec.paused is false again: at step {step}");
         set_phase(live, Phase::Progressing, message, transitions);
+    } else if let Verdict::Excused(why) = verdict {
+        // Said while it lasts; the step goes on.
+        let message = format!("at step {step}: {why}");
+        let r = &mut live.rollout;
+        if r.message != message {
+            r.message = message;
+        }
     }
 }
 
-/// Current counters of the backends a rollout judges.
-fn readings(
-    from: &Weights,
-    to: &Weights,
-    rule: &RuleKey,
-    totals: Totals<'_>,
-) -> BTreeMap<BackendKey, BackendTotals> {
-    Weights::incoming(from, to)
+/// Whether the rollout serves its outgoing backends now (the last step of
+/// a full promotion does not: nothing concurrent to compare with).
+fn concurrent(r: &Rollout) -> bool {
+    let served = r.served();
+    Weights::outgoing(&r.from, &r.to)
         .into_iter()
-        .map(|k| (k.clone(), totals(rule, k)))
-        .collect()
+        .any(|k| served.get(k) > 0)
 }
 
-/// The first gate `counted` breaches, said the way a person can act on.
-fn breach(counted: &BackendTotals, s: &RolloutSettings, who: &str) -> Option<String> {
-    let n = counted.requests;
-    if n == 0 || n < s.min_requests {
-        return None;
+/// Current counters of the backends a rollout judges (incoming) and
+/// compares them with (outgoing), each side summed: the counters are
+/// cumulative, so the sum of readings is a reading of the sum.
+fn readings(from: &Weights, to: &Weights, rule: &RuleKey, totals: Totals<'_>) -> Sides {
+    let sum = |keys: Vec<&BackendKey>| keys.into_iter().map(|k| totals(rule, k)).sum();
+    Sides {
+        incoming: sum(Weights::incoming(from, to)),
+        outgoing: sum(Weights::outgoing(from, to)),
     }
-    if let Some(max) = s.max_error_rate
-        && u128::from(counted.errors) * u128::from(Percent::SCALE)
-            > u128::from(max.thousandths()) * u128::from(n)
-    {
-        return Some(format!(
-            "{who} 5xx {} > {max} after {n} requests",
-            share_text(u128::from(counted.errors), u128::from(n))
-        ));
-    }
-    if let Some(max) = s.max_latency
-        && let Some(p99) = counted.latency_quantile(0.99)
-        && p99 > max
-    {
-        return Some(format!(
-            "{who} p99 {} > {} after {n} requests",
-            duration_text(p99),
-            duration_text(max)
-        ));
-    }
-    None
 }
 
 fn counts_text(c: &BackendTotals) -> String {
