@@ -635,6 +635,12 @@ mod tests {
                 }
             ]
         );
+        assert_eq!(s.on_failure, OnFailure::Pause);
+        assert!(s.paused);
+        assert_eq!(
+            s.consistent_by,
+            Some(ConsistentKey::Cookie("session".into()))
+        );
         assert_eq!(s.slow_after(), Some(Duration::from_millis(500)));
         assert!(!s.against_stable());
         let s = policy(&format!(
@@ -663,12 +669,6 @@ mod tests {
                     degradation: DEFAULT_MAX_DEGRADATION
                 }
             }]
-        );
-        assert_eq!(s.on_failure, OnFailure::Pause);
-        assert!(s.paused);
-        assert_eq!(
-            s.consistent_by,
-            Some(ConsistentKey::Cookie("session".into()))
         );
     }
 

@@ -312,7 +312,8 @@ mod tests {
     fn bounds_bracket_the_rate() {
         let lo = lower_bound(30, 1_000, 0.01);
         assert!(lo > 0.01 && lo < 0.03, "{lo}");
-        assert_eq!(lower_bound(5, 1_000, 0.01), 0.0);
+        assert!(lower_bound(5, 1_000, 0.01) < 0.005);
+        assert_eq!(lower_bound(0, 1_000, 0.01), 0.0);
         let hi = upper_bound(5, 1_000, 0.01);
         assert!(hi > 0.005 && hi < 0.02, "{hi}");
         let zero = upper_bound(0, 1_000, 0.01);

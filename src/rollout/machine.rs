@@ -898,8 +898,17 @@ mod tests {
                 .collect(),
             interval: Duration::from_secs(60),
             min_requests: 10,
-            max_error_rate: Percent::parse("1%").ok(),
-            max_latency: Some(Duration::from_millis(500)),
+            gates: vec![
+                crate::rollout::Gate {
+                    signal: crate::rollout::Signal::Errors,
+                    bound: crate::rollout::Bound::Limit(Percent::from_thousandths(1_000)),
+                },
+                crate::rollout::Gate {
+                    signal: crate::rollout::Signal::SlowerThan(Duration::from_millis(500)),
+                    bound: crate::rollout::Bound::Limit(Percent::from_thousandths(1_000)),
+                },
+            ],
+            confidence: crate::rollout::Confidence::DEFAULT,
             on_failure: OnFailure::Rollback,
             paused: false,
             consistent_by: None,
@@ -968,6 +977,11 @@ mod tests {
             t.errors += errors;
             let micros = latency.as_micros() as u64;
             t.latency[LATENCY_BOUNDS_MICROS.partition_point(|b| *b < micros)] += n;
+            // The metrics count a governed backend's responses slower than
+            // maxLatency (500ms here).
+            if latency > Duration::from_millis(500) {
+                t.slow += n;
+            }
         }
 
         fn ok(&self, backend: &str, n: u64) {
@@ -1122,15 +1136,26 @@ mod tests {
         let mut rig = Rig::promoting();
         rig.ok("canary", 10);
         rig.later(60);
-        // 5% step: 3 of 40 fail. Breached with minRequests counted, long
+        // 5% step: 12 of 40 fail, the stable 1 of 760. Breached long
         // before the interval is over.
-        rig.traffic("canary", 40, 3, Duration::from_millis(3));
+        rig.traffic("canary", 40, 12, Duration::from_millis(3));
+        rig.traffic("stable", 760, 1, Duration::from_millis(3));
         let e = rig.later(1);
         let r = rig.rollout();
         assert_eq!(r.phase, Phase::RolledBack);
-        assert_eq!(
-            r.message,
-            "canary 5xx 7.5% > 1% after 40 requests: rolled back to 100/0 (stable/canary)"
+        assert!(
+            r.message.starts_with(
+                "canary 5xx 12 of 50 (24%) is above maxErrorRate 1% at 99% confidence (its rate is above "
+            ),
+            "{}",
+            r.message
+        );
+        assert!(
+            r.message.ends_with(
+                "; the stable: 1 of 760 (0.13%) over the same time: rolled back to 100/0 (stable/canary)"
+            ),
+            "{}",
+            r.message
         );
         assert_eq!(
             e.transitions.last().map(|t| t.phase),
@@ -1156,27 +1181,59 @@ mod tests {
     }
 
     #[test]
-    fn fewer_requests_than_min_requests_never_fail_a_gate() {
+    fn min_requests_never_holds_back_a_rollback() {
+        // minRequests is 10: a canary failing its first 3 is rolled back
+        // after them; one error alone proves nothing.
         let mut rig = Rig::promoting();
-        rig.traffic("canary", 9, 9, Duration::from_millis(3));
+        rig.traffic("canary", 1, 1, Duration::from_millis(3));
         rig.later(1);
         assert_eq!(rig.rollout().phase, Phase::Progressing);
-        rig.traffic("canary", 1, 0, Duration::from_millis(3));
+        rig.traffic("canary", 2, 2, Duration::from_millis(3));
         rig.later(1);
         assert_eq!(rig.rollout().phase, Phase::RolledBack);
     }
 
     #[test]
+    fn a_healthy_canary_near_its_limit_is_not_rolled_back_by_looking_often() {
+        // 0.9% errors against 1%, looked at after every 10 responses.
+        let mut rig = Rig::promoting();
+        for i in 0..2_000u64 {
+            rig.traffic("canary", 10, u64::from(i % 11 == 0), Duration::from_millis(3));
+            rig.traffic("stable", 190, u64::from(i % 2 == 0), Duration::from_millis(3));
+            rig.eval();
+        }
+        assert_ne!(rig.rollout().phase, Phase::RolledBack, "{}", rig.rollout().message);
+    }
+
+    #[test]
+    fn the_next_deadline_is_the_end_of_the_step() {
+        let mut rig = Rig::promoting();
+        let e = rig.later(10);
+        let started = rig.rollout().step_started_at.expect("at a step");
+        assert_eq!(e.next, started.checked_add(Duration::from_secs(60)).ok());
+        // Past the interval, short of minRequests: a second from now.
+        let e = rig.later(60);
+        assert_eq!(e.next, rig.now.checked_add(Duration::from_secs(1)).ok());
+    }
+
+    #[test]
     fn a_slow_canary_fails_the_latency_gate() {
         let mut rig = Rig::promoting();
+        // Two slow responses in 100 prove nothing about a p99 ...
         rig.traffic("canary", 98, 0, Duration::from_millis(3));
         rig.traffic("canary", 2, 0, Duration::from_secs(2));
         rig.later(1);
+        assert_eq!(rig.rollout().phase, Phase::Progressing);
+        // ... ten more in the next 20 do.
+        rig.traffic("canary", 10, 0, Duration::from_millis(3));
+        rig.traffic("canary", 10, 0, Duration::from_secs(2));
+        rig.later(1);
         let r = rig.rollout();
         assert_eq!(r.phase, Phase::RolledBack);
-        assert!(r.message.starts_with("canary p99 "), "{}", r.message);
         assert!(
-            r.message.contains("> 500ms after 100 requests"),
+            r.message.starts_with(
+                "canary slower than 500ms 12 of 120 (10%) is above 1% (maxLatency 500ms is a p99) at 99% confidence"
+            ),
             "{}",
             r.message
         );
@@ -1240,7 +1297,7 @@ mod tests {
             (Phase::Progressing, Some("5%".into()))
         );
         rig.rule.settings.paused = true;
-        rig.traffic("canary", 10, 5, Duration::from_millis(3));
+        rig.traffic("canary", 10, 10, Duration::from_millis(3));
         rig.later(1);
         assert_eq!(rig.rollout().phase, Phase::RolledBack);
     }
