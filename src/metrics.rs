@@ -1066,6 +1066,48 @@ mod tests {
         assert!(text.contains("sluice_request_duration_seconds_bucket"));
     }
 
+    #[tokio::test]
+    async fn a_governed_backend_counts_slow_responses_and_wakes_the_judge_on_events() {
+        let m = Metrics::new();
+        let key = RequestKey {
+            kind: "",
+            namespace: "shop",
+            route: "checkout",
+            rule: Some(0),
+            backend: "shop/canary:80",
+            code: 200,
+        };
+        let stats = BackendStatsKey {
+            kind: "",
+            namespace: "shop".into(),
+            route: "checkout".into(),
+            rule: 0,
+            backend: "shop/canary:80".into(),
+        };
+        // Not governed yet: slow responses are not counted, nothing wakes.
+        m.record(&key, Duration::from_secs(1));
+        m.record(&RequestKey { code: 500, ..key }, Duration::from_millis(1));
+        assert_eq!(m.backend_total(&stats).slow, 0);
+        assert!(!m.rollout_events().pending.load(Ordering::Relaxed));
+        m.govern(&[(stats.clone(), Some(Duration::from_millis(100)))]);
+        m.record(&key, Duration::from_millis(1));
+        assert!(!m.rollout_events().pending.load(Ordering::Relaxed), "a fast 200 is no event");
+        m.record(&key, Duration::from_millis(150));
+        assert_eq!(m.backend_total(&stats).slow, 1);
+        m.record(&RequestKey { code: 503, ..key }, Duration::from_millis(1));
+        // Two events, one wake pending: the wait returns at once.
+        m.rollout_events().next().await;
+        assert!(!m.rollout_events().pending.load(Ordering::Relaxed));
+        m.govern(&[]);
+        m.record(&RequestKey { code: 500, ..key }, Duration::from_millis(1));
+        assert!(!m.rollout_events().pending.load(Ordering::Relaxed), "no longer governed");
+        let t = m.backend_total(&stats);
+        assert_eq!((t.requests, t.errors, t.slow), (6, 3, 1));
+        // Readings add field by field (replicas' counts are summed so).
+        let sum = t + t;
+        assert_eq!((sum.requests, sum.errors, sum.slow), (12, 6, 2));
+    }
+
     #[test]
     fn borrowed_keys_count_into_the_same_series_as_owned_labels() {
         let m = Metrics::new();

@@ -585,6 +585,10 @@ fn advance(
         }
         Phase::Paused if live.rollout.held_for.is_some() => {
             if live.rollout.held_for != Some(g.fingerprint) {
+                // The policy changed after a failed gate: its evidence
+                // starts anew, as a new rollout's would.
+                live.judge = Judge::default();
+                live.last = None;
                 let step = live.rollout.step.unwrap_or(Percent::HUNDRED);
                 enter_step(
                     live,
