@@ -1091,7 +1091,10 @@ mod tests {
         assert!(!m.rollout_events().pending.load(Ordering::Relaxed));
         m.govern(&[(stats.clone(), Some(Duration::from_millis(100)))]);
         m.record(&key, Duration::from_millis(1));
-        assert!(!m.rollout_events().pending.load(Ordering::Relaxed), "a fast 200 is no event");
+        assert!(
+            !m.rollout_events().pending.load(Ordering::Relaxed),
+            "a fast 200 is no event"
+        );
         m.record(&key, Duration::from_millis(150));
         assert_eq!(m.backend_total(&stats).slow, 1);
         m.record(&RequestKey { code: 503, ..key }, Duration::from_millis(1));
@@ -1100,7 +1103,10 @@ mod tests {
         assert!(!m.rollout_events().pending.load(Ordering::Relaxed));
         m.govern(&[]);
         m.record(&RequestKey { code: 500, ..key }, Duration::from_millis(1));
-        assert!(!m.rollout_events().pending.load(Ordering::Relaxed), "no longer governed");
+        assert!(
+            !m.rollout_events().pending.load(Ordering::Relaxed),
+            "no longer governed"
+        );
         let t = m.backend_total(&stats);
         assert_eq!((t.requests, t.errors, t.slow), (6, 3, 1));
         // Readings add field by field (replicas' counts are summed so).

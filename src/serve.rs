@@ -775,8 +775,7 @@ async fn serve_loop(
     loop {
         let generation = server.generation;
         let recorded = server.rollouts.recorded.clone();
-        let judging =
-            server.rollouts.role == Role::Lead && server.rollouts.machine.in_flight();
+        let judging = server.rollouts.role == Role::Lead && server.rollouts.machine.in_flight();
         let tick = judging.then(|| {
             let now = tokio::time::Instant::now();
             let refresh = now + ROLLOUT_REFRESH;

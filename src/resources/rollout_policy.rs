@@ -276,9 +276,9 @@ fn parse_degradation(text: &str) -> Result<u32, String> {
             "{text:?} is negative: it is how much worse than the stable the canary may be"
         ));
     }
-    let number = text.strip_suffix('%').ok_or_else(|| {
-        format!("{text:?} is not a percentage like \"25%\"")
-    })?;
+    let number = text
+        .strip_suffix('%')
+        .ok_or_else(|| format!("{text:?} is not a percentage like \"25%\""))?;
     let (whole, decimals) = number.split_once('.').unwrap_or((number, ""));
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     if !digits(whole) || (number.contains('.') && !digits(decimals)) || decimals.len() > 3 {

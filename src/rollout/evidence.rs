@@ -72,7 +72,11 @@ impl Sequential {
 
     /// The natural log of the mixture likelihood ratio (the e-value).
     pub fn log_evidence(&self) -> f64 {
-        let max = self.log_lr.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let max = self
+            .log_lr
+            .iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, f64::max);
         let sum: f64 = self.log_lr.iter().map(|l| (l - max).exp()).sum();
         max + sum.ln() - (ALTERNATIVES.len() as f64).ln()
     }
@@ -91,7 +95,11 @@ impl Sequential {
 
 /// Odds of a probability (`p / (1 - p)`), infinite at 1.
 pub fn odds(p: f64) -> f64 {
-    if p >= 1.0 { f64::INFINITY } else { p / (1.0 - p) }
+    if p >= 1.0 {
+        f64::INFINITY
+    } else {
+        p / (1.0 - p)
+    }
 }
 
 /// The null odds of an event falling on the canary when its share of the
@@ -249,7 +257,10 @@ mod tests {
             .find(|n| absolute(*n, *n, 0.01).rejects(0.01))
             .expect("rejected within 20");
         assert!(first <= 3, "after {first}");
-        assert!(!absolute(1, 1, 0.01).rejects(0.01), "one error is not enough");
+        assert!(
+            !absolute(1, 1, 0.01).rejects(0.01),
+            "one error is not enough"
+        );
     }
 
     #[test]

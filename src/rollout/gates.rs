@@ -22,8 +22,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::evidence::{
-    DETECTABLE, Sequential, absolute, detectable_ratio, lower_bound, odds, rate_text,
-    ratio_text, relative_odds, upper_bound,
+    DETECTABLE, Sequential, absolute, detectable_ratio, lower_bound, odds, rate_text, ratio_text,
+    relative_odds, upper_bound,
 };
 use super::machine::duration_text;
 use crate::metrics::BackendTotals;
@@ -109,7 +109,11 @@ impl Gate {
                 format!("slower than {} <= {p}", duration_text(d))
             }
             (_, Bound::Stable { degradation }) => {
-                format!("{} <= {} stable", self.what(), ratio_text(Gate::r0(degradation)))
+                format!(
+                    "{} <= {} stable",
+                    self.what(),
+                    ratio_text(Gate::r0(degradation))
+                )
             }
         }
     }
@@ -360,7 +364,12 @@ impl Judge {
     }
 
     /// Every gate's counts, evidence and power at this step's counts.
-    pub fn reports(&self, gates: &[Gate], confidence: Confidence, step: &StepView) -> Vec<GateReport> {
+    pub fn reports(
+        &self,
+        gates: &[Gate],
+        confidence: Confidence,
+        step: &StepView,
+    ) -> Vec<GateReport> {
         let alpha = Judge::alpha(gates, confidence);
         let conf = confidence_text(confidence);
         gates
@@ -526,7 +535,12 @@ mod tests {
         let Verdict::Breached(m) = verdict else {
             panic!("{verdict:?}")
         };
-        assert!(m.starts_with(&format!("canary 5xx {served} of {served} (100%) is above maxErrorRate 1% at 99% confidence")), "{m}");
+        assert!(
+            m.starts_with(&format!(
+                "canary 5xx {served} of {served} (100%) is above maxErrorRate 1% at 99% confidence"
+            )),
+            "{m}"
+        );
         assert!(
             m.contains(&format!("the stable: {served} of {} (0.5%)", 199 * served)),
             "{m}"
@@ -545,7 +559,10 @@ mod tests {
         let Verdict::Excused(m) = v else {
             panic!("{v:?}")
         };
-        assert!(m.contains("but the stable fails too (2900 of 95,000 (3.05%)"), "{m}");
+        assert!(
+            m.contains("but the stable fails too (2900 of 95,000 (3.05%)"),
+            "{m}"
+        );
     }
 
     #[test]
@@ -566,7 +583,10 @@ mod tests {
             panic!("{verdict:?}")
         };
         assert!(m.contains("against the stable's"), "{m}");
-        assert!(m.contains("worse than 1.25x the stable's rate (maxDegradation 25%) at 99% confidence"), "{m}");
+        assert!(
+            m.contains("worse than 1.25x the stable's rate (maxDegradation 25%) at 99% confidence"),
+            "{m}"
+        );
     }
 
     #[test]
@@ -579,13 +599,19 @@ mod tests {
             canary: totals(20_000, 100),
             ..StepView::default()
         };
-        assert_eq!(j.verdict(&gates, Confidence::DEFAULT, &healthy, "canary"), Verdict::Holds);
+        assert_eq!(
+            j.verdict(&gates, Confidence::DEFAULT, &healthy, "canary"),
+            Verdict::Holds
+        );
         let worse = StepView {
             canary: totals(20_000, 400),
             ..StepView::default()
         };
         let v = j.verdict(&gates, Confidence::DEFAULT, &worse, "canary");
-        assert!(matches!(&v, Verdict::Breached(m) if m.contains("no stable traffic left")), "{v:?}");
+        assert!(
+            matches!(&v, Verdict::Breached(m) if m.contains("no stable traffic left")),
+            "{v:?}"
+        );
     }
 
     #[test]
@@ -596,11 +622,29 @@ mod tests {
         let step = concurrent(totals(1_000, 5), totals(19_000, 95));
         let reports = j.reports(&gates, Confidence::DEFAULT, &step);
         assert_eq!(reports[0].gate, "5xx <= 1%");
-        assert!(reports[0].detects.contains("would be caught at 99%"), "{:?}", reports[0]);
+        assert!(
+            reports[0].detects.contains("would be caught at 99%"),
+            "{:?}",
+            reports[0]
+        );
         assert_eq!(reports[1].gate, "5xx <= 1.25x stable");
-        assert!(reports[1].detects.contains("too little traffic"), "{:?}", reports[1]);
+        assert!(
+            reports[1].detects.contains("too little traffic"),
+            "{:?}",
+            reports[1]
+        );
         assert!(!reports[1].powered);
-        let few = j.reports(&gates, Confidence::DEFAULT, &concurrent(totals(1, 0), totals(19, 0)));
-        assert!(few[0].detects.contains("not even a canary failing everything"), "{:?}", few[0]);
+        let few = j.reports(
+            &gates,
+            Confidence::DEFAULT,
+            &concurrent(totals(1, 0), totals(19, 0)),
+        );
+        assert!(
+            few[0]
+                .detects
+                .contains("not even a canary failing everything"),
+            "{:?}",
+            few[0]
+        );
     }
 }

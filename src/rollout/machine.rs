@@ -692,10 +692,7 @@ fn enter_step(
         gates.push_str(&format!(", {}", gate.describe()));
     }
     if !s.gates.is_empty() {
-        gates.push_str(&format!(
-            " (each judged at {} confidence)",
-            s.confidence.0
-        ));
+        gates.push_str(&format!(" (each judged at {} confidence)", s.confidence.0));
     }
     let message = format!(
         "{how}: step {step}{of} serves {}; it passes after {gates}",
@@ -1202,11 +1199,26 @@ mod tests {
         // 0.9% errors against 1%, looked at after every 10 responses.
         let mut rig = Rig::promoting();
         for i in 0..2_000u64 {
-            rig.traffic("canary", 10, u64::from(i % 11 == 0), Duration::from_millis(3));
-            rig.traffic("stable", 190, u64::from(i % 2 == 0), Duration::from_millis(3));
+            rig.traffic(
+                "canary",
+                10,
+                u64::from(i % 11 == 0),
+                Duration::from_millis(3),
+            );
+            rig.traffic(
+                "stable",
+                190,
+                u64::from(i % 2 == 0),
+                Duration::from_millis(3),
+            );
             rig.eval();
         }
-        assert_ne!(rig.rollout().phase, Phase::RolledBack, "{}", rig.rollout().message);
+        assert_ne!(
+            rig.rollout().phase,
+            Phase::RolledBack,
+            "{}",
+            rig.rollout().message
+        );
     }
 
     #[test]

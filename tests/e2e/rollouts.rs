@@ -443,7 +443,9 @@ async fn errors_sluice_answers_for_the_canary_roll_it_back_at_once() {
     let message = r["message"].as_str().unwrap_or("");
     assert!(
         message.starts_with("canary 5xx ")
-            && message.contains(" (100%) is above maxErrorRate 10% at 99% confidence (its rate is above ")
+            && message.contains(
+                " (100%) is above maxErrorRate 10% at 99% confidence (its rate is above "
+            )
             && message.ends_with(" (0%) over the same time: rolled back to 100/0 (stable/canary)"),
         "{r:#}"
     );
@@ -1121,10 +1123,14 @@ async fn a_slow_canary_fails_the_latency_gate() {
     let message = r["message"].as_str().unwrap_or("");
     assert!(
         message.starts_with("canary slower than 100ms ")
-            && message.contains(" (100%) is above 1% (maxLatency 100ms is a p99) at 99% confidence"),
+            && message
+                .contains(" (100%) is above 1% (maxLatency 100ms is a p99) at 99% confidence"),
         "{r:#}"
     );
-    assert_eq!(r["slow"], r["requests"], "every canary response was slow: {r:#}");
+    assert_eq!(
+        r["slow"], r["requests"],
+        "every canary response was slow: {r:#}"
+    );
 }
 
 /// A GRPCRoute named like the governed HTTPRoute, sending its calls to the
