@@ -13,6 +13,7 @@
 //! instead, naming what is missing, so that CI cannot pass on tests that
 //! did not run.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 /// The variable that turns a missing input into a failure.
@@ -43,13 +44,15 @@ pub fn require_all() -> bool {
 }
 
 /// The input a test needs, or `None` after reporting why it is missing:
-/// with `SLUICE_REQUIRE_ALL=1` this panics naming it; otherwise it prints
-/// the reason on stderr and the caller skips (returns, or leaves out the
+/// with `SLUICE_REQUIRE_ALL=1` this panics naming it; otherwise it writes
+/// the reason to stderr (past libtest's capture, so that a plain
+/// `cargo test` shows it) and the caller skips (returns, or leaves out the
 /// part that needed the input).
 ///
 /// # Panics
 ///
 /// When the input is missing and [`require_all`] holds.
+#[track_caller]
 pub fn or_skip<T>(input: Result<T, String>) -> Option<T> {
     match input {
         Ok(value) => Some(value),
@@ -58,7 +61,17 @@ pub fn or_skip<T>(input: Result<T, String>) -> Option<T> {
                 !require_all(),
                 "a required test input is missing ({REQUIRE_ALL} is set): {why}"
             );
-            eprintln!("skipped: {why} (set {REQUIRE_ALL}=1 to make this a failure)");
+            // Straight to the process's stderr: libtest captures what
+            // `eprintln!` prints in a passing test, and this must be seen.
+            // libtest names a test's thread after the test.
+            let test = std::thread::current()
+                .name()
+                .map(|n| format!(" {n}"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                std::io::stderr(),
+                "skipped{test}: {why} (set {REQUIRE_ALL}=1 to make this a failure)"
+            );
             None
         }
     }
