@@ -164,14 +164,14 @@ impl Ctx<'_> {
         .with_context(|| case.describe())
     }
 
-    /// Every case, reporting all the mismatches.
+    /// Every case, all at once, reporting all the mismatches.
     async fn grpc_all(&self, cases: Vec<GrpcCase>) -> anyhow::Result<()> {
-        let mut errors = Vec::new();
-        for case in &cases {
-            if let Err(e) = self.grpc_expect(case).await {
-                errors.push(format!("{e:#}"));
-            }
-        }
+        let errors: Vec<String> =
+            futures_util::future::join_all(cases.iter().map(|case| self.grpc_expect(case)))
+                .await
+                .into_iter()
+                .filter_map(|o| o.err().map(|e| format!("{e:#}")))
+                .collect();
         if errors.is_empty() {
             Ok(())
         } else {
