@@ -1,0 +1,116 @@
+//! The watch of the other replicas' rollout counts (Kubernetes mode): the
+//! counts Leases every replica publishes (`crate::status::counts`), taken
+//! into the [`Fleet`] the leader adds to its own counters.
+//!
+//! Every replica watches them (a few small objects in one namespace), so
+//! that a replica winning the lease has them at once. Only Leases with the
+//! counts label are read (the label selector, checked again here); one
+//! whose annotation cannot be read is logged once and left out. A deleted
+//! Lease changes nothing: what its replica counted stays summed for the
+//! step. A failed watch is retried with the watcher's backoff; a relist
+//! delivers the same publications again, which add nothing.
+
+use std::collections::BTreeSet;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use tokio::sync::watch;
+
+use crate::rollout::fleet::{Fleet, Publication};
+use crate::status::counts::{ANNOTATION, LABEL};
+
+/// The publication a counts Lease carries: `(name, publication)`, or why
+/// it cannot be read; `None` for a Lease that is not a counts Lease.
+pub fn publication(lease: &Lease) -> Option<Result<(String, Publication), String>> {
+    let meta = &lease.metadata;
+    if meta.labels.as_ref().and_then(|l| l.get(LABEL)).is_none() {
+        return None;
+    }
+    let name = meta.name.clone().unwrap_or_default();
+    let Some(text) = meta.annotations.as_ref().and_then(|a| a.get(ANNOTATION)) else {
+        return Some(Err(format!(
+            "Lease {name}: no {ANNOTATION} annotation"
+        )));
+    };
+    Some(
+        serde_json::from_str::<Publication>(text)
+            .map(|p| (name.clone(), p))
+            .map_err(|e| format!("Lease {name}: annotation {ANNOTATION}: {e}")),
+    )
+}
+
+/// Watch the counts Leases of `namespace` into `fleet` until `shutdown`.
+pub async fn run(
+    client: Client,
+    namespace: String,
+    fleet: Fleet,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let api: Api<Lease> = Api::namespaced(client, &namespace);
+    let config = watcher::Config::default().labels(LABEL);
+    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    // Leases whose counts could not be read, as last logged.
+    let mut unreadable = BTreeSet::new();
+    loop {
+        tokio::select! {
+            event = events.next() => match event {
+                Some(Ok(Event::Apply(lease) | Event::InitApply(lease))) => {
+                    match publication(&lease) {
+                        Some(Ok((name, publication))) => {
+                            unreadable.remove(&name);
+                            fleet.with(|f| f.absorb(&name, &publication));
+                        }
+                        Some(Err(problem)) => {
+                            if unreadable.insert(lease.metadata.name.clone().unwrap_or_default()) {
+                                tracing::warn!("rollout counts: {problem}; left out of the sums");
+                            }
+                        }
+                        None => {}
+                    }
+                }
+                Some(Ok(Event::Delete(_) | Event::Init | Event::InitDone)) => {}
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "watch of the rollout counts failed; retrying (the leader judges the counts it has)");
+                }
+                None => return,
+            },
+            _ = crate::admin::stopped(&mut shutdown) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn lease(labels: serde_json::Value, annotations: serde_json::Value) -> Lease {
+        serde_json::from_value(json!({
+            "metadata": {"name": "sluice-counts-b", "namespace": "sluice-system",
+                         "labels": labels, "annotations": annotations},
+        }))
+        .expect("a Lease")
+    }
+
+    #[test]
+    fn only_counts_leases_are_read_and_a_bad_one_is_named() {
+        let leader = lease(json!({}), json!({}));
+        assert!(publication(&leader).is_none(), "the leader lease is not counts");
+        let good = lease(
+            json!({LABEL: "true"}),
+            json!({ANNOTATION: r#"{"incarnation": "1-2", "steps": []}"#}),
+        );
+        let (name, p) = publication(&good).expect("a counts lease").expect("readable");
+        assert_eq!(name, "sluice-counts-b");
+        assert_eq!(p.incarnation, "1-2");
+        let bad = lease(json!({LABEL: "true"}), json!({ANNOTATION: "{"}));
+        let problem = publication(&bad).expect("a counts lease").unwrap_err();
+        assert!(
+            problem.starts_with("Lease sluice-counts-b: annotation sluice.dev/rollout-counts:"),
+            "{problem}"
+        );
+    }
+}
