@@ -16,7 +16,8 @@
 //! with each served configuration rather than through a [`RolloutStore`]:
 //! one apply per object, under one field manager); the other replicas
 //! serve the step recorded there ([`Rollouts::served`]), and a replica that
-//! wins the lease continues from it.
+//! wins the lease continues from it. The leader judges the whole fleet's
+//! counts: its own plus what the others publish ([`fleet_counts`]).
 //!
 //! A reload is an atomic table swap in the proxy: requests in flight
 //! finish on the table they started with, a broken file keeps its last good

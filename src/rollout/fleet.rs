@@ -379,7 +379,10 @@ mod tests {
         counters.add("canary", 7, 1);
         let mut counter = StepCounter::default();
         counter.follow(&[], &|r, b| counters.read(r, b));
-        assert!(!counter.in_flight(), "nothing at a step: nothing to publish");
+        assert!(
+            !counter.in_flight(),
+            "nothing at a step: nothing to publish"
+        );
 
         counter.follow(&[at("25%", T1)], &|r, b| counters.read(r, b));
         assert!(counter.in_flight());
@@ -488,6 +491,22 @@ mod tests {
         // Not at a step any more: nothing summed.
         fleet.judge(&[]);
         assert_eq!(canary(&fleet), totals(0, 0));
+    }
+
+    #[test]
+    fn a_new_leader_counts_the_others_whole_step() {
+        // Publications that arrived while this replica followed (judged
+        // nothing) are not remembered...
+        let mut fleet = FleetCounts::new("pod-a");
+        let s1 = format!("25%@{T1}");
+        fleet.judge(&[]);
+        fleet.absorb("pod-b", &published("b1", &s1, (40, 4)));
+        assert_eq!(canary(&fleet), totals(0, 0));
+        // ...so once it leads, the next one counts the step in full.
+        fleet.judge(&[at("25%", T1)]);
+        assert_eq!(canary(&fleet), totals(0, 0), "nothing before the baseline");
+        fleet.absorb("pod-b", &published("b1", &s1, (42, 4)));
+        assert_eq!(canary(&fleet), totals(42, 4));
     }
 
     #[test]

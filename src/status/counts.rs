@@ -111,7 +111,9 @@ pub fn lease_name(identity: &str) -> String {
         .collect();
     let mut name = format!("sluice-counts-{cleaned}");
     name.truncate(253);
-    let end = name.trim_end_matches(|c: char| !c.is_ascii_alphanumeric()).len();
+    let end = name
+        .trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
+        .len();
     name.truncate(end);
     name
 }
@@ -260,7 +262,10 @@ mod tests {
 
     #[test]
     fn lease_names_are_valid_object_names() {
-        assert_eq!(lease_name("sluice-7d9f-abc-1"), "sluice-counts-sluice-7d9f-abc-1");
+        assert_eq!(
+            lease_name("sluice-7d9f-abc-1"),
+            "sluice-counts-sluice-7d9f-abc-1"
+        );
         assert_eq!(lease_name("Host_Name-42"), "sluice-counts-host-name-42");
         assert_eq!(lease_name("pod-"), "sluice-counts-pod");
         let long = lease_name(&"a".repeat(400));

@@ -863,7 +863,11 @@ async fn lease(shared: &Arc<Shared>, target: Target, req: Request<Incoming>) -> 
         token,
         method: method.to_string(),
         at: std::time::Instant::now(),
-        object: if event == "DELETED" { Value::Null } else { l.clone() },
+        object: if event == "DELETED" {
+            Value::Null
+        } else {
+            l.clone()
+        },
     });
     let event = WatchEvent {
         rv: store.rv,

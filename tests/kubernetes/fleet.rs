@@ -218,10 +218,13 @@ async fn the_leader_judges_the_whole_fleets_counts() {
     api.apply(route(500, 500));
     recorded_at(&api, "Progressing", Some("25%")).await;
     let mut answered = BTreeMap::new();
-    eventually("the rollout completes on the follower's traffic", async || {
-        send(b.listener, 20, &mut answered).await;
-        recorded(&api).filter(|r| r.0 == "Complete" && r.1.as_deref() == Some("100%"))
-    })
+    eventually(
+        "the rollout completes on the follower's traffic",
+        async || {
+            send(b.listener, 20, &mut answered).await;
+            recorded(&api).filter(|r| r.0 == "Complete" && r.1.as_deref() == Some("100%"))
+        },
+    )
     .await;
     assert_eq!(proxied(&a).await, 0, "the leader proxied none of it");
     assert!(!answered.contains_key("<500>"), "{answered:?}");
@@ -234,6 +237,10 @@ async fn the_leader_judges_the_whole_fleets_counts() {
             .windows(2)
             .map(|w| w[1].at.duration_since(w[0].at).as_millis())
             .collect();
+        eprintln!(
+            "{replica}: {} counts writes, {gaps:?} ms apart",
+            writes.len()
+        );
         assert!(
             within_rate(writes),
             "{replica} wrote {} times, {gaps:?} ms apart",

@@ -26,14 +26,10 @@ use crate::status::counts::{ANNOTATION, LABEL};
 /// it cannot be read; `None` for a Lease that is not a counts Lease.
 pub fn publication(lease: &Lease) -> Option<Result<(String, Publication), String>> {
     let meta = &lease.metadata;
-    if meta.labels.as_ref().and_then(|l| l.get(LABEL)).is_none() {
-        return None;
-    }
+    meta.labels.as_ref()?.get(LABEL)?;
     let name = meta.name.clone().unwrap_or_default();
     let Some(text) = meta.annotations.as_ref().and_then(|a| a.get(ANNOTATION)) else {
-        return Some(Err(format!(
-            "Lease {name}: no {ANNOTATION} annotation"
-        )));
+        return Some(Err(format!("Lease {name}: no {ANNOTATION} annotation")));
     };
     Some(
         serde_json::from_str::<Publication>(text)
@@ -63,12 +59,12 @@ pub async fn run(
                             unreadable.remove(&name);
                             fleet.with(|f| f.absorb(&name, &publication));
                         }
-                        Some(Err(problem)) => {
-                            if unreadable.insert(lease.metadata.name.clone().unwrap_or_default()) {
-                                tracing::warn!("rollout counts: {problem}; left out of the sums");
-                            }
+                        Some(Err(problem))
+                            if unreadable.insert(lease.metadata.name.clone().unwrap_or_default()) =>
+                        {
+                            tracing::warn!("rollout counts: {problem}; left out of the sums");
                         }
-                        None => {}
+                        Some(Err(_)) | None => {}
                     }
                 }
                 Some(Ok(Event::Delete(_) | Event::Init | Event::InitDone)) => {}
@@ -98,12 +94,17 @@ mod tests {
     #[test]
     fn only_counts_leases_are_read_and_a_bad_one_is_named() {
         let leader = lease(json!({}), json!({}));
-        assert!(publication(&leader).is_none(), "the leader lease is not counts");
+        assert!(
+            publication(&leader).is_none(),
+            "the leader lease is not counts"
+        );
         let good = lease(
             json!({LABEL: "true"}),
             json!({ANNOTATION: r#"{"incarnation": "1-2", "steps": []}"#}),
         );
-        let (name, p) = publication(&good).expect("a counts lease").expect("readable");
+        let (name, p) = publication(&good)
+            .expect("a counts lease")
+            .expect("readable");
         assert_eq!(name, "sluice-counts-b");
         assert_eq!(p.incarnation, "1-2");
         let bad = lease(json!({LABEL: "true"}), json!({ANNOTATION: "{"}));
