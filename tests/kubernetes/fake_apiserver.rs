@@ -28,7 +28,8 @@
 //!   Lease writes are watch events too, and every write of a Lease is
 //!   recorded with the caller's token and the time it arrived
 //!   ([`FakeApiServer::lease_writes`]), so tests can bound each replica's
-//!   write rate;
+//!   write rate; Lease applies can be refused for a while
+//!   ([`FakeApiServer::refuse_lease_applies`]: 500);
 //! - label selectors of lists and watches, equality (`key=value`) and
 //!   existence (`key`) terms ANDed.
 //!
@@ -117,6 +118,9 @@ struct Store {
     /// Plurals whose status patches get 500 (and are not recorded).
     refused: Vec<String>,
     lease_writes: Vec<LeaseWrite>,
+    /// Lease applies get 500 (counted, not recorded as writes).
+    refuse_lease_applies: bool,
+    refused_lease_applies: usize,
 }
 
 struct Shared {
@@ -422,6 +426,20 @@ impl FakeApiServer {
     /// Every Lease write that succeeded so far, in order.
     pub fn lease_writes(&self) -> Vec<LeaseWrite> {
         self.store().lease_writes.clone()
+    }
+
+    /// Lease applies get 500 until [`FakeApiServer::accept_lease_applies`].
+    pub fn refuse_lease_applies(&self) {
+        self.store().refuse_lease_applies = true;
+    }
+
+    pub fn accept_lease_applies(&self) {
+        self.store().refuse_lease_applies = false;
+    }
+
+    /// How many Lease applies were refused.
+    pub fn refused_lease_applies(&self) -> usize {
+        self.store().refused_lease_applies
     }
 
     /// The Leases of `namespace`.
@@ -822,6 +840,10 @@ async fn lease(shared: &Arc<Shared>, target: Target, req: Request<Incoming>) -> 
                 return status(409, "Conflict", "the lease was modified");
             }
             (StatusCode::OK, "MODIFIED", l)
+        }
+        (Method::PATCH, Some(_)) if apply && store.refuse_lease_applies => {
+            store.refused_lease_applies += 1;
+            return status(500, "InternalError", "the lease write is refused (test)");
         }
         (Method::PATCH, Some(patch)) if apply => {
             // Server-side apply of a whole Lease by one manager: the

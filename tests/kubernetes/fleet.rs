@@ -149,9 +149,29 @@ async fn the_leader_judges_the_whole_fleets_counts() {
     // The canary fails everything, and its traffic goes through replica b
     // only: the leader proxies none of it, and rolls it back on b's counts.
     canary.fail_with(Some(StatusCode::INTERNAL_SERVER_ERROR));
+    api.refuse_lease_applies();
     api.apply(route(0, 1000));
     recorded_at(&api, "Progressing", Some("25%")).await;
     let mut answered = BTreeMap::new();
+    // While b cannot publish, it serves on, says why in its log, retries
+    // every interval, and the leader (seeing no failure) does not move.
+    eventually("b retries its refused writes", async || {
+        send(b.listener, 20, &mut answered).await;
+        (api.refused_lease_applies() >= 3).then_some(())
+    })
+    .await;
+    assert!(
+        b.log()
+            .contains("cannot publish this replica's rollout counts"),
+        "{}",
+        b.log()
+    );
+    assert_eq!(
+        recorded(&api).map(|r| r.0).as_deref(),
+        Some("Progressing"),
+        "{answered:?}"
+    );
+    api.accept_lease_applies();
     let rolled_back = eventually("the leader rolls the canary back", async || {
         send(b.listener, 20, &mut answered).await;
         recorded(&api).filter(|r| r.0 == "RolledBack")
