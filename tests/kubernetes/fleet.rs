@@ -275,3 +275,116 @@ async fn the_leader_judges_the_whole_fleets_counts() {
         published["replica-b"].len()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_judges_the_others_counts_and_not_its_own_twice() {
+    let api = FakeApiServer::start().await;
+    let (stable, canary) = (
+        echo("stable", "stable-0").await,
+        echo("canary", "canary-0").await,
+    );
+    let port = free_port();
+    cluster(&api, port, &[("stable", &stable), ("canary", &canary)]);
+    api.apply(route(1000, 0));
+    api.apply(policy("1h"));
+    let mut a = Replica::start_with(&api, "replica-a", "127.0.0.1", port, ENV);
+    a.wait_ready().await;
+    recorded_at(&api, "Complete", None).await;
+    let b = Replica::start_with(&api, "replica-b", "127.0.0.2", port, ENV);
+    let c = Replica::start_with(&api, "replica-c", "127.0.0.3", port, ENV);
+    b.wait_ready().await;
+    c.wait_ready().await;
+
+    // A healthy step: both followers serve plenty of it and publish.
+    api.apply(route(0, 1000));
+    recorded_at(&api, "Progressing", Some("25%")).await;
+    let mut answered = BTreeMap::new();
+    eventually("both followers published traffic", async || {
+        send(b.listener, 40, &mut answered).await;
+        send(c.listener, 40, &mut answered).await;
+        let published = counts_writes(&api);
+        let with_traffic = |token: &str| {
+            published
+                .get(token)
+                .and_then(|w| w.last())
+                .is_some_and(|w| canary_counts(w).0 >= 50)
+        };
+        (with_traffic("replica-b") && with_traffic("replica-c")).then_some(())
+    })
+    .await;
+
+    // The leader dies without releasing the lease; a follower takes over.
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    let holder = eventually("a follower takes the lease", async || {
+        api.lease_holder(LEASE.0, LEASE.1)
+            .filter(|h| !h.ends_with(&format!("-{}", a.child.id())))
+    })
+    .await;
+    let (leader, follower, follower_token) = if holder.ends_with(&format!("-{}", b.child.id())) {
+        (&b, &c, "replica-c")
+    } else {
+        (&c, &b, "replica-b")
+    };
+    eventually("the new leader leads", async || {
+        leader.log().contains("leading the rollouts").then_some(())
+    })
+    .await;
+    // Every watch expires: the relist delivers every counts Lease again,
+    // the new leader's own among them (it must not be summed with its live
+    // counters) and the follower's (which must add nothing).
+    let relists = api.lists("leases");
+    api.expire_watches();
+    eventually("the counts are listed again", async || {
+        (api.lists("leases") > relists).then_some(())
+    })
+    .await;
+
+    // The canary fails, through the remaining follower only: the new
+    // leader rolls it back on that follower's counts.
+    canary.fail_with(Some(StatusCode::INTERNAL_SERVER_ERROR));
+    let before = proxied(leader).await;
+    eventually("the new leader rolls the canary back", async || {
+        send(follower.listener, 20, &mut answered).await;
+        recorded(&api).filter(|r| r.0 == "RolledBack")
+    })
+    .await;
+    assert_eq!(
+        proxied(leader).await,
+        before,
+        "the new leader proxied none of it"
+    );
+    let leader_token = if follower_token == "replica-b" {
+        "replica-c"
+    } else {
+        "replica-b"
+    };
+    let writes = policy_writes(&api);
+    assert!(
+        writes
+            .iter()
+            .any(|(t, phase, _)| t == leader_token && phase == "RolledBack"),
+        "{writes:?}"
+    );
+    // Its own Lease (at least 50 canary requests, published while it
+    // followed) is not summed with its live counters: the step's counts
+    // are the follower's (its whole step), and the new leader proxied
+    // nothing since it took over.
+    let stored = api
+        .get("RolloutPolicy", Some("default"), "autocomplete")
+        .expect("the policy");
+    let step = &stored["status"]["rollouts"][0];
+    let (requests, errors) = (
+        step["requests"].as_u64().unwrap_or(0),
+        step["errors"].as_u64().unwrap_or(0),
+    );
+    let published = counts_writes(&api);
+    let (follower_requests, _) = published[follower_token]
+        .last()
+        .map_or((0, 0), canary_counts);
+    assert!(
+        errors > 0 && requests <= follower_requests,
+        "recorded {requests} requests ({errors} 5xx), the follower published {follower_requests}\nleader log:\n{}",
+        leader.log()
+    );
+}
