@@ -746,6 +746,8 @@ async fn serve_loop(
                 }
             }
             _ = sleep_until(tick) => server.tick().await,
+            // The other replicas' counts grew: judge them now.
+            _ = fleet_counted(server.rollouts.fleet.clone()), if tick.is_some() => server.tick().await,
             lead = leadership(&mut leader) => match lead {
                 Some(lead) => server.set_role(lead).await,
                 None => leader = None,
@@ -772,6 +774,13 @@ async fn leadership(leader: &mut Option<watch::Receiver<bool>>) -> Option<bool> 
             Ok(()) => Some(*rx.borrow_and_update()),
             Err(_) => None,
         },
+        None => std::future::pending().await,
+    }
+}
+
+async fn fleet_counted(fleet: Option<crate::rollout::fleet::Fleet>) {
+    match fleet {
+        Some(fleet) => fleet.counted().await,
         None => std::future::pending().await,
     }
 }

@@ -32,6 +32,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
 
 use super::machine::{Phase, PolicyKey, Rollout, RuleKey, Totals};
 use super::shares::BackendKey;
@@ -207,10 +208,12 @@ impl FleetCounts {
     /// Take in a replica's publication (`replica`: the name it publishes
     /// under). What it adds to its previous publication for a judged step
     /// goes into the sum; its counts for any other step are ignored.
-    pub fn absorb(&mut self, replica: &str, publication: &Publication) {
+    /// Returns whether a sum grew.
+    pub fn absorb(&mut self, replica: &str, publication: &Publication) -> bool {
         if replica == self.own {
-            return;
+            return false;
         }
+        let mut grew = false;
         // A new incarnation: the old one's counts stay summed, never
         // compared with the new one's.
         self.seen.retain(|(r, incarnation, ..), _| {
@@ -230,6 +233,7 @@ impl FleetCounts {
                 );
                 let before = self.seen.get(&key).copied().unwrap_or_default();
                 let added = value.since(&before);
+                grew |= added != BackendTotals::default();
                 let sum = self
                     .sums
                     .entry((step.rule.clone(), backend.clone()))
@@ -238,6 +242,7 @@ impl FleetCounts {
                 self.seen.insert(key, *value);
             }
         }
+        grew
     }
 
     /// What the other replicas counted for `backend` of `rule` in the step
@@ -265,19 +270,43 @@ impl FleetCounts {
 }
 
 /// The leader's view of the fleet's counts, shared between the watch of
-/// the counts objects and the rollout driver.
+/// the counts objects and the rollout driver, which [`Fleet::counted`]
+/// wakes when a sum grew (so that a step is judged on new counts at once,
+/// not at its next deadline).
 #[derive(Debug, Clone, Default)]
-pub struct Fleet(Arc<Mutex<FleetCounts>>);
+pub struct Fleet(Arc<Shared>);
+
+#[derive(Debug, Default)]
+struct Shared {
+    counts: Mutex<FleetCounts>,
+    counted: Notify,
+}
 
 impl Fleet {
     pub fn new(own: &str) -> Fleet {
-        Fleet(Arc::new(Mutex::new(FleetCounts::new(own))))
+        Fleet(Arc::new(Shared {
+            counts: Mutex::new(FleetCounts::new(own)),
+            counted: Notify::new(),
+        }))
     }
 
     /// Run `f` on the counts (a poisoned lock is taken over: the counts are
     /// plain numbers, never left half-updated by a panic that matters).
     pub fn with<T>(&self, f: impl FnOnce(&mut FleetCounts) -> T) -> T {
-        f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
+        f(&mut self.0.counts.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// [`FleetCounts::absorb`], waking [`Fleet::counted`] when a sum grew.
+    pub fn absorb(&self, replica: &str, publication: &Publication) {
+        if self.with(|f| f.absorb(replica, publication)) {
+            self.0.counted.notify_one();
+        }
+    }
+
+    /// Returns once a sum grew since the last return (at most one wake
+    /// pending: many publications between two looks are one wake).
+    pub async fn counted(&self) {
+        self.0.counted.notified().await;
     }
 }
 
@@ -444,8 +473,8 @@ mod tests {
 
         // A publication adds what it adds to the previous one; the same
         // one again (a relist) adds nothing.
-        fleet.absorb("pod-b", &published("b1", &s1, (12, 3)));
-        fleet.absorb("pod-b", &published("b1", &s1, (12, 3)));
+        assert!(fleet.absorb("pod-b", &published("b1", &s1, (12, 3))));
+        assert!(!fleet.absorb("pod-b", &published("b1", &s1, (12, 3))));
         assert_eq!(canary(&fleet), totals(17, 3));
 
         // pod-c goes away: what it counted stays, nothing is waited for.
@@ -524,12 +553,30 @@ mod tests {
             let read = fleet_totals(Some(&fleet), &judged, local);
             assert_eq!(read(&rule(), &key("canary")), totals(1, 1));
         }
-        fleet.with(|f| f.absorb("pod-b", &published("b1", &format!("25%@{T1}"), (10, 2))));
+        fleet.absorb("pod-b", &published("b1", &format!("25%@{T1}"), (10, 2)));
         let read = fleet_totals(Some(&fleet), &judged, local);
         assert_eq!(read(&rule(), &key("canary")), totals(11, 3));
         assert_eq!(read(&rule(), &key("stable")), totals(0, 0));
         let alone = fleet_totals(None, &judged, local);
         assert_eq!(alone(&rule(), &key("canary")), totals(1, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_driver_is_woken_when_a_sum_grows() {
+        let fleet = Fleet::new("pod-a");
+        let s1 = format!("25%@{T1}");
+        let wait = std::time::Duration::from_secs(60);
+        fleet.with(|f| f.judge(&[at("25%", T1)]));
+        fleet.absorb("pod-b", &published("b1", &s1, (1, 1)));
+        fleet.absorb("pod-b", &published("b1", &s1, (2, 1)));
+        tokio::time::timeout(wait, fleet.counted())
+            .await
+            .expect("woken once");
+        // Two publications were one wake; one that adds nothing (a
+        // relist, another step) is none.
+        fleet.absorb("pod-b", &published("b1", &s1, (2, 1)));
+        fleet.absorb("pod-b", &published("b1", &format!("50%@{T2}"), (9, 9)));
+        assert!(tokio::time::timeout(wait, fleet.counted()).await.is_err());
     }
 
     #[test]

@@ -201,20 +201,22 @@ async fn the_leader_judges_the_whole_fleets_counts() {
     );
 
     // Replica b published its counts of the step; the leader none (it
-    // reads its own live); replica c, with no traffic, its zeros once.
+    // reads its own live); replica c, with no traffic, its zeros at most
+    // once.
     let published = counts_writes(&api);
     assert!(!published.contains_key("replica-a"), "{published:?}");
     let from_b = &published["replica-b"];
     let last = from_b.last().expect("b published");
     let (requests, errors) = canary_counts(last);
     assert!(requests > 0 && errors == requests, "{:?}", last.object);
-    assert_eq!(
-        published["replica-c"]
-            .iter()
-            .map(canary_counts)
-            .collect::<Vec<_>>(),
-        [(0, 0)],
-        "unchanged counts are not written again"
+    // (Its first write may come after the rollback reached it: none then.)
+    let from_c: Vec<(u64, u64)> = published
+        .get("replica-c")
+        .map(|w| w.iter().map(canary_counts).collect())
+        .unwrap_or_default();
+    assert!(
+        from_c.len() <= 1 && from_c.iter().all(|c| *c == (0, 0)),
+        "unchanged counts are not written again: {from_c:?}"
     );
 
     // Rolled back: nothing in flight, nothing more published.

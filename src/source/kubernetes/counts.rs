@@ -57,7 +57,7 @@ pub async fn run(
                     match publication(&lease) {
                         Some(Ok((name, publication))) => {
                             unreadable.remove(&name);
-                            fleet.with(|f| f.absorb(&name, &publication));
+                            fleet.absorb(&name, &publication);
                         }
                         Some(Err(problem))
                             if unreadable.insert(lease.metadata.name.clone().unwrap_or_default()) =>
