@@ -971,7 +971,9 @@ fn fleet_counts(
     let watch = tokio::spawn(crate::source::kubernetes::counts::run(
         client.clone(),
         lease.namespace.clone(),
+        config.name.clone(),
         fleet.clone(),
+        leader.clone(),
         shutdown.clone(),
     ));
     let publish = tokio::spawn(crate::status::counts::run(

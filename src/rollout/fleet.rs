@@ -67,9 +67,11 @@ pub struct PublishedStep {
 
 /// A step's identity, the same on every replica: its percentage and its
 /// recorded start (`"25%@2026-12-02T11:00:00.123456789Z"`). `None` when
-/// the rollout is not at a step being judged.
+/// the rollout is not at a step being judged (also when held after a
+/// failed gate: nothing is judged until the policy changes, which starts
+/// the step again under a new start).
 pub fn step_id(rollout: &Rollout) -> Option<String> {
-    if !matches!(rollout.phase, Phase::Progressing | Phase::Paused) {
+    if !matches!(rollout.phase, Phase::Progressing | Phase::Paused) || rollout.held_for.is_some() {
         return None;
     }
     Some(format!("{}@{}", rollout.step?, rollout.step_started_at?))
@@ -435,6 +437,18 @@ mod tests {
         let p = counter.publication("pod-b-1", &|r, b| counters.read(r, b));
         assert_eq!(p.steps[0].step, format!("50%@{T2}"));
         assert_eq!(p.steps[0].backends["shop/canary:80"], totals(2, 0));
+
+        // Held after a failed gate (onFailure: Pause): nothing judged,
+        // nothing published.
+        let mut held = at("50%", T2);
+        held.phase = Phase::Paused;
+        held.held_for = Some(7);
+        counter.follow(&[held], &|r, b| counters.read(r, b));
+        assert!(!counter.in_flight());
+        let mut paused = at("50%", T2);
+        paused.phase = Phase::Paused;
+        counter.follow(&[paused], &|r, b| counters.read(r, b));
+        assert!(counter.in_flight(), "spec.paused: the gates still judge");
 
         // Rolled back: not at a step any more.
         let mut back = at("50%", T2);

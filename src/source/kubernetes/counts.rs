@@ -9,11 +9,19 @@
 //! Lease changes nothing: what its replica counted stays summed for the
 //! step. A failed watch is retried with the watcher's backoff; a relist
 //! delivers the same publications again, which add nothing.
+//!
+//! A replica that died without deleting its Lease leaves it behind; the
+//! leader deletes counts Leases not renewed for [`STALE_AFTER`] (a live
+//! replica's is only written while its counts change, and is written again
+//! when they do).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::DeleteParams;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
@@ -38,22 +46,50 @@ pub fn publication(lease: &Lease) -> Option<Result<(String, Publication), String
     )
 }
 
-/// Watch the counts Leases of `namespace` into `fleet` until `shutdown`.
+/// A counts Lease not renewed for this long is a gone replica's.
+pub const STALE_AFTER: Duration = Duration::from_secs(3600);
+
+/// The counts Leases of `renewed` (name, last renewal) renewed last before
+/// `now - STALE_AFTER`, other than `own`.
+pub fn stale(renewed: &BTreeMap<String, Timestamp>, own: &str, now: Timestamp) -> Vec<String> {
+    let stale_after = i128::try_from(STALE_AFTER.as_nanos()).unwrap_or(i128::MAX);
+    renewed
+        .iter()
+        .filter(|(name, at)| *name != own && now.as_nanosecond() - at.as_nanosecond() > stale_after)
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// Watch the counts Leases of `namespace` into `fleet` until `shutdown`;
+/// while leading (`leader`), delete the stale ones (not `own`).
 pub async fn run(
     client: Client,
     namespace: String,
+    own: String,
     fleet: Fleet,
+    leader: watch::Receiver<bool>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let api: Api<Lease> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().labels(LABEL);
-    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    let mut events = watcher::watcher(api.clone(), config)
+        .default_backoff()
+        .boxed();
     // Leases whose counts could not be read, as last logged.
     let mut unreadable = BTreeSet::new();
+    // Every counts Lease's last renewal.
+    let mut renewed = BTreeMap::new();
+    let mut sweep = tokio::time::interval(STALE_AFTER / 4);
     loop {
         tokio::select! {
             event = events.next() => match event {
                 Some(Ok(Event::Apply(lease) | Event::InitApply(lease))) => {
+                    if let (Some(name), Some(at)) = (
+                        lease.metadata.name.clone(),
+                        lease.spec.as_ref().and_then(|s| s.renew_time.as_ref()),
+                    ) {
+                        renewed.insert(name, at.0);
+                    }
                     match publication(&lease) {
                         Some(Ok((name, publication))) => {
                             unreadable.remove(&name);
@@ -67,12 +103,31 @@ pub async fn run(
                         Some(Err(_)) | None => {}
                     }
                 }
-                Some(Ok(Event::Delete(_) | Event::Init | Event::InitDone)) => {}
+                Some(Ok(Event::Delete(lease))) => {
+                    renewed.remove(lease.metadata.name.as_deref().unwrap_or_default());
+                }
+                Some(Ok(Event::Init | Event::InitDone)) => {}
                 Some(Err(error)) => {
                     tracing::warn!(%error, "watch of the rollout counts failed; retrying (the leader judges the counts it has)");
                 }
                 None => return,
             },
+            _ = sweep.tick(), if *leader.borrow() => {
+                for name in stale(&renewed, &own, Timestamp::now()) {
+                    let params = DeleteParams::default();
+                    let delete = api.delete(&name, &params);
+                    match tokio::time::timeout(Duration::from_secs(5), delete).await {
+                        Ok(Ok(_)) => {
+                            tracing::info!(lease = %name, "deleted a gone replica's rollout counts");
+                            renewed.remove(&name);
+                        }
+                        Ok(Err(error)) => tracing::debug!(lease = %name, %error,
+                            "cannot delete a gone replica's rollout counts; asked again later"),
+                        Err(_) => tracing::debug!(lease = %name,
+                            "deleting a gone replica's rollout counts timed out; asked again later"),
+                    }
+                }
+            }
             _ = crate::admin::stopped(&mut shutdown) => return,
         }
     }
@@ -89,6 +144,18 @@ mod tests {
                          "labels": labels, "annotations": annotations},
         }))
         .expect("a Lease")
+    }
+
+    #[test]
+    fn the_leases_of_gone_replicas_are_stale() {
+        let at = |t: &str| t.parse::<Timestamp>().expect("a time");
+        let renewed = BTreeMap::from([
+            ("sluice-counts-a".to_string(), at("2026-12-02T09:00:00Z")),
+            ("sluice-counts-b".to_string(), at("2026-12-02T09:00:00Z")),
+            ("sluice-counts-c".to_string(), at("2026-12-02T10:30:00Z")),
+        ]);
+        let now = at("2026-12-02T11:00:00Z");
+        assert_eq!(stale(&renewed, "sluice-counts-a", now), ["sluice-counts-b"]);
     }
 
     #[test]
