@@ -259,8 +259,13 @@ async fn the_leader_judges_the_whole_fleets_counts() {
             .windows(2)
             .map(|w| w[1].at.duration_since(w[0].at).as_millis())
             .collect();
+        let size = writes.last().map_or(0, |w| {
+            w.object["metadata"]["annotations"]["sluice.dev/rollout-counts"]
+                .as_str()
+                .map_or(0, str::len)
+        });
         eprintln!(
-            "{replica}: {} counts writes, {gaps:?} ms apart",
+            "{replica}: {} counts writes, {gaps:?} ms apart; the last carried {size} bytes of counts",
             writes.len()
         );
         assert!(
