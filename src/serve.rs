@@ -149,6 +149,21 @@ pub async fn start_with_state(
     state_dir: Option<PathBuf>,
 ) -> anyhow::Result<RunningGateway> {
     let metrics = Metrics::shared();
+    let store: Box<dyn RolloutStore> = match &state_dir {
+        Some(dir) => {
+            let store = FileStore::new(dir, crate::rollout::configuration_of(&config.paths));
+            // An existing state directory is marked before the first read,
+            // so that one inside the manifests is never read as them (a new
+            // one is marked when first written).
+            if dir.is_dir()
+                && let Err(error) = store.claim()
+            {
+                tracing::warn!(%error, "cannot mark the rollout state directory");
+            }
+            Box::new(store)
+        }
+        None => Box::new(MemoryStore::default()),
+    };
     let source =
         FileSource::new(config.paths.clone(), metrics.clone()).with_crds(config.crds.clone());
     // Watch before the first read so that no change in between is missed.
@@ -165,10 +180,6 @@ pub async fn start_with_state(
 
     let proxy = Proxy::with_limits(metrics.clone(), limits);
     state.show_proxy(proxy.clone());
-    let store: Box<dyn RolloutStore> = match &state_dir {
-        Some(dir) => Box::new(FileStore::new(dir)),
-        None => Box::new(MemoryStore::default()),
-    };
     let server = Server::new(
         config.bind,
         proxy.clone(),
@@ -752,7 +763,7 @@ async fn serve_loop(
                 Some(lead) => server.set_role(lead).await,
                 None => leader = None,
             },
-            _ = crate::admin::stopped(&mut shutdown) => return,
+            _ = crate::shutdown::stopped(&mut shutdown) => return,
         }
         if let (Some(served), Some(current)) = (&served, &server.current)
             && (server.generation != generation
@@ -1036,7 +1047,7 @@ async fn status_loop(
                     None => std::future::pending().await,
                 }
             } => {}
-            _ = crate::admin::stopped(&mut shutdown) => return,
+            _ = crate::shutdown::stopped(&mut shutdown) => return,
         }
         retry = None;
         if !*leader.borrow_and_update() {

@@ -38,4 +38,7 @@ pub use machine::{
 };
 pub use shares::{BackendKey, BackendShare, Weights};
 pub use status::{RolloutReport, RolloutStatus, recorded};
-pub use store::{FileStore, MemoryStore, RolloutStore, default_state_dir};
+pub use store::{
+    FileStore, MemoryStore, RolloutStore, StateRead, configuration_of, default_state_dir,
+    is_state_dir, state_dir_for,
+};

@@ -142,10 +142,10 @@ pub async fn run(
                 tracing::debug!(objects = update.objects, "cluster configuration changed");
                 tokio::select! {
                     sent = updates.send(update) => if sent.is_err() { return },
-                    _ = crate::admin::stopped(&mut shutdown) => return,
+                    _ = crate::shutdown::stopped(&mut shutdown) => return,
                 }
             }
-            _ = crate::admin::stopped(&mut shutdown) => return,
+            _ = crate::shutdown::stopped(&mut shutdown) => return,
         }
     }
 }
