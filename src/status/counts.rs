@@ -240,7 +240,7 @@ pub async fn run<S, F>(
                     }
                 }
             }
-            _ = crate::admin::stopped(&mut shutdown) => {
+            _ = crate::shutdown::stopped(&mut shutdown) => {
                 if ever_written {
                     let params = DeleteParams::default();
                     let delete = api.delete(&config.name, &params);

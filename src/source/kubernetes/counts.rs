@@ -128,7 +128,7 @@ pub async fn run(
                     }
                 }
             }
-            _ = crate::admin::stopped(&mut shutdown) => return,
+            _ = crate::shutdown::stopped(&mut shutdown) => return,
         }
     }
 }
