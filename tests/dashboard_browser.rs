@@ -4,9 +4,9 @@
 //! person would see: route names, shares written as percentages, the
 //! rollout's phase; then again after a weight change.
 //!
-//! Skipped, with the reason printed, when no chromium is installed
-//! (`.ci/run` installs Debian's `chromium`). `SLUICE_CHROMIUM` names the
-//! binary; `SLUICE_DASHBOARD_SCREENSHOT=path.png` also saves a screenshot
+//! Skipped, with the reason on stderr, when no chromium is installed, and
+//! a failure then with `SLUICE_REQUIRE_ALL=1` (`.ci/run` sets it and
+//! installs Debian's `chromium`). `SLUICE_CHROMIUM` names the binary; `SLUICE_DASHBOARD_SCREENSHOT=path.png` also saves a screenshot
 //! of the second page (how docs/dashboard.png is made).
 
 mod serve_harness;
@@ -28,20 +28,27 @@ spec:
   analysis: {minRequests: 1000000}
 ";
 
-fn chromium() -> Option<PathBuf> {
+/// The browser: `$SLUICE_CHROMIUM`, else the first chromium on `PATH`;
+/// or why there is none.
+fn chromium() -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os("SLUICE_CHROMIUM") {
-        return Some(PathBuf::from(path));
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(format!("SLUICE_CHROMIUM={} is not a file", path.display()))
+        };
     }
-    let path = std::env::var_os("PATH")?;
+    let path = std::env::var_os("PATH").unwrap_or_default();
     for dir in std::env::split_paths(&path) {
         for name in ["chromium", "chromium-browser", "google-chrome"] {
             let candidate = dir.join(name);
             if candidate.is_file() {
-                return Some(candidate);
+                return Ok(candidate);
             }
         }
     }
-    None
+    Err("no chromium found on PATH (install Debian's `chromium`, or set SLUICE_CHROMIUM)".into())
 }
 
 /// Load `url` in headless chromium, let the page poll for a few seconds of
@@ -122,10 +129,7 @@ async fn wait_for_phase(fx: &Fixture, phase: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_shares_and_rollouts_in_a_browser() {
-    let Some(chromium) = chromium() else {
-        eprintln!(
-            "skipped: no chromium found (install Debian's `chromium`, or set SLUICE_CHROMIUM)"
-        );
+    let Some(chromium) = sluice::testdata::or_skip(chromium()) else {
         return;
     };
     let fx = Fixture::start(&route_yaml("web", "/", 3, 1)).await;

@@ -250,9 +250,11 @@ fn keep_running_serves_the_dashboard_and_loops_the_rollouts_until_ctrl_c() {
     let status = get("/status");
     assert!(status.contains("RolloutPolicy"), "{status}");
 
-    let pid = libc::pid_t::try_from(child.id()).expect("a pid");
-    // SAFETY: kill(2) with a pid this test started and still holds.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0, "SIGINT sent");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::INT,
+    )
+    .expect("SIGINT sent");
     let code = loop {
         if let Some(code) = child.try_wait().expect("wait") {
             break code;
