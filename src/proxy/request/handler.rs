@@ -12,19 +12,21 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
 
-use super::Shared;
-use super::body::{BodyTimedOut, ClientBody, RequestBody, ResponseBody, Tee, UpstreamBody};
-use super::error::ProxyError;
 use super::filters::{
     add_forwarded, modify_headers, modify_path, redirect_location, strip_hop_by_hop,
 };
-use super::replay::Replay;
 use super::retry::{Endpoints, Trying};
 use super::session::Sticky;
-use super::upgrade::UpgradeRequest;
-use super::upstream::{ClientUpstream, Upstream, origin_uri};
-use super::{cors, grpc, h1, retry, tls};
+use super::{cors, grpc, retry};
 use crate::metrics::{Rejection, RequestKey};
+use crate::proxy::Shared;
+use crate::proxy::body::{BodyTimedOut, ClientBody, RequestBody, ResponseBody, Tee, UpstreamBody};
+use crate::proxy::error::ProxyError;
+use crate::proxy::h1;
+use crate::proxy::inbound::tls;
+use crate::proxy::outbound::replay::Replay;
+use crate::proxy::outbound::upstream::{ClientUpstream, Upstream, origin_uri};
+use crate::proxy::upgrade::UpgradeRequest;
 use crate::route::{
     Backend, BackendChoice, BackendTarget, EndpointSet, Failure, Filter, Lookup, Mirror, PathMatch,
     RouteTable, Rule, normalize_host,
@@ -41,7 +43,7 @@ static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 /// forwarded: its address, and that address as a header value, made once
 /// per connection rather than formatted for every request.
 #[derive(Debug, Clone)]
-pub(super) struct Peer {
+pub(in crate::proxy) struct Peer {
     pub addr: SocketAddr,
     ip: HeaderValue,
 }
@@ -66,7 +68,7 @@ struct Outcome<'t> {
 
 /// Serve one request that arrived on the socket bound at `bind` from
 /// `client`. Never fails: every error becomes its response.
-pub(super) async fn handle(
+pub(in crate::proxy) async fn handle(
     shared: &Shared,
     req: Request<RequestBody>,
     client: &Peer,
@@ -182,7 +184,7 @@ async fn route<'t>(
 /// (request smuggling) or that name no single host. hyper already refuses
 /// malformed Content-Length values, differing duplicates, obs-fold, bare CR
 /// and NUL; these are the cases it accepts.
-pub(super) fn check_request_head<B>(req: &Request<B>) -> Result<(), ProxyError> {
+pub(in crate::proxy) fn check_request_head<B>(req: &Request<B>) -> Result<(), ProxyError> {
     use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
     let headers = req.headers();
     let http1 = matches!(req.version(), Version::HTTP_10 | Version::HTTP_11);
@@ -246,14 +248,14 @@ fn has_redirect(rule: &Rule) -> bool {
 
 /// `X-Forwarded-For` (the client appended), `X-Forwarded-Proto` and
 /// `X-Real-IP`, as [`add_forwarded`] and
-/// [`ForwardedTrust::set_real_ip`](super::ForwardedTrust::set_real_ip) set
+/// [`ForwardedTrust::set_real_ip`](crate::proxy::ForwardedTrust::set_real_ip) set
 /// them; without an incoming `X-Forwarded-For` or trusted hops (the usual
 /// case) from the connection's ready-made value, with no formatting.
 fn set_forwarded_headers(
     headers: &mut HeaderMap,
     client: &Peer,
     scheme: &'static str,
-    trust: &super::ForwardedTrust,
+    trust: &crate::proxy::ForwardedTrust,
 ) {
     if headers.contains_key(&X_FORWARDED_FOR) {
         add_forwarded(headers, client.addr.ip(), scheme);
