@@ -1,5 +1,6 @@
 //! Subcommands other than `serve`: `check` (what sluice would do with a set
-//! of manifests, without serving them) and `demo` (the examples served to
+//! of manifests, without serving them), `explain` (which rule and backend
+//! one request gets) and `demo` (the examples served to
 //! built-in echo backends, with what each backend received).
 //!
 //! They live in the library, not in `main.rs`, so that tests call them with
@@ -7,6 +8,7 @@
 
 pub mod check;
 pub mod demo;
+pub mod explain;
 
 use std::path::PathBuf;
 
