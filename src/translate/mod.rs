@@ -31,6 +31,7 @@ pub use output::{
     StatusMetadata, StatusReport, Translation,
 };
 pub use reuse::CompiledRoutes;
+pub use routes::COOKIE_MATCHES_ANNOTATION;
 pub use rollouts::rollout_inputs;
 
 use std::collections::{BTreeMap, BTreeSet};
