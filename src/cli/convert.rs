@@ -57,19 +57,29 @@ pub fn read_input(paths: &[PathBuf]) -> Result<Input, Vec<String>> {
         };
         for doc in docs {
             let kind = doc.value.get("kind").and_then(Value::as_str).unwrap_or("");
-            let api = doc.value.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+            let api = doc
+                .value
+                .get("apiVersion")
+                .and_then(Value::as_str)
+                .unwrap_or("");
             let at = format!("{}:{}", read.file, doc.line);
             match (api, kind) {
                 ("networking.k8s.io/v1", "Ingress") => {
                     match serde_path_to_error::deserialize::<_, Ingress>(doc.value) {
                         Ok(i) => input.ingresses.push(i),
-                        Err(e) => errors.push(format!("{at}: Ingress: {}: {}", e.path(), e.inner())),
+                        Err(e) => {
+                            errors.push(format!("{at}: Ingress: {}: {}", e.path(), e.inner()))
+                        }
                     }
                 }
-                ("v1", "Service") => match serde_path_to_error::deserialize::<_, Service>(doc.value) {
-                    Ok(s) => input.services.push(s),
-                    Err(e) => errors.push(format!("{at}: Service: {}: {}", e.path(), e.inner())),
-                },
+                ("v1", "Service") => {
+                    match serde_path_to_error::deserialize::<_, Service>(doc.value) {
+                        Ok(s) => input.services.push(s),
+                        Err(e) => {
+                            errors.push(format!("{at}: Service: {}: {}", e.path(), e.inner()))
+                        }
+                    }
+                }
                 (a, "Ingress") if a != "networking.k8s.io/v1" => errors.push(format!(
                     "{at}: Ingress of apiVersion {a:?}: only networking.k8s.io/v1 is read"
                 )),
@@ -77,7 +87,11 @@ pub fn read_input(paths: &[PathBuf]) -> Result<Input, Vec<String>> {
             }
         }
     }
-    if errors.is_empty() { Ok(input) } else { Err(errors) }
+    if errors.is_empty() {
+        Ok(input)
+    } else {
+        Err(errors)
+    }
 }
 
 /// The objects as a multi-document YAML stream.

@@ -258,11 +258,16 @@ pub fn main_settings(
         report.push(object, key(k), verdict);
     }
     if !rewrite.is_empty() {
-        s.filters.push(json!({"type": "URLRewrite", "urlRewrite": Value::Object(rewrite)}));
+        s.filters
+            .push(json!({"type": "URLRewrite", "urlRewrite": Value::Object(rewrite)}));
     }
     for (k, what) in DEFAULTS {
         if !a.contains_key(k) {
-            report.push(object, format!("default {k}"), Verdict::Default((*what).into()));
+            report.push(
+                object,
+                format!("default {k}"),
+                Verdict::Default((*what).into()),
+            );
         }
     }
     if tls_hosts && !a.contains_key("ssl-redirect") && !a.contains_key("force-ssl-redirect") {
@@ -286,7 +291,9 @@ fn redirect(url: &str, code: Option<&&str>) -> Result<Value, String> {
             .map_err(|_| format!("permanent-redirect-code {c:?} is not a status code"))?,
     };
     if ![301, 302, 303, 307, 308].contains(&code) {
-        return Err(format!("status {code} is not a redirect the Gateway API allows"));
+        return Err(format!(
+            "status {code} is not a redirect the Gateway API allows"
+        ));
     }
     let uri: http::Uri = url
         .parse()
@@ -323,12 +330,21 @@ mod tests {
         let table: &[(&[(&str, &str)], (i64, i64))] = &[
             (&[("canary-weight", "25")], (75, 25)),
             // ingress2gateway honours a total under 100; nginx does not.
-            (&[("canary-weight", "25"), ("canary-weight-total", "50")], (75, 25)),
-            (&[("canary-weight", "25"), ("canary-weight-total", "1000")], (975, 25)),
+            (
+                &[("canary-weight", "25"), ("canary-weight-total", "50")],
+                (75, 25),
+            ),
+            (
+                &[("canary-weight", "25"), ("canary-weight-total", "1000")],
+                (975, 25),
+            ),
             (&[("canary-weight", "150")], (0, 100)),
             (&[("canary-weight", "-3")], (100, 0)),
             (&[("canary-weight", "ten")], (100, 0)),
-            (&[("canary-weight", "5"), ("canary-weight-total", "x")], (95, 5)),
+            (
+                &[("canary-weight", "5"), ("canary-weight-total", "x")],
+                (95, 5),
+            ),
             (&[], (100, 0)),
         ];
         for (pairs, want) in table {
@@ -338,7 +354,13 @@ mod tests {
 
     #[test]
     fn canary_is_go_parse_bool() {
-        for (v, want) in [("true", true), ("True", true), ("1", true), ("yes", false), ("false", false)] {
+        for (v, want) in [
+            ("true", true),
+            ("True", true),
+            ("1", true),
+            ("yes", false),
+            ("false", false),
+        ] {
             let a: BTreeMap<&str, &str> = [("canary", v)].into_iter().collect();
             assert_eq!(is_canary(&a), want, "{v}");
         }

@@ -115,7 +115,10 @@ fn object_name(ing: &Ingress) -> String {
 }
 
 fn namespace(ing: &Ingress) -> &str {
-    ing.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE)
+    ing.metadata
+        .namespace
+        .as_deref()
+        .unwrap_or(DEFAULT_NAMESPACE)
 }
 
 fn name(ing: &Ingress) -> &str {
@@ -140,10 +143,7 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
                 report.push(
                     &object,
                     "spec.ingressClassName",
-                    Verdict::Skipped(format!(
-                        "class {class:?}, not {:?}",
-                        options.ingress_class
-                    )),
+                    Verdict::Skipped(format!("class {class:?}, not {:?}", options.ingress_class)),
                 );
                 continue;
             }
@@ -174,25 +174,31 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
                 ),
             );
         }
-        for_each_path(ing, input, &object, &mut report, |host, path, path_type, backend, _| {
-            let key = (host.clone(), path.clone(), path_type.clone());
-            if let Some(&first) = at.get(&key) {
-                return Err(format!(
-                    "{} already serves host {host:?} path {path:?} ({path_type}): ingress-nginx keeps the oldest",
-                    object_name(mains[locations[first].main])
-                ));
-            }
-            at.insert(key, locations.len());
-            locations.push(Location {
-                main: m,
-                host,
-                path,
-                path_type,
-                primary: backend,
-                canary: None,
-            });
-            Ok(())
-        });
+        for_each_path(
+            ing,
+            input,
+            &object,
+            &mut report,
+            |host, path, path_type, backend, _| {
+                let key = (host.clone(), path.clone(), path_type.clone());
+                if let Some(&first) = at.get(&key) {
+                    return Err(format!(
+                        "{} already serves host {host:?} path {path:?} ({path_type}): ingress-nginx keeps the oldest",
+                        object_name(mains[locations[first].main])
+                    ));
+                }
+                at.insert(key, locations.len());
+                locations.push(Location {
+                    main: m,
+                    host,
+                    path,
+                    path_type,
+                    primary: backend,
+                    canary: None,
+                });
+                Ok(())
+            },
+        );
     }
 
     let mut grants: BTreeSet<(String, String, String)> = BTreeSet::new();
@@ -201,35 +207,41 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
         let a = nginx_annotations(ing.metadata.annotations.as_ref());
         let canary = Canary::of(&a);
         report_canary(&object, &a, &canary, &mut report);
-        for_each_path(ing, input, &object, &mut report, |host, path, path_type, backend, _| {
-            let key = (host.clone(), path.clone(), path_type.clone());
-            let Some(&i) = at.get(&key) else {
-                return Err(format!(
-                    "no main Ingress serves host {host:?} path {path:?} ({path_type}): ingress-nginx drops this canary (\"unable to find real backend for alternative backend\")"
-                ));
-            };
-            let loc = &mut locations[i];
-            if loc.canary.is_some() {
-                return Err(format!(
-                    "the location host {host:?} path {path:?} already has a canary: ingress-nginx uses only the first"
-                ));
-            }
-            let main_ns = namespace(mains[loc.main]);
-            let mut backend = backend;
-            if namespace(ing) != main_ns {
-                backend["namespace"] = json!(namespace(ing));
-                grants.insert((
-                    namespace(ing).to_string(),
-                    main_ns.to_string(),
-                    backend["name"].as_str().unwrap_or_default().to_string(),
-                ));
-            }
-            loc.canary = Some(CanaryBackend {
-                canary: canary.clone(),
-                backend,
-            });
-            Ok(())
-        });
+        for_each_path(
+            ing,
+            input,
+            &object,
+            &mut report,
+            |host, path, path_type, backend, _| {
+                let key = (host.clone(), path.clone(), path_type.clone());
+                let Some(&i) = at.get(&key) else {
+                    return Err(format!(
+                        "no main Ingress serves host {host:?} path {path:?} ({path_type}): ingress-nginx drops this canary (\"unable to find real backend for alternative backend\")"
+                    ));
+                };
+                let loc = &mut locations[i];
+                if loc.canary.is_some() {
+                    return Err(format!(
+                        "the location host {host:?} path {path:?} already has a canary: ingress-nginx uses only the first"
+                    ));
+                }
+                let main_ns = namespace(mains[loc.main]);
+                let mut backend = backend;
+                if namespace(ing) != main_ns {
+                    backend["namespace"] = json!(namespace(ing));
+                    grants.insert((
+                        namespace(ing).to_string(),
+                        main_ns.to_string(),
+                        backend["name"].as_str().unwrap_or_default().to_string(),
+                    ));
+                }
+                loc.canary = Some(CanaryBackend {
+                    canary: canary.clone(),
+                    backend,
+                });
+                Ok(())
+            },
+        );
     }
 
     let (gateway_ns, gateway_name) = options
@@ -238,7 +250,12 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
         .unwrap_or_else(|| (DEFAULT_NAMESPACE.to_string(), options.ingress_class.clone()));
     let mut objects = Vec::new();
     if options.gateway.is_none() {
-        objects.extend(gateway_objects(&mains, &gateway_ns, &gateway_name, &options.ingress_class));
+        objects.extend(gateway_objects(
+            &mains,
+            &gateway_ns,
+            &gateway_name,
+            &options.ingress_class,
+        ));
     }
     for (m, ing) in mains.iter().enumerate() {
         let hosts: Vec<&str> = {
@@ -260,7 +277,14 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
                 .iter()
                 .filter(|l| l.main == m && l.host == *host)
                 .collect();
-            let route = http_route(ing, &route_name, host, &locs, &settings[m], (&gateway_ns, &gateway_name));
+            let route = http_route(
+                ing,
+                &route_name,
+                host,
+                &locs,
+                &settings[m],
+                (&gateway_ns, &gateway_name),
+            );
             let has_canary = locs.iter().any(|l| l.canary.is_some());
             objects.push(route);
             if has_canary && options.rollout_policy {
@@ -356,10 +380,18 @@ fn for_each_path(
     let rules = ing.spec.as_ref().and_then(|s| s.rules.as_ref());
     for (i, rule) in rules.into_iter().flatten().enumerate() {
         let host = rule.host.clone().unwrap_or_default();
-        let paths = rule.http.as_ref().map(|h| h.paths.as_slice()).unwrap_or_default();
+        let paths = rule
+            .http
+            .as_ref()
+            .map(|h| h.paths.as_slice())
+            .unwrap_or_default();
         for (j, p) in paths.iter().enumerate() {
             let field = format!("spec.rules[{i}].http.paths[{j}]");
-            let path = p.path.clone().filter(|p| !p.is_empty()).unwrap_or_else(|| "/".into());
+            let path = p
+                .path
+                .clone()
+                .filter(|p| !p.is_empty())
+                .unwrap_or_else(|| "/".into());
             let result = backend_ref(ing, &p.backend, input)
                 .and_then(|b| f(host.clone(), path, p.path_type.clone(), b, &field));
             if let Err(e) = result {
@@ -420,7 +452,9 @@ fn slug(host: &str) -> String {
     if host.is_empty() {
         return "any".into();
     }
-    host.replace('*', "wildcard").replace('.', "-").to_ascii_lowercase()
+    host.replace('*', "wildcard")
+        .replace('.', "-")
+        .to_ascii_lowercase()
 }
 
 /// The path match of a location.
@@ -480,19 +514,42 @@ fn http_route(
         if !cfg.header.is_empty() {
             let exact = |v: &str| json!({"type": "Exact", "name": cfg.header, "value": v});
             if !cfg.header_value.is_empty() {
-                rules.push(rule(format!("{base}-header-value"), &path, Some(exact(&cfg.header_value)), canary()));
+                rules.push(rule(
+                    format!("{base}-header-value"),
+                    &path,
+                    Some(exact(&cfg.header_value)),
+                    canary(),
+                ));
             } else if !cfg.header_pattern.is_empty() {
                 let re = json!({"type": "RegularExpression", "name": cfg.header, "value": unanchored(&cfg.header_pattern)});
-                rules.push(rule(format!("{base}-header-pattern"), &path, Some(re), canary()));
+                rules.push(rule(
+                    format!("{base}-header-pattern"),
+                    &path,
+                    Some(re),
+                    canary(),
+                ));
             } else {
-                rules.push(rule(format!("{base}-header-always"), &path, Some(exact("always")), canary()));
-                rules.push(rule(format!("{base}-header-never"), &path, Some(exact("never")), primary()));
+                rules.push(rule(
+                    format!("{base}-header-always"),
+                    &path,
+                    Some(exact("always")),
+                    canary(),
+                ));
+                rules.push(rule(
+                    format!("{base}-header-never"),
+                    &path,
+                    Some(exact("never")),
+                    primary(),
+                ));
             }
         }
         if !cfg.cookie.is_empty() {
             for (value, backends) in [("always", canary()), ("never", primary())] {
                 let rule_name = format!("{base}-cookie-{value}");
-                cookies.insert(rule_name.clone(), json!({"name": cfg.cookie, "value": value}));
+                cookies.insert(
+                    rule_name.clone(),
+                    json!({"name": cfg.cookie, "value": value}),
+                );
                 let approx = json!({"type": "RegularExpression", "name": "Cookie", "value": cookie_regex(&cfg.cookie, value)});
                 rules.push(rule(rule_name, &path, Some(approx), backends));
             }
@@ -533,8 +590,16 @@ fn gateway_objects(mains: &[&Ingress], ns: &str, name: &str, class: &str) -> Vec
     let mut grants: BTreeSet<String> = BTreeSet::new();
     let mut seen: BTreeSet<String> = BTreeSet::new();
     for ing in mains {
-        for tls in ing.spec.as_ref().and_then(|s| s.tls.as_ref()).into_iter().flatten() {
-            let Some(secret) = &tls.secret_name else { continue };
+        for tls in ing
+            .spec
+            .as_ref()
+            .and_then(|s| s.tls.as_ref())
+            .into_iter()
+            .flatten()
+        {
+            let Some(secret) = &tls.secret_name else {
+                continue;
+            };
             for host in tls.hosts.iter().flatten() {
                 if !seen.insert(host.clone()) {
                     continue;
@@ -579,4 +644,259 @@ fn gateway_objects(mains: &[&Ingress], ns: &str, name: &str, class: &str) -> Vec
         }));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(yaml: &str) -> Input {
+        let mut input = Input::default();
+        for doc in crate::yaml::documents(yaml).expect("test YAML parses") {
+            match doc.value["kind"].as_str() {
+                Some("Ingress") => input
+                    .ingresses
+                    .push(serde_json::from_value(doc.value).expect("an Ingress")),
+                Some("Service") => input
+                    .services
+                    .push(serde_json::from_value(doc.value).expect("a Service")),
+                _ => panic!("unexpected document"),
+            }
+        }
+        input
+    }
+
+    fn ingress(name: &str, annotations: &str, paths: &str) -> String {
+        format!(
+            "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, annotations: {{{annotations}}}}}\nspec:\n  rules:\n  - host: a.example\n    http:\n      paths: [{paths}]\n"
+        )
+    }
+
+    fn path(p: &str, t: &str, svc: &str) -> String {
+        format!(
+            "{{path: {p}, pathType: {t}, backend: {{service: {{name: {svc}, port: {{number: 80}}}}}}}}"
+        )
+    }
+
+    const CANARY: &str = "nginx.ingress.kubernetes.io/canary: 'true'";
+
+    /// (rule name, header condition as `name type value`, backends as
+    /// `service:weight`) of every rule of the first HTTPRoute.
+    fn rules(c: &Conversion) -> Vec<(String, String, String)> {
+        let route = c
+            .objects
+            .iter()
+            .find(|o| o["kind"] == "HTTPRoute")
+            .expect("a route");
+        route["spec"]["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let h = &r["matches"][0]["headers"][0];
+                let header = if h.is_null() {
+                    String::new()
+                } else {
+                    format!(
+                        "{} {} {}",
+                        h["name"].as_str().unwrap(),
+                        h["type"].as_str().unwrap(),
+                        h["value"].as_str().unwrap()
+                    )
+                };
+                let backends: Vec<String> = r["backendRefs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|b| match b["weight"].as_i64() {
+                        Some(w) => format!("{}:{w}", b["name"].as_str().unwrap()),
+                        None => b["name"].as_str().unwrap().to_string(),
+                    })
+                    .collect();
+                (
+                    r["name"].as_str().unwrap().to_string(),
+                    header,
+                    backends.join(","),
+                )
+            })
+            .collect()
+    }
+
+    fn owned(rows: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+        rows.iter()
+            .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn canary_ladders() {
+        let table: &[(&str, &[(&str, &str, &str)])] = &[
+            (
+                "nginx.ingress.kubernetes.io/canary-weight: '10'",
+                &[("path-0", "", "main:90,canary:10")],
+            ),
+            (
+                "nginx.ingress.kubernetes.io/canary-by-header: X-C",
+                &[
+                    ("path-0-header-always", "X-C Exact always", "canary"),
+                    ("path-0-header-never", "X-C Exact never", "main"),
+                    ("path-0", "", "main:100,canary:0"),
+                ],
+            ),
+            (
+                "nginx.ingress.kubernetes.io/canary-by-header: X-C, nginx.ingress.kubernetes.io/canary-by-header-value: v1, nginx.ingress.kubernetes.io/canary-by-header-pattern: x",
+                &[
+                    ("path-0-header-value", "X-C Exact v1", "canary"),
+                    ("path-0", "", "main:100,canary:0"),
+                ],
+            ),
+            (
+                "nginx.ingress.kubernetes.io/canary-by-header: X-C, nginx.ingress.kubernetes.io/canary-by-header-pattern: 'v[12]'",
+                &[
+                    (
+                        "path-0-header-pattern",
+                        "X-C RegularExpression .*(?:v[12]).*",
+                        "canary",
+                    ),
+                    ("path-0", "", "main:100,canary:0"),
+                ],
+            ),
+            (
+                "nginx.ingress.kubernetes.io/canary-by-cookie: beta, nginx.ingress.kubernetes.io/canary-weight: '5', nginx.ingress.kubernetes.io/canary-weight-total: '1000'",
+                &[
+                    (
+                        "path-0-cookie-always",
+                        "Cookie RegularExpression (?:.*[;,])? *(?i:beta) *= *always *(?:;.*)?",
+                        "canary",
+                    ),
+                    (
+                        "path-0-cookie-never",
+                        "Cookie RegularExpression (?:.*[;,])? *(?i:beta) *= *never *(?:;.*)?",
+                        "main",
+                    ),
+                    ("path-0", "", "main:995,canary:5"),
+                ],
+            ),
+        ];
+        for (annotations, want) in table {
+            let yaml = ingress("main", "", &path("/", "Prefix", "main"))
+                + &ingress(
+                    "canary",
+                    &format!("{CANARY}, {annotations}"),
+                    &path("/", "Prefix", "canary"),
+                );
+            let c = convert(&input(&yaml), &Options::default());
+            assert_eq!(rules(&c), owned(want), "{annotations}");
+        }
+    }
+
+    #[test]
+    fn cookie_rules_are_named_in_the_route_annotation() {
+        let yaml = ingress("main", "", &path("/", "Prefix", "main"))
+            + &ingress(
+                "canary",
+                &format!("{CANARY}, nginx.ingress.kubernetes.io/canary-by-cookie: beta"),
+                &path("/", "Prefix", "canary"),
+            );
+        let c = convert(&input(&yaml), &Options::default());
+        let route = c.objects.iter().find(|o| o["kind"] == "HTTPRoute").unwrap();
+        let ann: Value = serde_json::from_str(
+            route["metadata"]["annotations"][COOKIE_MATCHES]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            ann,
+            json!({"path-0-cookie-always": {"name": "beta", "value": "always"},
+                   "path-0-cookie-never": {"name": "beta", "value": "never"}})
+        );
+        assert!(c.report.is_exact(), "{:?}", c.report);
+    }
+
+    #[test]
+    fn a_canary_merges_only_on_equal_host_path_and_path_type_once() {
+        let yaml = ingress(
+            "main",
+            "",
+            &[path("/a", "Prefix", "main"), path("/b", "Exact", "main")].join(", "),
+        ) + &ingress(
+            "c1",
+            CANARY,
+            &[path("/a", "Exact", "c1"), path("/b", "Exact", "c1")].join(", "),
+        ) + &ingress("c2", CANARY, &path("/b", "Exact", "c2"));
+        let c = convert(&input(&yaml), &Options::default());
+        let err = |o: &str, f: &str| match c.report.find(o, f) {
+            Some(Verdict::Error(e)) => e.clone(),
+            other => panic!("{o} {f}: {other:?}"),
+        };
+        assert!(
+            err("Ingress default/c1", "spec.rules[0].http.paths[0]")
+                .contains("no main Ingress serves host \"a.example\" path \"/a\" (Exact)")
+        );
+        assert!(
+            err("Ingress default/c2", "spec.rules[0].http.paths[0]")
+                .contains("already has a canary")
+        );
+        assert!(!c.report.is_exact());
+        let names: Vec<String> = rules(&c).into_iter().map(|r| r.2).collect();
+        assert_eq!(names, ["main", "main:100,c1:0"]);
+    }
+
+    #[test]
+    fn classes_named_ports_and_oldest_main() {
+        let yaml = "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: other}\nspec: {ingressClassName: traefik}\n".to_string()
+            + &ingress("main", "", "{path: /, pathType: Prefix, backend: {service: {name: web, port: {name: http}}}}")
+            + "---\napiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {ports: [{name: http, port: 8080}]}\n"
+            + &ingress("nope", "", "{path: /x, pathType: Prefix, backend: {service: {name: gone, port: {name: http}}}}");
+        let c = convert(&input(&yaml), &Options::default());
+        assert!(matches!(
+            c.report
+                .find("Ingress default/other", "spec.ingressClassName"),
+            Some(Verdict::Skipped(_))
+        ));
+        assert_eq!(rules(&c)[0].2, "web");
+        let route = c.objects.iter().find(|o| o["kind"] == "HTTPRoute").unwrap();
+        assert_eq!(route["spec"]["rules"][0]["backendRefs"][0]["port"], 8080);
+        assert!(
+            matches!(c.report.find("Ingress default/nope", "spec.rules[0].http.paths[0]"), Some(Verdict::Error(e)) if e.contains("Service default/gone is not in the input"))
+        );
+    }
+
+    #[test]
+    fn common_annotations_become_filters() {
+        let yaml = ingress(
+            "main",
+            "nginx.ingress.kubernetes.io/rewrite-target: /new, nginx.ingress.kubernetes.io/upstream-vhost: inner.local, nginx.ingress.kubernetes.io/x-forwarded-prefix: /p, nginx.ingress.kubernetes.io/rewrite-target-typo: x",
+            &path("/", "Prefix", "main"),
+        );
+        let c = convert(&input(&yaml), &Options::default());
+        let route = c.objects.iter().find(|o| o["kind"] == "HTTPRoute").unwrap();
+        assert_eq!(
+            route["spec"]["rules"][0]["filters"],
+            json!([
+                {"type": "RequestHeaderModifier", "requestHeaderModifier": {"set": [{"name": "X-Forwarded-Prefix", "value": "/p"}]}},
+                {"type": "URLRewrite", "urlRewrite": {"hostname": "inner.local", "path": {"type": "ReplaceFullPath", "replaceFullPath": "/new"}}}
+            ])
+        );
+        assert_eq!(
+            c.report.find(
+                "Ingress default/main",
+                "nginx.ingress.kubernetes.io/rewrite-target"
+            ),
+            Some(&Verdict::Converted)
+        );
+        assert!(matches!(
+            c.report.find(
+                "Ingress default/main",
+                "nginx.ingress.kubernetes.io/rewrite-target-typo"
+            ),
+            Some(Verdict::Unsupported(_))
+        ));
+        assert!(matches!(
+            c.report
+                .find("Ingress default/main", "default proxy-body-size"),
+            Some(Verdict::Default(_))
+        ));
+    }
 }

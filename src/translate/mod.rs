@@ -31,8 +31,8 @@ pub use output::{
     StatusMetadata, StatusReport, Translation,
 };
 pub use reuse::CompiledRoutes;
-pub use routes::COOKIE_MATCHES_ANNOTATION;
 pub use rollouts::rollout_inputs;
+pub use routes::COOKIE_MATCHES_ANNOTATION;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

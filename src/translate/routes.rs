@@ -40,8 +40,8 @@ use crate::resources::{CONTROLLER_NAME, GATEWAY_GROUP, parse_gateway_duration};
 use crate::rollout::ServedShares;
 use crate::route::{
     Backend, CookieMatch, DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, Filter, HeaderMatch,
-    HostPattern, RequestMatch, ValueMatch,
-    RetryPolicy, RouteKind, Rule, RuleId, SessionCarrier, SessionPersistence, stable_hash,
+    HostPattern, RequestMatch, RetryPolicy, RouteKind, Rule, RuleId, SessionCarrier,
+    SessionPersistence, ValueMatch, stable_hash,
 };
 
 /// One rule, compiled, ready to be attached to listeners.

@@ -107,7 +107,10 @@ async fn replay(canary_annotations: &[(&str, &str)], cases: &[Case]) {
     let gw = Sluice::start(&[("base.yaml", manifests), ("routes.yaml", routes.clone())]).await;
     let mut conn = gw.connect().await;
     for c in cases {
-        let got = conn.get_with("shop.example.com", c.path, c.headers).await.pod();
+        let got = conn
+            .get_with("shop.example.com", c.path, c.headers)
+            .await
+            .pod();
         let service = got.rsplit_once('-').map_or(got.as_str(), |(s, _)| s);
         assert_eq!(
             service, c.backend,
@@ -120,16 +123,28 @@ async fn replay(canary_annotations: &[(&str, &str)], cases: &[Case]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_always_never_then_cookie_then_weight() {
     replay(
-        &[("canary-by-header", "X-Canary"), ("canary-by-cookie", "beta"), ("canary-weight", "0")],
+        &[
+            ("canary-by-header", "X-Canary"),
+            ("canary-by-cookie", "beta"),
+            ("canary-weight", "0"),
+        ],
         &[
             case("/api", &[], "primary"),
             case("/api/x", &[("x-canary", "always")], "canary"),
             // The canary is only on /api: / stays on the primary.
             case("/", &[("x-canary", "always")], "primary"),
             // "never" ends the ladder: the cookie is not read.
-            case("/api", &[("x-canary", "never"), ("cookie", "beta=always")], "primary"),
+            case(
+                "/api",
+                &[("x-canary", "never"), ("cookie", "beta=always")],
+                "primary",
+            ),
             // Any other value falls through to the cookie.
-            case("/api", &[("x-canary", "other"), ("cookie", "beta=always")], "canary"),
+            case(
+                "/api",
+                &[("x-canary", "other"), ("cookie", "beta=always")],
+                "canary",
+            ),
             // Case-sensitive: "Always" is another value, then weight 0.
             case("/api", &[("x-canary", "Always")], "primary"),
             case("/api", &[("cookie", "beta=always")], "canary"),
@@ -157,8 +172,16 @@ async fn header_value_makes_always_and_never_plain_values() {
             case("/api", &[("x-canary", "Blue")], "primary"),
             case("/api", &[("x-canary", "always")], "primary"),
             // "never" is a plain value now: it falls through to the cookie.
-            case("/api", &[("x-canary", "never"), ("cookie", "beta=always")], "canary"),
-            case("/api", &[("x-canary", "blue"), ("cookie", "beta=never")], "canary"),
+            case(
+                "/api",
+                &[("x-canary", "never"), ("cookie", "beta=always")],
+                "canary",
+            ),
+            case(
+                "/api",
+                &[("x-canary", "blue"), ("cookie", "beta=never")],
+                "canary",
+            ),
         ],
     )
     .await;
@@ -167,7 +190,10 @@ async fn header_value_makes_always_and_never_plain_values() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_pattern_is_unanchored_and_ignored_beside_a_value() {
     replay(
-        &[("canary-by-header", "X-Canary"), ("canary-by-header-pattern", "b[0-9]+")],
+        &[
+            ("canary-by-header", "X-Canary"),
+            ("canary-by-header-pattern", "b[0-9]+"),
+        ],
         &[
             case("/api", &[("x-canary", "b12")], "canary"),
             case("/api", &[("x-canary", "xxb7yy")], "canary"),
@@ -219,8 +245,14 @@ async fn weights_by_share_with_and_without_weight_total() {
     let table: &[(&[(&str, &str)], usize)] = &[
         (&[("canary-weight", "30")], 30),
         // ingress2gateway gives this one 50%; nginx ignores a total <= 100.
-        (&[("canary-weight", "25"), ("canary-weight-total", "50")], 25),
-        (&[("canary-weight", "250"), ("canary-weight-total", "1000")], 25),
+        (
+            &[("canary-weight", "25"), ("canary-weight-total", "50")],
+            25,
+        ),
+        (
+            &[("canary-weight", "250"), ("canary-weight-total", "1000")],
+            25,
+        ),
         (&[("canary-weight", "100")], 100),
         (&[("canary-weight", "150")], 100),
     ];
@@ -240,14 +272,23 @@ async fn weights_by_share_with_and_without_weight_total() {
 #[test]
 fn the_report_names_each_annotation_and_the_exit_code_says_how_exact() {
     let (code, out, err) = convert(
-        &ingress_pair(&[("canary-by-header", "X-Canary"), ("canary-by-cookie", "beta")]),
+        &ingress_pair(&[
+            ("canary-by-header", "X-Canary"),
+            ("canary-by-cookie", "beta"),
+        ]),
         &["--gateway", "default/gw"],
     );
-    assert_eq!(code, 0, "cookie canaries are exact through sluice's extension: {err}");
+    assert_eq!(
+        code, 0,
+        "cookie canaries are exact through sluice's extension: {err}"
+    );
     assert!(out.contains("kind: HTTPRoute"), "{out}");
     assert!(
-        err.contains("Ingress default/shop-canary: nginx.ingress.kubernetes.io/canary-by-cookie: extension (")
-            && err.contains("Ingress default/shop-canary: nginx.ingress.kubernetes.io/canary-by-header: converted"),
+        err.contains(
+            "Ingress default/shop-canary: nginx.ingress.kubernetes.io/canary-by-cookie: extension ("
+        ) && err.contains(
+            "Ingress default/shop-canary: nginx.ingress.kubernetes.io/canary-by-header: converted"
+        ),
         "{err}"
     );
 
@@ -263,7 +304,10 @@ fn the_report_names_each_annotation_and_the_exit_code_says_how_exact() {
         "{err}"
     );
     // Without --gateway the output brings its GatewayClass and Gateway.
-    assert!(out.contains("kind: GatewayClass") && out.contains("kind: Gateway\n"), "{out}");
+    assert!(
+        out.contains("kind: GatewayClass") && out.contains("kind: Gateway\n"),
+        "{out}"
+    );
 
     // An unsupported annotation is named, and exit 1.
     let snippet = ingress_pair(&[]).replace(
@@ -273,7 +317,9 @@ fn the_report_names_each_annotation_and_the_exit_code_says_how_exact() {
     let (code, _, err) = convert(&snippet, &[]);
     assert_eq!(code, 1, "{err}");
     assert!(
-        err.contains("Ingress default/shop: nginx.ingress.kubernetes.io/configuration-snippet: unsupported ("),
+        err.contains(
+            "Ingress default/shop: nginx.ingress.kubernetes.io/configuration-snippet: unsupported ("
+        ),
         "{err}"
     );
 
