@@ -59,6 +59,12 @@ enum Command {
         /// Seconds a leader lease lasts without renewal before another replica takes over.
         #[arg(long, default_value_t = 15, requires = "kubernetes", value_parser = clap::value_parser!(u64).range(1..))]
         lease_duration: u64,
+        /// Also serve the Ingresses of this class among the manifests, converted in process as `sluice convert ingress-nginx` converts them [default: nginx]. Files mode only for now.
+        #[arg(long, requires = "ingress_gateway", conflicts_with = "kubernetes")]
+        ingress_class: Option<String>,
+        /// The Gateway (NAMESPACE/NAME) the served Ingresses' routes attach to.
+        #[arg(long, value_parser = parse_namespaced_name, conflicts_with = "kubernetes")]
+        ingress_gateway: Option<(String, String)>,
         #[command(flatten)]
         limits: Box<LimitArgs>,
     },
@@ -317,6 +323,8 @@ fn main() -> ExitCode {
             lease_namespace,
             lease_name,
             lease_duration,
+            ingress_class,
+            ingress_gateway,
             limits,
         } => {
             let limits = limits.limits();
@@ -351,8 +359,12 @@ fn main() -> ExitCode {
                 admin,
                 crds,
             };
-            runtime.block_on(serve(sluice::serve::start_with_state(
-                config, limits, state_dir,
+            let ingresses = ingress_gateway.map(|gateway| sluice::source::files::IngressServing {
+                class: ingress_class.unwrap_or_else(|| "nginx".into()),
+                gateway,
+            });
+            runtime.block_on(serve(sluice::serve::start_with_ingresses(
+                config, limits, state_dir, ingresses,
             )))
         }
         Command::Check {

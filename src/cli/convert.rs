@@ -5,8 +5,6 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::networking::v1::Ingress;
 use serde_json::Value;
 
 use crate::ingress_nginx::{Conversion, Input, Options, convert};
@@ -55,37 +53,7 @@ pub fn read_input(paths: &[PathBuf]) -> Result<Input, Vec<String>> {
                 continue;
             }
         };
-        for doc in docs {
-            let kind = doc.value.get("kind").and_then(Value::as_str).unwrap_or("");
-            let api = doc
-                .value
-                .get("apiVersion")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            let at = format!("{}:{}", read.file, doc.line);
-            match (api, kind) {
-                ("networking.k8s.io/v1", "Ingress") => {
-                    match serde_path_to_error::deserialize::<_, Ingress>(doc.value) {
-                        Ok(i) => input.ingresses.push(i),
-                        Err(e) => {
-                            errors.push(format!("{at}: Ingress: {}: {}", e.path(), e.inner()))
-                        }
-                    }
-                }
-                ("v1", "Service") => {
-                    match serde_path_to_error::deserialize::<_, Service>(doc.value) {
-                        Ok(s) => input.services.push(s),
-                        Err(e) => {
-                            errors.push(format!("{at}: Service: {}: {}", e.path(), e.inner()))
-                        }
-                    }
-                }
-                (a, "Ingress") if a != "networking.k8s.io/v1" => errors.push(format!(
-                    "{at}: Ingress of apiVersion {a:?}: only networking.k8s.io/v1 is read"
-                )),
-                _ => {}
-            }
-        }
+        crate::ingress_nginx::read_documents_into(&read.file, &docs, &mut input, &mut errors);
     }
     if errors.is_empty() {
         Ok(input)

@@ -328,3 +328,62 @@ fn the_report_names_each_annotation_and_the_exit_code_says_how_exact() {
     assert_eq!(code, 2, "{err}");
     assert!(out.is_empty() && err.contains("ingresses.yaml"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_ingress_class_serves_the_ingresses_as_converted() {
+    let primary = Pods::start("default", "primary", 1).await;
+    let canary = Pods::start("default", "canary", 1).await;
+    // The pods' manifests bring Service `primary` with an unnamed port, and
+    // the first manifest of a Service wins: name the port by number here.
+    let pair = ingress_pair(&[
+        ("canary-by-header", "X-Canary"),
+        ("canary-by-cookie", "beta"),
+    ])
+    .replace("port: {name: http}", "port: {number: 8080}");
+    // Another class, not served.
+    let other = "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: other}\nspec:\n  ingressClassName: traefik\n  rules:\n  - host: other.example.com\n    http:\n      paths:\n      - {path: /, pathType: Prefix, backend: {service: {name: canary, port: {number: 8080}}}}\n";
+    let manifests = gateway() + &primary.manifests() + &canary.manifests();
+    let gw = Sluice::start_with(
+        &[("base.yaml", manifests), ("ingresses.yaml", pair + other)],
+        &[
+            "--ingress-class",
+            "nginx",
+            "--ingress-gateway",
+            "default/gw",
+        ],
+    )
+    .await;
+    let mut conn = gw.connect().await;
+    for (path, headers, backend) in [
+        ("/api", &[("x-canary", "always")][..], "canary"),
+        (
+            "/api",
+            &[("x-canary", "never"), ("cookie", "beta=always")][..],
+            "primary",
+        ),
+        ("/api", &[("cookie", "beta=always")][..], "canary"),
+        ("/api", &[][..], "primary"),
+        ("/", &[("x-canary", "always")][..], "primary"),
+    ] {
+        let pod = conn.get_with("shop.example.com", path, headers).await.pod();
+        assert!(
+            pod.starts_with(&format!("{backend}-")),
+            "{path} {headers:?}: {pod}"
+        );
+    }
+    assert_eq!(
+        conn.get("other.example.com", "/").await.status.as_u16(),
+        404
+    );
+    let status = gw.status().await;
+    let route = status
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["kind"] == "HTTPRoute" && o["metadata"]["name"] == "shop")
+        .expect("the converted route is in /status");
+    assert_eq!(
+        route["status"]["parents"][0]["conditions"][0]["status"], "True",
+        "{route}"
+    );
+}
