@@ -327,7 +327,8 @@ mod tests {
 
     #[test]
     fn weight_total_counts_only_above_100() {
-        let table: &[(&[(&str, &str)], (i64, i64))] = &[
+        type Pairs<'a> = &'a [(&'a str, &'a str)];
+        let table: &[(Pairs<'_>, (i64, i64))] = &[
             (&[("canary-weight", "25")], (75, 25)),
             // ingress2gateway honours a total under 100; nginx does not.
             (

@@ -730,7 +730,8 @@ mod tests {
 
     #[test]
     fn canary_ladders() {
-        let table: &[(&str, &[(&str, &str, &str)])] = &[
+        type Rows<'a> = &'a [(&'a str, &'a str, &'a str)];
+        let table: &[(&str, Rows<'_>)] = &[
             (
                 "nginx.ingress.kubernetes.io/canary-weight: '10'",
                 &[("path-0", "", "main:90,canary:10")],

@@ -242,7 +242,8 @@ async fn canary_share(canary_annotations: &[(&str, &str)], n: usize) -> usize {
 async fn weights_by_share_with_and_without_weight_total() {
     // (annotations, ingress-nginx's canary share in percent:
     // math.random(total) <= weight, total only when above 100)
-    let table: &[(&[(&str, &str)], usize)] = &[
+    type Pairs<'a> = &'a [(&'a str, &'a str)];
+    let table: &[(Pairs<'_>, usize)] = &[
         (&[("canary-weight", "30")], 30),
         // ingress2gateway gives this one 50%; nginx ignores a total <= 100.
         (
