@@ -8,8 +8,8 @@ two (or more) sluice binaries in alternating rounds of the same job as
 with the peers in every round as the yardstick, and prints each round and the
 medians. Run it through `bench/run.sh`, which builds the tools:
 
-    cp target/release/sluice /tmp/sluice-before     # before the change
-    bash bench/run.sh --ab before=/tmp/sluice-before after=target/release/sluice
+    cp target/dist/sluice /tmp/sluice-before     # before the change
+    bash bench/run.sh --ab before=/tmp/sluice-before after=target/dist/sluice
 """
 import argparse
 import json

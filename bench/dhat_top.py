@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The allocation sites holding the most heap at a DHAT profile's peak.
 
-    valgrind --tool=dhat --dhat-out-file=dhat.json target/release/sluice serve ...
+    valgrind --tool=dhat --dhat-out-file=dhat.json target/dist/sluice serve ...
     python3 bench/dhat_top.py dhat.json [--per N] [--top 25]
 
 Prints, per allocation site (its innermost frames in sluice's, hyper's,

@@ -9,8 +9,8 @@ server), each round runs every binary in turn, so a loaded machine weighs
 on all of them alike. Prints each run with the load average and the
 median of each binary's run medians. Run it through `bench/run.sh`:
 
-    cp target/release/sluice /tmp/sluice-before     # before the change
-    bash bench/run.sh --flip-ab before=/tmp/sluice-before after=target/release/sluice
+    cp target/dist/sluice /tmp/sluice-before     # before the change
+    bash bench/run.sh --flip-ab before=/tmp/sluice-before after=target/dist/sluice
 """
 import argparse
 import json

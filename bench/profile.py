@@ -18,8 +18,8 @@ Two figures the CPU-time comparisons cannot give on a shared box:
 Same job as driver.py's closed-loop rows (995/5, wrk -t1 -c50, proxy on
 core 0). Run it through bench/run.sh, which builds the tools:
 
-    bash bench/run.sh --profile instructions before=/tmp/sluice-old after=target/release/sluice
-    bash bench/run.sh --profile wakeups --peers nginx,haproxy after=target/release/sluice
+    bash bench/run.sh --profile instructions before=/tmp/sluice-old after=target/dist/sluice
+    bash bench/run.sh --profile wakeups --peers nginx,haproxy after=target/dist/sluice
 
 `--mode h2c` drives the proxy with h2load (HTTP/2 with prior knowledge, 50
 connections x 10 streams) instead of wrk; `--mode https` with wrk over TLS. With `--annotate DIR`,

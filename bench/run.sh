@@ -3,11 +3,11 @@
 #
 #   bash bench/run.sh            # the full run (about 8 minutes), prints the tables
 #   bash bench/run.sh --quick    # under a minute once built; CI's smoke test
-#   bash bench/run.sh --ab before=/tmp/sluice-old after=target/release/sluice
+#   bash bench/run.sh --ab before=/tmp/sluice-old after=target/dist/sluice
 #                                # paired A/B of sluice binaries (bench/ab.py)
-#   bash bench/run.sh --flip-ab before=/tmp/sluice-old after=target/release/sluice
+#   bash bench/run.sh --flip-ab before=/tmp/sluice-old after=target/dist/sluice
 #                                # paired A/B of the flip row, file and Kubernetes mode (bench/flip_ab.py)
-#   bash bench/run.sh --profile instructions before=/tmp/sluice-old after=target/release/sluice
+#   bash bench/run.sh --profile instructions before=/tmp/sluice-old after=target/dist/sluice
 #                                # callgrind instructions or wake-ups per request (bench/profile.py)
 #   bash bench/run.sh --stalled [--baseline /tmp/sluice-old] [--rounds 3]
 #                                # p99 of one backend while another stalls, with a
@@ -15,7 +15,8 @@
 #   bash bench/run.sh --soak [--minutes 30]   # mixed load for a long time (bench/soak.py)
 #
 # Installs nginx, HAProxy and wrk from Debian's packages when missing (needs
-# root), builds sluice and the bench tools in release mode in the shared
+# root), builds sluice as it is shipped (`--profile dist`: fat LTO, one
+# codegen unit) and the bench tools (bench profile, no LTO) in the shared
 # target/, then runs bench/driver.py. Any other flag goes to the driver
 # (see `python3 bench/driver.py --help`).
 set -euo pipefail
@@ -43,12 +44,10 @@ if ((${#missing[@]})); then
 fi
 export PATH="$PATH:/usr/sbin:/sbin"
 
-echo "== building (release)" >&2
-# The bench tools first: `cargo bench --no-run` also builds the package's
-# executables, with the bench profile (no LTO, see Cargo.toml), into the
-# same target/release. The release build last puts the executable built
-# with the release profile back in target/release/sluice (cargo links it
-# there again even when it is up to date).
+echo "== building (the dist profile: the executable as shipped)" >&2
+# The bench tools (load generator, backends, scale and flip tools) keep the
+# bench profile; sluice itself is measured as it is shipped,
+# target/dist/sluice (Cargo.toml, [profile.dist]).
 tools=$(cargo bench --no-run --quiet --message-format=json \
     --bench backend --bench loadgen --bench scale --bench k8s_flip |
     python3 -c '
@@ -62,7 +61,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and "bench" in m["target"]["kind"]:
         exes[m["target"]["name"]] = m["executable"]
 print(json.dumps(exes))')
-cargo build --release --quiet --bin sluice
+cargo build --profile dist --quiet --bin sluice
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 
 PYTHON=python3
@@ -83,10 +82,10 @@ if [[ "${1:-}" == --profile ]]; then
 fi
 if [[ "${1:-}" == --soak ]]; then
     shift
-    exec "$PYTHON" bench/soak.py --sluice "$target_dir/release/sluice" --tools "$tools" "$@"
+    exec "$PYTHON" bench/soak.py --sluice "$target_dir/dist/sluice" --tools "$tools" "$@"
 fi
 if [[ "${1:-}" == --stalled ]]; then
     shift
-    exec "$PYTHON" bench/stalled.py --sluice "$target_dir/release/sluice" --tools "$tools" "$@"
+    exec "$PYTHON" bench/stalled.py --sluice "$target_dir/dist/sluice" --tools "$tools" "$@"
 fi
-exec "$PYTHON" bench/driver.py --sluice "$target_dir/release/sluice" --tools "$tools" "$@"
+exec "$PYTHON" bench/driver.py --sluice "$target_dir/dist/sluice" --tools "$tools" "$@"

@@ -386,13 +386,6 @@ impl AdminServer {
     }
 }
 
-/// Resolves once shutdown is signalled (or its sender is gone).
-pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    // An error means the sender was dropped: nobody can stop us any more
-    // than that, so treat it as a stop.
-    let _ = shutdown.wait_for(|stop| *stop).await;
-}
-
 async fn accept_loop(
     listener: TcpListener,
     state: Arc<AdminState>,
@@ -401,7 +394,7 @@ async fn accept_loop(
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = stopped(&mut shutdown) => return,
+            _ = crate::shutdown::stopped(&mut shutdown) => return,
         };
         let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
@@ -437,7 +430,7 @@ async fn accept_loop(
             tokio::pin!(connection);
             let result = tokio::select! {
                 result = connection.as_mut() => result,
-                _ = stopped(&mut shutdown) => {
+                _ = crate::shutdown::stopped(&mut shutdown) => {
                     connection.as_mut().graceful_shutdown();
                     connection.await
                 }

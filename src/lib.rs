@@ -1,6 +1,6 @@
 //! sluice: a Kubernetes Gateway API gateway built for exact traffic splitting.
 //!
-//! The data flow, one module per step (see `docs/` and DESIGN.md):
+//! The data flow, one module per step (see DESIGN.md at the repository root, and `docs/`):
 //!
 //! ```text
 //! source (files, kubernetes) -> resources::Snapshot -----------> translate() -> (route::RouteTable, StatusReport)
@@ -26,11 +26,12 @@ pub mod resources;
 pub mod rollout;
 pub mod route;
 pub mod serve;
+pub mod shutdown;
 pub mod source;
 pub mod status;
-pub mod translate;
 #[doc(hidden)]
-pub mod upstream;
+pub mod testdata;
+pub mod translate;
 pub mod yaml;
 
 /// The map of the request path's lookups (hosts, path segments, pooled

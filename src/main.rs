@@ -34,7 +34,7 @@ enum Command {
         /// CustomResourceDefinitions (files or directories, e.g. the upstream standard-install.yaml): objects of the kinds they define are validated by their schema and CEL rules. CRD documents among the -f manifests count too. Repeatable.
         #[arg(long = "crds", value_name = "PATH")]
         crds: Vec<PathBuf>,
-        /// Where rollouts are recorded so that a restart resumes them (rollouts.json) [default: $XDG_STATE_HOME/sluice, else ~/.local/state/sluice].
+        /// Where rollouts are recorded so that a restart resumes them (rollouts.json; never read as manifests, records of other manifests are set aside) [default: one directory per set of -f paths under $XDG_STATE_HOME/sluice, else ~/.local/state/sluice].
         #[arg(long, conflicts_with = "kubernetes")]
         state_dir: Option<PathBuf>,
         /// Watch the Kubernetes API server instead of files, and write status back (as leader). The leader also judges the RolloutPolicies' rollouts and records them in their status; the other replicas serve the recorded steps.
@@ -72,7 +72,7 @@ enum Command {
     Check {
         #[command(flatten)]
         manifests: sluice::cli::Manifests,
-        /// Rollout state to show served shares from, as `serve --state-dir` records it [default: $XDG_STATE_HOME/sluice, else ~/.local/state/sluice].
+        /// Rollout state to show served shares from, as `serve --state-dir` records it [default: the directory `serve` uses for the same -f paths].
         #[arg(long)]
         state_dir: Option<PathBuf>,
         /// Report format: the text report (one `file:line: Kind ns/name: field: message` line per problem at its end), or one JSON document.
@@ -114,6 +114,9 @@ enum Command {
         /// Also print every pod's count.
         #[arg(long)]
         verbose: bool,
+        /// After the acts, keep the gateway and its pods running with traffic, and a rollout promoted then one rolled back, again and again; prints the dashboard's address. Ctrl-C stops it.
+        #[arg(long)]
+        keep_running: bool,
     },
 }
 
@@ -302,7 +305,9 @@ fn parse_duration(value: &str) -> Result<Duration, String> {
 fn init_tracing() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Logs are diagnostics: stderr, so that stdout stays a command's output.
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(filter)
         .with_target(false)
         .init();
@@ -347,7 +352,7 @@ fn main() -> ExitCode {
                     config, limits,
                 )));
             }
-            let state_dir = state_dir.or_else(sluice::rollout::default_state_dir);
+            let state_dir = state_dir.or_else(|| sluice::rollout::state_dir_for(&paths));
             if state_dir.is_none() {
                 tracing::warn!(
                     "no --state-dir and neither $XDG_STATE_HOME nor $HOME is set: rollouts are kept in memory only"
@@ -372,7 +377,7 @@ fn main() -> ExitCode {
             state_dir,
             output,
         } => {
-            let state_dir = state_dir.or_else(sluice::rollout::default_state_dir);
+            let state_dir = state_dir.or_else(|| sluice::rollout::state_dir_for(&manifests.paths));
             let code = sluice::cli::check::run(
                 &manifests.paths,
                 &manifests.crds,
@@ -391,9 +396,9 @@ fn main() -> ExitCode {
             method,
             url,
         } => {
-            let state_dir = state_dir.or_else(sluice::rollout::default_state_dir);
+            let state_dir = state_dir.or_else(|| sluice::rollout::state_dir_for(&paths));
             let request = sluice::explain::ExplainRequest::parse(&method, &url, &headers, gateway);
-            let code = sluice::explain::run(
+            let code = sluice::cli::explain::run(
                 &paths,
                 &crds,
                 state_dir.as_deref(),
@@ -430,11 +435,19 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Demo { requests, verbose } => {
+        Command::Demo {
+            requests,
+            verbose,
+            keep_running,
+        } => {
             let Some(runtime) = runtime() else {
                 return ExitCode::from(1);
             };
-            let options = sluice::cli::demo::DemoOptions { requests, verbose };
+            let options = sluice::cli::demo::DemoOptions {
+                requests,
+                verbose,
+                keep_running,
+            };
             match runtime.block_on(sluice::cli::demo::run(options)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -487,30 +500,8 @@ async fn serve(
         }
     };
     tracing::info!(admin = %gateway.admin_addr(), "sluice is serving");
-    shutdown_signal().await;
+    sluice::shutdown::signalled().await;
     tracing::info!("shutting down");
     gateway.shutdown().await;
     ExitCode::SUCCESS
-}
-
-/// Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
-    }
 }

@@ -1,6 +1,8 @@
 //! `sluice demo` end to end: the embedded examples served by the in-process
 //! gateway to echo pods, with the counts the pods received.
 
+mod demo_process;
+
 use sluice::cli::demo::{self, DemoOptions, PhaseReport};
 
 fn received(phase: &PhaseReport, service: &str) -> u64 {
@@ -18,6 +20,7 @@ async fn demo_splits_exactly_and_flips_blue_green() {
         DemoOptions {
             requests: 2000,
             verbose: false,
+            keep_running: false,
         },
         &mut out,
     )
@@ -153,4 +156,34 @@ fn the_binary_runs_the_demo() {
         "{stdout}"
     );
     assert!(stdout.contains("RolledBack "), "{stdout}");
+}
+
+/// `sluice demo --keep-running` through the real binary: after the acts the
+/// dashboard is served at the address it prints, the rollouts go round (a
+/// promotion, then a failing canary rolled back), and Ctrl-C (SIGINT)
+/// stops it cleanly.
+#[test]
+fn keep_running_serves_the_dashboard_and_loops_the_rollouts_until_ctrl_c() {
+    let mut demo = demo_process::LiveDemo::start();
+    let page = demo.get("/");
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains("<html"), "the dashboard page: {page}");
+    assert!(
+        demo.printed
+            .contains("curl -s -H 'Host: autocomplete.example.com'"),
+        "{}",
+        demo.printed
+    );
+    assert!(
+        demo.printed.contains("sluice explain -f "),
+        "{}",
+        demo.printed
+    );
+    demo.wait_for_a_cycle();
+    // While it runs, the gateway serves the split on its status.
+    let status = demo.get("/status");
+    assert!(status.contains("RolloutPolicy"), "{status}");
+    let (code, printed) = demo.interrupt();
+    assert!(code.success(), "exit {code:?}:\n{printed}");
+    assert!(printed.contains("Stopped after"), "{printed}");
 }

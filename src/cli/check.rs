@@ -26,7 +26,7 @@ use crate::metrics::BackendTotals;
 use crate::resources::crd::Crds;
 use crate::resources::read_documents;
 use crate::resources::{Generations, Snapshot};
-use crate::rollout::{FileStore, PolicyKey, RolloutReport, Rollouts};
+use crate::rollout::{FileStore, PolicyKey, RolloutReport, Rollouts, StateRead};
 use crate::source::files::read_all;
 use crate::source::{ConfigError, FileSet};
 use crate::translate::{
@@ -119,30 +119,40 @@ pub fn load(paths: &[PathBuf], crd_paths: &[PathBuf], state_dir: Option<&Path>) 
     let snapshot = Snapshot::from_loaded(loaded, |objects| {
         Generations::default().assign(objects, k8s_openapi::jiff::Timestamp::now());
     });
-    let (recorded, served_from) = match state_dir.map(|d| (d, FileStore::read(d))) {
+    let configuration = crate::rollout::configuration_of(paths);
+    let state_file = |dir: &Path| FileStore::new(dir, Vec::new()).path().display().to_string();
+    let (recorded, served_from) = match state_dir.map(|d| (d, FileStore::read(d, &configuration))) {
         None => (
             Vec::new(),
             "no state directory: a gateway starting on these manifests serves the spec shares"
                 .to_string(),
         ),
-        Some((dir, Ok(None))) => (
+        Some((dir, Ok(StateRead::Absent))) => (
             Vec::new(),
             format!(
                 "no rollout state in {}: a gateway starting on these manifests serves the spec shares",
                 dir.display()
             ),
         ),
-        Some((dir, Ok(Some(records)))) => (
+        Some((dir, Ok(StateRead::OtherConfiguration(_)))) => (
+            Vec::new(),
+            format!(
+                "the rollout state in {} was recorded for other manifests: a gateway starting \
+                 on these sets it aside and serves the spec shares",
+                state_file(dir)
+            ),
+        ),
+        Some((dir, Ok(StateRead::Records(records)))) => (
             records,
             format!(
                 "the rollout state in {}, as `sluice serve --state-dir {}` would serve it now",
-                FileStore::new(dir).path().display(),
+                state_file(dir),
                 dir.display()
             ),
         ),
         Some((dir, Err(e))) => {
             unreadable.push(ConfigError {
-                file: FileStore::new(dir).path().display().to_string(),
+                file: state_file(dir),
                 line: None,
                 object: None,
                 field: None,

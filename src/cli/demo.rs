@@ -32,6 +32,7 @@ use crate::cli::check::format_share;
 use crate::echo::{self, EchoIdentity, EchoResponse, EchoServer};
 use crate::serve::{self, RunningGateway, ServeConfig};
 
+mod live;
 mod rollouts;
 
 pub use rollouts::{RolloutAct, RolloutStepReport};
@@ -69,6 +70,9 @@ pub struct DemoOptions {
     pub requests: usize,
     /// Also print every pod's count.
     pub verbose: bool,
+    /// After the acts, keep serving with traffic and rollouts in a loop
+    /// until Ctrl-C ([`live`]).
+    pub keep_running: bool,
 }
 
 impl Default for DemoOptions {
@@ -76,6 +80,7 @@ impl Default for DemoOptions {
         DemoOptions {
             requests: 4000,
             verbose: false,
+            keep_running: false,
         }
     }
 }
@@ -156,7 +161,23 @@ pub async fn run_with_output(
     .await
     .context("cannot start the gateway")?;
     let gateway_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, listener_port));
-    let result = demo_phases(&opts, out, &dir, &mut files, &pods, gateway_addr, &gateway).await;
+    let mut result = demo_phases(&opts, out, &dir, &mut files, &pods, gateway_addr, &gateway).await;
+    if opts.keep_running
+        && let Ok(report) = &result
+        && report.failed() == 0
+    {
+        let mut live = live::Live {
+            out: &mut *out,
+            dir: &dir,
+            files: &mut files,
+            pods: &pods,
+            gateway: gateway_addr,
+            running: &gateway,
+        };
+        if let Err(e) = live::keep_running(&mut live, crate::shutdown::signalled()).await {
+            result = Err(e);
+        }
+    }
     gateway.shutdown().await;
     for pod in pods.into_values().flatten() {
         pod.shutdown().await;

@@ -225,12 +225,12 @@ pub async fn run(
         if let Some(update) = next.take() {
             tokio::select! {
                 sent = updates.send(update) => if sent.is_err() { return },
-                _ = crate::admin::stopped(&mut shutdown) => return,
+                _ = crate::shutdown::stopped(&mut shutdown) => return,
             }
         }
         let changed = tokio::select! {
             changed = watch.changed() => changed,
-            _ = crate::admin::stopped(&mut shutdown) => return,
+            _ = crate::shutdown::stopped(&mut shutdown) => return,
         };
         if !changed {
             tracing::warn!("file watch stopped; configuration is no longer reloaded");
@@ -537,7 +537,9 @@ fn collect_dir(
             continue;
         }
         // `metadata` follows symlinks: a link to a directory is walked.
+        // A rollout state directory (sluice's own files) is not manifests.
         match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_dir() && crate::rollout::is_state_dir(&path) => {}
             Ok(meta) if meta.is_dir() => collect_dir(&path, depth + 1, files, problems),
             Ok(_) if is_manifest(&path) => files.push(path),
             Ok(_) => {}

@@ -203,7 +203,7 @@ pub async fn run(
         leader.send_if_modified(|l| std::mem::replace(l, leading) != leading);
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
-            _ = crate::admin::stopped(&mut shutdown) => {
+            _ = crate::shutdown::stopped(&mut shutdown) => {
                 let was_leading = *leader.borrow();
                 leader.send_replace(false);
                 if was_leading {

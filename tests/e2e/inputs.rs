@@ -1,5 +1,5 @@
 //! Inputs: directories read recursively (`*.yaml`, `*.yml`, `*.json`,
-//! multi-document), Gateway addresses, sockets that cannot be bound, and
+//! multi-document) but never sluice's own state directory, Gateway addresses, sockets that cannot be bound, and
 //! Gateways of other classes; plus the admin listener's metrics.
 
 use std::net::{SocketAddr, TcpListener};
@@ -49,6 +49,60 @@ async fn directories_are_read_recursively_in_yaml_yml_and_json() {
     assert_eq!(c.get("yaml.example.com", "/").await.pod(), "app-0");
     // The .txt file is not a manifest: nothing reports it.
     assert!(!gw.errors().await.to_string().contains("ignored.txt"));
+}
+
+/// A state directory inside the manifest directory (`--state-dir
+/// DIR/state`) is sluice's own: its files are never read as manifests,
+/// at start or on a reload, and so never listed among refused objects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_dir_inside_the_manifests_is_not_read_as_manifests() {
+    let app = Pods::start("default", "app", 1).await;
+    // Recorded by an earlier run (for other manifests: set aside, too).
+    let recorded = r#"{"version": 1, "manifests": ["/elsewhere"], "rollouts": []}"#;
+    let gw = Sluice::start_with(
+        &[
+            ("gateway.yaml", gateway()),
+            ("app.yaml", app.manifests()),
+            ("state/rollouts.json", recorded.into()),
+        ],
+        &["--state-dir", "{{DIR}}/state"],
+    )
+    .await;
+    gw.write(
+        "route.yaml",
+        &route(
+            "default",
+            "app",
+            "  hostnames: [app.example.com]\n  rules:\n  - backendRefs: [{name: app, port: 8080}]",
+        ),
+    );
+    gw.eventually("app.example.com", "/", |r| r.status == 200)
+        .await;
+    // A write into the state directory after start is not read either.
+    std::fs::write(gw.path("state/later.yaml"), "not: [a manifest").unwrap();
+    gw.write("route.yaml", &route(
+        "default",
+        "app",
+        "  hostnames: [app.example.com, www.app.example.com]\n  rules:\n  - backendRefs: [{name: app, port: 8080}]",
+    ));
+    gw.eventually("www.app.example.com", "/", |r| r.status == 200)
+        .await;
+    let errors = gw.errors().await.to_string();
+    assert!(!errors.contains("state"), "{errors}");
+    assert!(!errors.contains("apiVersion"), "{errors}");
+    assert!(
+        gw.path("state/.sluice-state").is_file(),
+        "the directory is marked"
+    );
+    assert!(
+        gw.path("state/rollouts.json.other-configuration").is_file(),
+        "another configuration's records are set aside"
+    );
+    assert!(
+        gw.log().contains("set aside"),
+        "a log line says so: {}",
+        gw.log()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -175,20 +175,29 @@ impl Sluice {
     }
 
     /// [`Sluice::start`] with more `sluice serve` arguments (a
-    /// `--state-dir` given here replaces the harness's own).
+    /// `--state-dir` given here replaces the harness's own; `{{DIR}}` in
+    /// one is the manifest directory). A file name may name a
+    /// subdirectory.
     pub async fn start_with(files: &[(&str, String)], args: &[&str]) -> Sluice {
         let dir = tempfile::tempdir().expect("temp dir");
         let state = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         for (name, content) in files {
+            if let Some(parent) = dir.path().join(name).parent() {
+                std::fs::create_dir_all(parent).unwrap();
+            }
             std::fs::write(
                 dir.path().join(name),
                 content.replace("{{PORT}}", &port.to_string()),
             )
             .unwrap();
         }
-        let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        // `{{DIR}}` in an argument is the manifest directory.
+        let mut all: Vec<String> = args
+            .iter()
+            .map(|a| a.replace("{{DIR}}", &dir.path().display().to_string()))
+            .collect();
         if !args.contains(&"--state-dir") {
             all.extend(["--state-dir".into(), state.path().display().to_string()]);
         }
@@ -306,6 +315,12 @@ impl Sluice {
             .await
             .expect("admin answers");
         String::from_utf8_lossy(&body).into_owned()
+    }
+
+    /// The value of the metric series `series` (name and labels) on
+    /// `/metrics`, 0 when it is absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        metric(&self.metrics().await, series).unwrap_or(0.0)
     }
 
     /// Poll until `check` holds for a fresh response to `GET host path`, or
@@ -785,4 +800,11 @@ pub fn split_answer(answer: &[u8]) -> (String, &[u8]) {
         String::from_utf8_lossy(&answer[..at]).into_owned(),
         &answer[at..],
     )
+}
+
+/// The value of the metric series `series` (name and labels) in the text
+/// of `/metrics`, if present.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
