@@ -158,6 +158,17 @@ pub async fn start_with_state(
     limits: ProxyLimits,
     state_dir: Option<PathBuf>,
 ) -> anyhow::Result<RunningGateway> {
+    start_with_ingresses(config, limits, state_dir, None).await
+}
+
+/// [`start_with_state`], also serving the Ingresses of a class through the
+/// ingress-nginx conversion (`serve --ingress-class`).
+pub async fn start_with_ingresses(
+    config: ServeConfig,
+    limits: ProxyLimits,
+    state_dir: Option<PathBuf>,
+    ingresses: Option<crate::source::files::IngressServing>,
+) -> anyhow::Result<RunningGateway> {
     let metrics = Metrics::shared();
     let store: Box<dyn RolloutStore> = match &state_dir {
         Some(dir) => {
@@ -174,8 +185,9 @@ pub async fn start_with_state(
         }
         None => Box::new(MemoryStore::default()),
     };
-    let source =
-        FileSource::new(config.paths.clone(), metrics.clone()).with_crds(config.crds.clone());
+    let source = FileSource::new(config.paths.clone(), metrics.clone())
+        .with_crds(config.crds.clone())
+        .with_ingresses(ingresses);
     // Watch before the first read so that no change in between is missed.
     let watch = source
         .watch()
