@@ -102,7 +102,7 @@ impl FileSource {
         self.loaded_once = true;
         self.path_problems = errors.clone();
 
-        let (loaded, file_errors) = self.files.merged();
+        let (loaded, specs, file_errors) = self.files.merged_with_specs();
         errors.extend(file_errors);
         for error in errors.iter().filter(|e| !self.reported.contains(e)) {
             tracing::warn!(file = %error.file, line = ?error.line, "configuration error: {error}");
@@ -113,7 +113,7 @@ impl FileSource {
         let count = loaded.len();
         let generations = &mut self.generations;
         let snapshot = Snapshot::from_loaded(loaded, |objects| {
-            generations.assign(objects, k8s_openapi::jiff::Timestamp::now());
+            generations.assign_with_specs(objects, &specs, k8s_openapi::jiff::Timestamp::now());
         });
         Some(SourceUpdate {
             snapshot,
