@@ -53,7 +53,12 @@ impl Generations {
     /// [`Generations::assign`] with each object's [`Object::spec_json`]
     /// given (`specs[i]` of `objects[i]`), already computed: bytes that are
     /// the allocation seen last time compare by pointer.
-    pub fn assign_with_specs(&mut self, objects: &mut [Object], specs: &[Arc<[u8]>], now: Timestamp) {
+    pub fn assign_with_specs(
+        &mut self,
+        objects: &mut [Object],
+        specs: &[Arc<[u8]>],
+        now: Timestamp,
+    ) {
         assert_eq!(objects.len(), specs.len(), "one spec per object");
         let mut next = BTreeMap::new();
         for (object, spec) in objects.iter_mut().zip(specs) {

@@ -485,7 +485,11 @@ spec:
         let mut compiled = CompiledRoutes::new();
         // The last step deletes the first route: the others move down one
         // index in the snapshot and are found by name.
-        let without_a = format!("{CLASS}{API}{GRANT}{GATEWAY}{}{}", route("b", 90), route("c", 30));
+        let without_a = format!(
+            "{CLASS}{API}{GRANT}{GATEWAY}{}{}",
+            route("b", 90),
+            route("c", 30)
+        );
         let steps = [
             (yaml(20), (3, 0)),
             (yaml(90), (1, 2)),
