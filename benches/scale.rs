@@ -96,7 +96,7 @@ fn flip(args: &[String]) -> Result<(), String> {
     // The flipped route: the flip row's, no hostname, its weights swapped
     // at each flip.
     let flipped = |i: usize| {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             routes::hot_route(0, 1)
         } else {
             routes::hot_route(1, 0)
