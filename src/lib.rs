@@ -28,9 +28,9 @@ pub mod serve;
 pub mod shutdown;
 pub mod source;
 pub mod status;
-pub mod translate;
 #[doc(hidden)]
-pub mod upstream;
+pub mod testdata;
+pub mod translate;
 pub mod yaml;
 
 /// The map of the request path's lookups (hosts, path segments, pooled

@@ -261,8 +261,11 @@ impl BackendStats {
 }
 
 /// A reading of a backend's cumulative outcomes (or the difference of two
-/// readings: what happened in between).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// readings: what happened in between). Serialized field by field (each
+/// replica publishes its counts in Kubernetes mode, `rollout::fleet`); a
+/// field a replica does not know reads as zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct BackendTotals {
     pub requests: u64,
     pub errors: u64,

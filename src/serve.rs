@@ -16,7 +16,8 @@
 //! with each served configuration rather than through a [`RolloutStore`]:
 //! one apply per object, under one field manager); the other replicas
 //! serve the step recorded there ([`Rollouts::served`]), and a replica that
-//! wins the lease continues from it.
+//! wins the lease continues from it. The leader judges the whole fleet's
+//! counts: its own plus what the others publish ([`fleet_counts`]).
 //!
 //! A reload is an atomic table swap in the proxy: requests in flight
 //! finish on the table they started with, a broken file keeps its last good
@@ -266,6 +267,8 @@ struct RolloutDriver {
     served: ServedShares,
     /// Why the state could not be saved (or read), and since when.
     not_saved: Option<(String, Timestamp)>,
+    /// Kubernetes mode: the other replicas' counts, judged with ours.
+    fleet: Option<crate::rollout::fleet::Fleet>,
 }
 
 /// Turns each configuration, and each rollout step, into a served table
@@ -341,6 +344,7 @@ impl Server {
                 inputs: RolloutInputs::default(),
                 served: ServedShares::default(),
                 not_saved,
+                fleet: None,
             },
         };
         server.publish_rollouts();
@@ -455,7 +459,7 @@ impl Server {
     /// the records when they changed.
     async fn evaluate_rollouts(&mut self) {
         let metrics = self.metrics.clone();
-        let totals = move |rule: &RuleKey, backend: &BackendKey| {
+        let local = move |rule: &RuleKey, backend: &BackendKey| {
             metrics.backend_total(&BackendStatsKey {
                 kind: rule.kind.metrics_prefix(),
                 namespace: rule.namespace.clone(),
@@ -465,6 +469,10 @@ impl Server {
             })
         };
         let driver = &mut self.rollouts;
+        // Kubernetes mode: plus the other replicas' counts of each step.
+        let fleet = driver.fleet.clone();
+        let judged = driver.machine.records();
+        let totals = crate::rollout::fleet::fleet_totals(fleet.as_ref(), &judged, local);
         let evaluation = driver
             .machine
             .evaluate(&driver.inputs, &totals, Timestamp::now());
@@ -759,6 +767,8 @@ async fn serve_loop(
                 }
             }
             _ = sleep_until(tick) => server.tick().await,
+            // The other replicas' counts grew: judge them now.
+            _ = fleet_counted(server.rollouts.fleet.clone()), if tick.is_some() => server.tick().await,
             lead = leadership(&mut leader) => match lead {
                 Some(lead) => server.set_role(lead).await,
                 None => leader = None,
@@ -785,6 +795,13 @@ async fn leadership(leader: &mut Option<watch::Receiver<bool>>) -> Option<bool> 
             Ok(()) => Some(*rx.borrow_and_update()),
             Err(_) => None,
         },
+        None => std::future::pending().await,
+    }
+}
+
+async fn fleet_counted(fleet: Option<crate::rollout::fleet::Fleet>) {
+    match fleet {
+        Some(fleet) => fleet.counted().await,
         None => std::future::pending().await,
     }
 }
@@ -895,26 +912,34 @@ pub async fn start_kubernetes_with_limits(
     let (leader_tx, leader) = watch::channel(false);
     let leader_for_rollouts = leader.clone();
     let elector = tokio::spawn(lease::run(
-        LeaderElector::new(client.clone(), lease_config),
+        LeaderElector::new(client.clone(), lease_config.clone()),
         leader_tx,
         shutdown_rx.clone(),
     ));
 
     let (served_tx, served) = watch::channel(None);
     let status = tokio::spawn(status_loop(
-        StatusWriter::new(client),
-        leader,
-        served,
+        StatusWriter::new(client.clone()),
+        leader.clone(),
+        served.clone(),
         config.gateway_service.clone(),
         config.lease_duration,
         shutdown_rx.clone(),
     ));
 
+    let (fleet, [publish_counts, watch_counts]) = fleet_counts(
+        &client,
+        &lease_config,
+        metrics.clone(),
+        served.clone(),
+        leader.clone(),
+        &shutdown_rx,
+    );
     // The rollouts are recorded in each policy's status, by the leader
     // (the status writer writes them with the rest of the policy's status:
     // one apply per object), and every replica serves what is recorded
     // there; so no store here. A replica follows until it wins the lease.
-    let server = Server::new(
+    let mut server = Server::new(
         config.bind,
         proxy.clone(),
         state.clone(),
@@ -923,6 +948,7 @@ pub async fn start_kubernetes_with_limits(
         Role::Follow,
     )
     .await;
+    server.rollouts.fleet = Some(fleet);
     let serve = tokio::spawn(serve_loop(
         updates,
         server,
@@ -936,6 +962,8 @@ pub async fn start_kubernetes_with_limits(
         ("source", source),
         ("status", status),
         ("leader election", elector),
+        ("rollout counts", publish_counts),
+        ("rollout counts watch", watch_counts),
     ]));
     Ok(RunningGateway {
         admin,
@@ -945,6 +973,40 @@ pub async fn start_kubernetes_with_limits(
         shutdown,
         reloads,
     })
+}
+
+/// The whole fleet's counts (Kubernetes mode): publish this replica's
+/// counts per step (`status::counts`, while it follows) and watch the
+/// others' into the [`Fleet`](crate::rollout::fleet::Fleet) its rollout
+/// driver adds to its own counters when it leads.
+fn fleet_counts(
+    client: &kube::Client,
+    lease: &crate::status::lease::LeaseConfig,
+    metrics: Arc<Metrics>,
+    served: watch::Receiver<Option<Arc<Served>>>,
+    leader: watch::Receiver<bool>,
+    shutdown: &watch::Receiver<bool>,
+) -> (crate::rollout::fleet::Fleet, [JoinHandle<()>; 2]) {
+    let config = crate::status::counts::CountsConfig::new(&lease.namespace, &lease.identity);
+    let fleet = crate::rollout::fleet::Fleet::new(&config.name);
+    let watch = tokio::spawn(crate::source::kubernetes::counts::run(
+        client.clone(),
+        lease.namespace.clone(),
+        config.name.clone(),
+        fleet.clone(),
+        leader.clone(),
+        shutdown.clone(),
+    ));
+    let publish = tokio::spawn(crate::status::counts::run(
+        client.clone(),
+        config,
+        metrics,
+        served,
+        |s: &Option<Arc<Served>>| s.as_ref().map(|s| s.rollouts.clone()),
+        leader,
+        shutdown.clone(),
+    ));
+    (fleet, [publish, watch])
 }
 
 async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {

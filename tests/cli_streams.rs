@@ -18,7 +18,10 @@ fn check_writes_its_report_on_stdout_and_nothing_else() {
         .expect("run sluice check");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}");
-    assert!(stdout.contains("HTTPRoute default/autocomplete"), "{stdout}");
+    assert!(
+        stdout.contains("HTTPRoute default/autocomplete"),
+        "{stdout}"
+    );
     for level in [" TRACE ", " DEBUG ", " INFO ", " WARN ", " ERROR "] {
         assert!(!stdout.contains(level), "a log line on stdout: {stdout}");
     }

@@ -1,10 +1,13 @@
 //! Validation by the upstream Gateway API CRDs (`../shared/gateway-api/crds`,
-//! or `$SLUICE_GATEWAY_API`; skipped with a message when absent).
+//! or `$SLUICE_GATEWAY_API`). When they are absent the tests that need them
+//! skip with the reason on stderr, or fail with `SLUICE_REQUIRE_ALL=1`
+//! (see `sluice::testdata`).
 
 use std::path::Path;
 use std::sync::OnceLock;
 
 use sluice::resources::crd::{Crds, is_crd};
+use sluice::testdata::or_skip;
 
 fn load_crds(dir: &Path) -> Crds {
     let mut crds = Crds::new();
@@ -32,27 +35,20 @@ fn add_crds(crds: &mut Crds, dir: &Path) {
 }
 
 /// The upstream CRDs of `channel` (`standard`, `experimental`), loaded
-/// once for all the tests of this file.
+/// once for all the tests of this file; `None` (the test skips) after
+/// [`or_skip`] reported them missing.
 fn upstream(channel: &str) -> Option<&'static Crds> {
-    static STANDARD: OnceLock<Option<Crds>> = OnceLock::new();
-    static EXPERIMENTAL: OnceLock<Option<Crds>> = OnceLock::new();
+    static STANDARD: OnceLock<Result<Crds, String>> = OnceLock::new();
+    static EXPERIMENTAL: OnceLock<Result<Crds, String>> = OnceLock::new();
     let cell = if channel == "standard" {
         &STANDARD
     } else {
         &EXPERIMENTAL
     };
     let crds = cell.get_or_init(|| {
-        sluice::upstream::gateway_api_dir("crds")
-            .map(|dir| load_crds(&dir.join(channel)))
-            .ok()
+        sluice::testdata::gateway_api_dir("crds").map(|dir| load_crds(&dir.join(channel)))
     });
-    if crds.is_none() {
-        println!(
-            "skipped: {}",
-            sluice::upstream::gateway_api_dir("crds").unwrap_err()
-        );
-    }
-    crds.as_ref()
+    or_skip(crds.as_ref().map_err(Clone::clone))
 }
 
 #[test]
@@ -81,12 +77,8 @@ fn every_conformance_manifest_passes_validation() {
     let Some(crds) = upstream("experimental") else {
         return;
     };
-    let dir = match sluice::upstream::gateway_api_dir("conformance") {
-        Ok(dir) => dir,
-        Err(why) => {
-            println!("skipped: {why}");
-            return;
-        }
+    let Some(dir) = or_skip(sluice::testdata::gateway_api_dir("conformance")) else {
+        return;
     };
     let mut files = Vec::new();
     for sub in ["base", "tests"] {
@@ -195,7 +187,7 @@ fn fill_placeholders(text: &str) -> String {
 /// its texts (the shared base is one `Arc`, loaded once).
 fn manifest_sets() -> Vec<(String, Vec<std::sync::Arc<str>>)> {
     let mut sets = Vec::new();
-    if let Ok(dir) = sluice::upstream::gateway_api_dir("conformance") {
+    if let Some(dir) = or_skip(sluice::testdata::gateway_api_dir("conformance")) {
         let class = "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\n\
                      metadata: {name: sluice}\nspec: {controllerName: sluice.dev/gateway-controller}\n";
         let base =
@@ -382,13 +374,11 @@ fn deploy_crds_accept_good_and_refuse_bad_manifests() {
         let fixture: serde_json::Value = sluice::yaml::from_str(&text).expect("fixture is YAML");
         let kind = fixture["kind"].as_str().expect("fixture kind");
         let api_version = fixture["apiVersion"].as_str().expect("fixture apiVersion");
-        if !crds.covers(api_version, kind) {
-            println!(
-                "skipped {}: no CRD for {kind} in deploy/ (yet)",
-                path.display()
-            );
-            continue;
-        }
+        assert!(
+            crds.covers(api_version, kind),
+            "{}: fixtures for {kind}, but deploy/ has no CRD for it",
+            path.display()
+        );
         covered.push(kind.to_string());
         let object = |spec: &serde_json::Value, i: usize| {
             serde_json::json!({"apiVersion": api_version, "kind": kind,

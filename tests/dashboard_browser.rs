@@ -4,11 +4,16 @@
 //! person would see: route names, shares written as percentages, the
 //! rollout's phase; then again after a weight change.
 //!
-//! Skipped, with the reason printed, when no chromium is installed
-//! (`.ci/run` installs Debian's `chromium`). `SLUICE_CHROMIUM` names the
-//! binary; `SLUICE_DASHBOARD_SCREENSHOT=path.png` also saves a screenshot
-//! of the second page (how docs/dashboard.png is made).
+//! Skipped, with the reason on stderr, when no chromium is installed, and
+//! a failure then with `SLUICE_REQUIRE_ALL=1` (`.ci/run` sets it and
+//! installs Debian's `chromium`). `SLUICE_CHROMIUM` names the binary.
+//!
+//! The screenshot is taken from `sluice demo --keep-running`, what a new
+//! user looks at: always into the test's temporary directory (checked to
+//! be a PNG), and to `SLUICE_DASHBOARD_SCREENSHOT=path.png` when set (how
+//! docs/dashboard.png is made).
 
+mod demo_process;
 mod serve_harness;
 
 use std::path::{Path, PathBuf};
@@ -28,20 +33,27 @@ spec:
   analysis: {minRequests: 1000000}
 ";
 
-fn chromium() -> Option<PathBuf> {
+/// The browser: `$SLUICE_CHROMIUM`, else the first chromium on `PATH`;
+/// or why there is none.
+fn chromium() -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os("SLUICE_CHROMIUM") {
-        return Some(PathBuf::from(path));
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(format!("SLUICE_CHROMIUM={} is not a file", path.display()))
+        };
     }
-    let path = std::env::var_os("PATH")?;
+    let path = std::env::var_os("PATH").unwrap_or_default();
     for dir in std::env::split_paths(&path) {
         for name in ["chromium", "chromium-browser", "google-chrome"] {
             let candidate = dir.join(name);
             if candidate.is_file() {
-                return Some(candidate);
+                return Ok(candidate);
             }
         }
     }
-    None
+    Err("no chromium found on PATH (install Debian's `chromium`, or set SLUICE_CHROMIUM)".into())
 }
 
 /// Load `url` in headless chromium, let the page poll for a few seconds of
@@ -122,10 +134,7 @@ async fn wait_for_phase(fx: &Fixture, phase: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_shares_and_rollouts_in_a_browser() {
-    let Some(chromium) = chromium() else {
-        eprintln!(
-            "skipped: no chromium found (install Debian's `chromium`, or set SLUICE_CHROMIUM)"
-        );
+    let Some(chromium) = sluice::testdata::or_skip(chromium()) else {
         return;
     };
     let fx = Fixture::start(&route_yaml("web", "/", 3, 1)).await;
@@ -168,11 +177,43 @@ async fn the_dashboard_shows_shares_and_rollouts_in_a_browser() {
     // Gate values against the policy's limits.
     assert!(dom.contains("(needs 1000000 req, 3600s per step)"), "{dom}");
 
-    if let Some(path) = std::env::var_os("SLUICE_DASHBOARD_SCREENSHOT") {
-        for _ in 0..40 {
-            fx.request("/").await;
-        }
-        render(&chromium, url, Some(PathBuf::from(path))).await;
-    }
     fx.gateway.shutdown().await;
+}
+
+/// The dashboard of `sluice demo --keep-running` (the real binary) in the
+/// browser, mid-cycle: the demo's routes and both rollout policies shown,
+/// and the screenshot taken from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_keep_running_demo_s_dashboard_in_a_browser() {
+    let Some(chromium) = sluice::testdata::or_skip(chromium()) else {
+        return;
+    };
+    let mut demo = tokio::task::spawn_blocking(|| {
+        let mut demo = demo_process::LiveDemo::start();
+        demo.wait_for_a_cycle();
+        demo
+    })
+    .await
+    .expect("demo");
+    let url = format!("http://{}/", demo.admin);
+    let dom = render(&chromium, url.clone(), None).await;
+    for shown in [
+        "default/autocomplete",
+        "default/checkout",
+        "default/recommend",
+        "default/payments",
+    ] {
+        assert!(dom.contains(shown), "{shown} not on the dashboard: {dom}");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shot = dir.path().join("dashboard.png");
+    render(&chromium, url.clone(), Some(shot.clone())).await;
+    let png = std::fs::read(&shot).expect("a screenshot was written");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG");
+    if let Some(path) = std::env::var_os("SLUICE_DASHBOARD_SCREENSHOT") {
+        std::fs::copy(&shot, path).expect("copy the screenshot");
+    }
+    demo.next_line();
+    let (code, printed) = demo.interrupt();
+    assert!(code.success(), "exit {code:?}:\n{printed}");
 }

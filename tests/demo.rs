@@ -1,6 +1,8 @@
 //! `sluice demo` end to end: the embedded examples served by the in-process
 //! gateway to echo pods, with the counts the pods received.
 
+mod demo_process;
+
 use sluice::cli::demo::{self, DemoOptions, PhaseReport};
 
 fn received(phase: &PhaseReport, service: &str) -> u64 {
@@ -162,109 +164,26 @@ fn the_binary_runs_the_demo() {
 /// stops it cleanly.
 #[test]
 fn keep_running_serves_the_dashboard_and_loops_the_rollouts_until_ctrl_c() {
-    use std::io::{BufRead, BufReader, Read, Write};
-    use std::process::{Command, Stdio};
-    use std::sync::mpsc;
-    use std::time::{Duration, Instant};
-
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["demo", "--requests", "1000", "--keep-running"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run the sluice binary");
-    let stdout = child.stdout.take().expect("stdout");
-    let (lines_tx, lines) = mpsc::channel::<String>();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    // A guard against a hang, not a timing assertion.
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let mut printed = String::new();
-    let next_line = |printed: &mut String| -> String {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = lines
-            .recv_timeout(left)
-            .unwrap_or_else(|_| panic!("the demo stopped printing:\n{printed}"));
-        printed.push_str(&line);
-        printed.push('\n');
-        line
-    };
-
-    let dashboard = loop {
-        let line = next_line(&mut printed);
-        if let Some(url) = line.trim().strip_prefix("dashboard:") {
-            break url.trim().to_string();
-        }
-    };
-    let addr = dashboard
-        .strip_prefix("http://")
-        .and_then(|a| a.strip_suffix('/'))
-        .unwrap_or_else(|| panic!("a dashboard URL: {dashboard}"))
-        .to_string();
-    let get = |path: &str| -> String {
-        let mut conn = std::net::TcpStream::connect(&addr).expect("connect to the admin listener");
-        write!(
-            conn,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )
-        .expect("send");
-        let mut answer = String::new();
-        conn.read_to_string(&mut answer).expect("read");
-        answer
-    };
-    // The lines after it: what to try.
-    while !next_line(&mut printed).trim_start().starts_with("status:") {}
-    let page = get("/");
+    let mut demo = demo_process::LiveDemo::start();
+    let page = demo.get("/");
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
     assert!(page.contains("<html"), "the dashboard page: {page}");
     assert!(
-        printed.contains("curl -s -H 'Host: autocomplete.example.com'"),
-        "{printed}"
+        demo.printed
+            .contains("curl -s -H 'Host: autocomplete.example.com'"),
+        "{}",
+        demo.printed
     );
-    assert!(printed.contains("sluice explain -f "), "{printed}");
-
-    // One whole cycle: a promotion completed, then a rollback.
-    let mut promoted = false;
-    loop {
-        let line = next_line(&mut printed);
-        if line.trim_start().starts_with("Complete after") {
-            promoted = true;
-        }
-        if line.trim_start().starts_with("RolledBack after") {
-            assert!(promoted, "the promotion comes first:\n{printed}");
-            break;
-        }
-        assert!(
-            !line.contains("going on"),
-            "a rollout did not end:\n{printed}"
-        );
-    }
+    assert!(
+        demo.printed.contains("sluice explain -f "),
+        "{}",
+        demo.printed
+    );
+    demo.wait_for_a_cycle();
     // While it runs, the gateway serves the split on its status.
-    let status = get("/status");
+    let status = demo.get("/status");
     assert!(status.contains("RolloutPolicy"), "{status}");
-
-    let pid = libc::pid_t::try_from(child.id()).expect("a pid");
-    // SAFETY: kill(2) with a pid this test started and still holds.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0, "SIGINT sent");
-    let code = loop {
-        if let Some(code) = child.try_wait().expect("wait") {
-            break code;
-        }
-        assert!(Instant::now() < deadline, "Ctrl-C did not stop the demo");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    reader.join().expect("reader");
-    while let Ok(line) = lines.try_recv() {
-        printed.push_str(&line);
-        printed.push('\n');
-    }
+    let (code, printed) = demo.interrupt();
     assert!(code.success(), "exit {code:?}:\n{printed}");
     assert!(printed.contains("Stopped after"), "{printed}");
 }

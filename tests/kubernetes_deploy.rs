@@ -136,6 +136,25 @@ fn rbac_grants_reads_status_patches_and_the_lease_only() {
         strings(&lease["rules"][0]["verbs"]),
         ["get", "create", "update"]
     );
+    // The rollout counts: one Lease per replica, applied (patch), read by
+    // the leader (list, watch), withdrawn on shutdown (delete).
+    let counts = &of_kind("rbac.yaml", "Role")[1];
+    assert_eq!(
+        counts["metadata"]["namespace"].as_str(),
+        Some("sluice-system")
+    );
+    assert_eq!(strings(&counts["rules"][0]["resources"]), ["leases"]);
+    assert_eq!(
+        strings(&counts["rules"][0]["verbs"]),
+        ["list", "watch", "patch", "delete"]
+    );
+    let bindings = of_kind("rbac.yaml", "RoleBinding");
+    assert!(
+        bindings
+            .iter()
+            .any(|b| b["roleRef"]["name"] == counts["metadata"]["name"]),
+        "the counts Role is bound"
+    );
 }
 
 #[test]

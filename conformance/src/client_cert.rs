@@ -17,7 +17,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use bytes::Bytes;
@@ -33,7 +32,7 @@ use tokio::net::TcpStream;
 use crate::client::{Exchange, REQUEST_DEADLINE, read_exchange};
 use crate::ctx::{Ctx, INFRA};
 use crate::env::{self, PortMap};
-use crate::expect::{compare, req};
+use crate::expect::{CONSECUTIVE_SUCCESSES, MAX_TIME_TO_CONSISTENCY, compare, converge, req};
 
 /// ConfigMap of the CA the default validation trusts.
 const DEFAULT_CA: &str = "tls-validity-checks-ca-certificate";
@@ -43,12 +42,6 @@ const PER_PORT_CA: &str = "tls-validity-checks-per-port-ca-certificate";
 const DEFAULT_CLIENT: &str = "tls-validity-checks-client-certificate";
 /// Secret of the client certificate issued by [`PER_PORT_CA`].
 const PER_PORT_CLIENT: &str = "tls-validity-checks-per-port-client-certificate";
-
-/// How long a request that should succeed may take to start succeeding
-/// (the suite's `MaxTimeToConsistency` role; reloads are debounced).
-const CONSISTENCY_DEADLINE: Duration = Duration::from_secs(10);
-/// Successes in a row that make a response consistent.
-const CONSISTENT_SUCCESSES: usize = 3;
 
 /// One client identity: certificate chain and key.
 struct ClientIdentity {
@@ -277,10 +270,14 @@ pub async fn invalid_default(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
         .host("example.org")
         .infra("infra-backend-v1");
     let cx_ref: &Ctx<'_> = cx;
-    eventually_consistent(|| async move {
-        let exchange = cx_ref.send(case).await?;
-        compare(case, &exchange)
-    })
+    converge(
+        CONSECUTIVE_SUCCESSES,
+        MAX_TIME_TO_CONSISTENCY,
+        || async move {
+            let exchange = cx_ref.send(case).await?;
+            compare(case, &exchange)
+        },
+    )
     .await
     .context("HTTP listener")?;
     for (ty, status, reason) in [
@@ -313,10 +310,14 @@ async fn expect_served(
         .host(host)
         .tls(host)
         .infra(backend);
-    eventually_consistent(|| async move {
-        let (exchange, _) = tls_round_trip(actual, host, client).await?;
-        compare(case, &exchange)
-    })
+    converge(
+        CONSECUTIVE_SUCCESSES,
+        MAX_TIME_TO_CONSISTENCY,
+        || async move {
+            let (exchange, _) = tls_round_trip(actual, host, client).await?;
+            compare(case, &exchange)
+        },
+    )
     .await
 }
 
@@ -351,36 +352,6 @@ fn actual_port(cx: &Ctx<'_>, gateway: &str, port: u16) -> anyhow::Result<u16> {
     cx.ports
         .actual(gateway, port)
         .ok_or_else(|| anyhow!("Gateway {gateway} has no listener on port {port}"))
-}
-
-/// Poll `attempt` until it succeeds [`CONSISTENT_SUCCESSES`] times in a row
-/// or the deadline passes (its last error).
-async fn eventually_consistent<F, Fut>(mut attempt: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<()>>,
-{
-    let deadline = Instant::now() + CONSISTENCY_DEADLINE;
-    let mut in_a_row = 0;
-    loop {
-        match attempt().await {
-            Ok(()) => {
-                in_a_row += 1;
-                if in_a_row == CONSISTENT_SUCCESSES {
-                    return Ok(());
-                }
-            }
-            Err(e) if Instant::now() >= deadline => {
-                return Err(e.context(format!(
-                    "not consistently answered within {CONSISTENCY_DEADLINE:?}"
-                )));
-            }
-            Err(_) => {
-                in_a_row = 0;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
 }
 
 async fn tls_round_trip(

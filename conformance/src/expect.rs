@@ -20,6 +20,8 @@
 //! - a 200 expected from namespace "" (CORS preflights) must come from the
 //!   gateway itself, not from a backend.
 
+use std::time::{Duration, Instant};
+
 use anyhow::{Context, bail};
 use http::Method;
 
@@ -250,14 +252,23 @@ pub fn backend_of(pod: &str, backends: &[&'static str]) -> anyhow::Result<&'stat
         .ok_or_else(|| anyhow::anyhow!("handled by an unexpected pod {pod:?}"))
 }
 
-/// The suite's weight tests' verdict: each backend got its share of
-/// `total` within 5 points (`counts` by backend, `want` its share).
+/// The suite's weight tests' verdict (`TestWeightedDistribution`):
+/// exactly the backends of a non-zero share got traffic, and each backend
+/// got its share of `total` within 5 points (`counts` by backend, `want`
+/// its share).
 pub fn within_five_points(
     counts: &std::collections::BTreeMap<&str, usize>,
     total: usize,
     want: &[(&str, f64)],
 ) -> anyhow::Result<()> {
     let mut errors = Vec::new();
+    let active = want.iter().filter(|(_, share)| *share > 0.0).count();
+    let served = counts.values().filter(|n| **n > 0).count();
+    if served != active {
+        errors.push(format!(
+            "expected {active} backends to receive traffic, but {served} did"
+        ));
+    }
     for (backend, want) in want {
         let got = counts.get(backend).copied().unwrap_or(0) as f64 / total as f64;
         if (got - want).abs() > 0.05 {
@@ -271,11 +282,71 @@ pub fn within_five_points(
     }
 }
 
+/// Answers in a row that make a response consistent (the suite's
+/// `RequiredConsecutiveSuccesses`).
+pub const CONSECUTIVE_SUCCESSES: usize = 3;
+/// How long a request may take to start being answered as expected (the
+/// suite's `MaxTimeToConsistency`).
+pub const MAX_TIME_TO_CONSISTENCY: Duration = Duration::from_secs(30);
+/// The pause after an attempt that did not hold.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// The suite's `AwaitConvergence`: make `attempt` until it succeeds
+/// `successes` times in a row (a failure starts the count again, after a
+/// pause), or fail with its last error once `within` has passed
+/// ([`MAX_TIME_TO_CONSISTENCY`] for requests).
+pub async fn converge<F, Fut>(
+    successes: usize,
+    within: Duration,
+    mut attempt: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let deadline = Instant::now() + within;
+    let mut in_a_row = 0;
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match attempt().await {
+            Ok(()) => {
+                in_a_row += 1;
+                if in_a_row >= successes {
+                    return Ok(());
+                }
+            }
+            Err(e) if Instant::now() >= deadline => {
+                return Err(e.context(format!(
+                    "not {successes} answers in a row within {within:?} \
+                     ({attempts} attempts; the last one)"
+                )));
+            }
+            Err(_) => {
+                in_a_row = 0;
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+        }
+    }
+}
+
 impl Ctx<'_> {
-    /// Send the case's request and compare the exchange as the suite does.
+    /// The suite's `MakeRequestAndExpectEventuallyConsistentResponse`:
+    /// send the case's request until [`CONSECUTIVE_SUCCESSES`] exchanges in
+    /// a row compare as expected.
     pub async fn expect(&self, case: &Case) -> anyhow::Result<()> {
-        let exchange = self.send(case).await?;
-        compare(case, &exchange).with_context(|| case.describe())
+        self.expect_in_a_row(case, CONSECUTIVE_SUCCESSES).await
+    }
+
+    /// [`Self::expect`] with `successes` in a row (the percentage mirror
+    /// test's distribution requests want one each).
+    pub async fn expect_in_a_row(&self, case: &Case, successes: usize) -> anyhow::Result<()> {
+        converge(successes, MAX_TIME_TO_CONSISTENCY, || async {
+            let exchange = self.send(case).await?;
+            compare(case, &exchange)
+        })
+        .await
+        .with_context(|| case.describe())
     }
 }
 
@@ -520,6 +591,55 @@ mod tests {
         );
         ex.echo = None;
         assert!(compare(&case, &ex).is_ok());
+    }
+
+    #[test]
+    fn a_weight_verdict_wants_exactly_the_weighted_backends() {
+        let want = [("v1", 0.7), ("v2", 0.3), ("v3", 0.0)];
+        let counts = |c: &[(&'static str, usize)]| c.iter().copied().collect();
+        assert!(within_five_points(&counts(&[("v1", 350), ("v2", 150)]), 500, &want).is_ok());
+        // Within 5 points everywhere, but a zero-weight backend was served.
+        let err = within_five_points(&counts(&[("v1", 340), ("v2", 150), ("v3", 10)]), 500, &want)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("expected 2 backends to receive traffic, but 3 did"),
+            "{err}"
+        );
+        let err = within_five_points(&counts(&[("v1", 500)]), 500, &want).unwrap_err();
+        assert!(err.to_string().contains("but 1 did"), "{err}");
+        assert!(within_five_points(&counts(&[("v1", 400), ("v2", 100)]), 500, &want).is_err());
+    }
+
+    #[tokio::test]
+    async fn convergence_wants_the_successes_in_a_row() {
+        use std::cell::Cell;
+        // Fails, succeeds twice, fails, then succeeds: 3 in a row come
+        // only from the fifth attempt on.
+        let script = [false, true, true, false, true, true, true, false];
+        let n = Cell::new(0);
+        let attempt = || {
+            let i = n.get();
+            n.set(i + 1);
+            async move {
+                if script[i] {
+                    Ok(())
+                } else {
+                    bail!("attempt {i} failed")
+                }
+            }
+        };
+        converge(3, MAX_TIME_TO_CONSISTENCY, attempt).await.unwrap();
+        assert_eq!(n.get(), 7);
+        // One that never holds fails with its last error.
+        let err = converge(3, Duration::ZERO, || async { bail!("never") })
+            .await
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("never"), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("not 3 answers in a row"),
+            "{err:#}"
+        );
     }
 
     #[test]

@@ -10,25 +10,21 @@
 //! Here the call is [`sluice::grpc_echo::call_h2c`]; an answer is judged as
 //! the suite's `compareResponse` does: the code, and on OK the fully
 //! qualified method, the namespace and the pod's prefix. A case must hold
-//! for [`CONSISTENT_SUCCESSES`] calls in a row (`AwaitConvergence`).
+//! for [`CONSECUTIVE_SUCCESSES`] calls in a row (`AwaitConvergence`).
 //!
 //! Expectations come from reading the upstream test code; the code here is
 //! ours.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail};
+use anyhow::{Context as _, anyhow, bail};
 use sluice::grpc_echo::{self, Reply, SERVICE, code};
 
 use crate::ctx::{Ctx, INFRA, infra};
-use crate::expect::{backend_of, within_five_points};
+use crate::expect::{
+    CONSECUTIVE_SUCCESSES, MAX_TIME_TO_CONSISTENCY, backend_of, converge, within_five_points,
+};
 use crate::suite::SAME_NS;
-
-/// Calls in a row a case must hold for.
-const CONSISTENT_SUCCESSES: usize = 3;
-/// How long a case may take to start holding.
-const CASE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// One call and what must come back.
 #[derive(Debug, Clone)]
@@ -161,39 +157,21 @@ impl Ctx<'_> {
 
     /// `MakeRequestAndExpectEventuallyConsistentResponse` for a gRPC case.
     pub async fn grpc_expect(&self, case: &GrpcCase) -> anyhow::Result<()> {
-        let deadline = Instant::now() + CASE_DEADLINE;
-        let mut in_a_row = 0;
-        loop {
-            let outcome = match self.grpc_call(case).await {
-                Ok(reply) => compare(case, &reply),
-                Err(e) => Err(e),
-            };
-            match outcome {
-                Ok(()) => {
-                    in_a_row += 1;
-                    if in_a_row == CONSISTENT_SUCCESSES {
-                        return Ok(());
-                    }
-                }
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(e.context(case.describe()));
-                }
-                Err(_) => {
-                    in_a_row = 0;
-                    tokio::time::sleep(Duration::from_millis(25)).await;
-                }
-            }
-        }
+        converge(CONSECUTIVE_SUCCESSES, MAX_TIME_TO_CONSISTENCY, || async {
+            compare(case, &self.grpc_call(case).await?)
+        })
+        .await
+        .with_context(|| case.describe())
     }
 
-    /// Every case, reporting all the mismatches.
+    /// Every case, all at once, reporting all the mismatches.
     async fn grpc_all(&self, cases: Vec<GrpcCase>) -> anyhow::Result<()> {
-        let mut errors = Vec::new();
-        for case in &cases {
-            if let Err(e) = self.grpc_expect(case).await {
-                errors.push(format!("{e:#}"));
-            }
-        }
+        let errors: Vec<String> =
+            futures_util::future::join_all(cases.iter().map(|case| self.grpc_expect(case)))
+                .await
+                .into_iter()
+                .filter_map(|o| o.err().map(|e| format!("{e:#}")))
+                .collect();
         if errors.is_empty() {
             Ok(())
         } else {

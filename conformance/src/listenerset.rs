@@ -66,14 +66,15 @@ fn not_found(gateway: &str, host: &str, path: &str) -> Case {
     req(gateway, path).host(host).status(404)
 }
 
-/// Send every case; fail with all the mismatches.
+/// Expect every case, all at once (as the suite's parallel subtests);
+/// fail with all the mismatches.
 async fn requests(cx: &Ctx<'_>, cases: &[Case]) -> anyhow::Result<()> {
-    let mut errors = Vec::new();
-    for case in cases {
-        if let Err(e) = cx.expect(case).await {
-            errors.push(format!("{e:#}"));
-        }
-    }
+    let errors: Vec<String> =
+        futures_util::future::join_all(cases.iter().map(|case| cx.expect(case)))
+            .await
+            .into_iter()
+            .filter_map(|o| o.err().map(|e| format!("{e:#}")))
+            .collect();
     if errors.is_empty() {
         return Ok(());
     }

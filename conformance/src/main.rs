@@ -21,7 +21,8 @@
 //! Output: one line per test (PASS, FAIL with the reason, N/A with why),
 //! totals, optionally the upstream `ConformanceReport` YAML (`--report`) and
 //! the table of `docs/conformance.md` (`--markdown`). Exit status 1 when a
-//! test listed in `conformance/expected-pass.txt` fails.
+//! test listed in `conformance/expected-pass.txt` fails, when a test passes
+//! that the list leaves out, or when the list names no test of ours.
 
 mod backend;
 mod backend_tls;
@@ -175,24 +176,42 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         println!("markdown written to {}", path.display());
     }
 
-    let mut ok = true;
-    for r in &results {
+    let problems = verdict(&results, &expected, &args.expected);
+    for problem in &problems {
+        println!("{problem}");
+    }
+    Ok(problems.is_empty())
+}
+
+/// What makes the run fail, one line each: a test listed in `expected`
+/// that did not pass (a regression), a test that passed but is not listed
+/// (the list must say what runs, so that a test dropping out of it is
+/// seen), and a listed name no test has (a typo, which would never run).
+fn verdict(results: &[TestResult], expected: &BTreeSet<String>, list: &Path) -> Vec<String> {
+    let list = list.display();
+    let mut problems = Vec::new();
+    for r in results {
         let listed = expected.contains(r.test.name);
         match (&r.outcome, listed) {
-            (Outcome::Pass, false) => {
-                println!("newly passing (add to expected-pass.txt): {}", r.test.name)
-            }
-            (Outcome::Fail(_), true) | (Outcome::NotApplicable(_), true) => {
-                println!(
-                    "REGRESSION: {} is in expected-pass.txt but did not pass",
-                    r.test.name
-                );
-                ok = false;
-            }
+            (Outcome::Pass, false) => problems.push(format!(
+                "UNLISTED: {} passes but {list} leaves it out: add it",
+                r.test.name
+            )),
+            (Outcome::Fail(_) | Outcome::NotApplicable(_), true) => problems.push(format!(
+                "REGRESSION: {} is in {list} but did not pass",
+                r.test.name
+            )),
             _ => {}
         }
     }
-    Ok(ok)
+    for name in expected {
+        if !registry::TESTS.iter().any(|t| t.name == name) {
+            problems.push(format!(
+                "UNKNOWN: {list} lists {name}, which is no test of the runner"
+            ));
+        }
+    }
+    problems
 }
 
 fn one_line(s: &str) -> String {
@@ -293,4 +312,50 @@ fn write_file(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> BTreeSet<String> {
+        list.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    #[test]
+    fn the_list_must_say_exactly_what_passes() {
+        let (a, b) = (&registry::TESTS[0], &registry::TESTS[1]);
+        let results = [
+            TestResult {
+                test: a,
+                outcome: Outcome::Pass,
+            },
+            TestResult {
+                test: b,
+                outcome: Outcome::Fail("no".into()),
+            },
+        ];
+        let list = Path::new("expected-pass.txt");
+        assert!(verdict(&results, &names(&[a.name]), list).is_empty());
+        assert_eq!(
+            verdict(&results, &names(&[]), list),
+            [format!(
+                "UNLISTED: {} passes but expected-pass.txt leaves it out: add it",
+                a.name
+            )]
+        );
+        assert_eq!(
+            verdict(&results, &names(&[a.name, b.name]), list),
+            [format!(
+                "REGRESSION: {} is in expected-pass.txt but did not pass",
+                b.name
+            )]
+        );
+        assert_eq!(
+            verdict(&results, &names(&[a.name, "HTTPRouteNoSuchTest"]), list),
+            [
+                "UNKNOWN: expected-pass.txt lists HTTPRouteNoSuchTest, which is no test of the runner"
+            ]
+        );
+    }
 }

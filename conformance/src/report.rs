@@ -241,6 +241,13 @@ pub fn markdown(results: &[TestResult]) -> String {
          all Core there; Extended otherwise (the suite's `isTestExtended`). FAIL\n\
          lines give the runner's reason. Names are the upstream tests'\n\
          `ShortName`s.\n\n\
+         Requests are judged as the suite judges them: where the upstream test\n\
+         waits for an eventually consistent response, a request must be\n\
+         answered as expected three times in a row (`RequiredConsecutiveSuccesses`)\n\
+         within 30 s (`MaxTimeToConsistency`), and a test's requests are sent\n\
+         concurrently, as its parallel subtests are. The run fails when a test\n\
+         listed in `conformance/expected-pass.txt` does not pass, and when a\n\
+         test passes that the list leaves out: the list is exactly what passes.\n\n\
          Scope: the tests whose manifests are in the {GATEWAY_API_VERSION}\n\
          `conformance/tests/` folder for Gateway, GatewayClass, HTTPRoute,\n\
          GRPCRoute, TLSRoute, ReferenceGrant, ListenerSet and BackendTLSPolicy\n\

@@ -12,7 +12,10 @@ use anyhow::{anyhow, bail};
 use anyhow::Context as _;
 
 use crate::ctx::{APP, Ctx, INFRA, WEB, infra};
-use crate::expect::{Case, backend_of, req, same_ns, within_five_points};
+use crate::expect::{
+    CONSECUTIVE_SUCCESSES, Case, MAX_TIME_TO_CONSISTENCY, backend_of, compare, converge, req,
+    same_ns, within_five_points,
+};
 use crate::status::{ListenerExpect, listener, parent};
 
 pub const SAME_NS: &str = "gateway-conformance-infra/same-namespace";
@@ -26,14 +29,14 @@ async fn ready(cx: &Ctx<'_>, gateway: &str, routes: &[&str]) -> anyhow::Result<(
     Ok(())
 }
 
-/// Send every case; fail with all the mismatches.
+/// Expect every case, all at once (the suite runs a test's cases in
+/// parallel); fail with all the mismatches.
 async fn all(cx: &Ctx<'_>, cases: Vec<Case>) -> anyhow::Result<()> {
-    let mut errors = Vec::new();
-    for case in &cases {
-        if let Err(e) = cx.expect(case).await {
-            errors.push(format!("{e:#}"));
-        }
-    }
+    let outcomes = futures_util::future::join_all(cases.iter().map(|case| cx.expect(case))).await;
+    let errors: Vec<String> = outcomes
+        .into_iter()
+        .filter_map(|o| o.err().map(|e| format!("{e:#}")))
+        .collect();
     if errors.is_empty() {
         Ok(())
     } else {
@@ -66,14 +69,10 @@ pub async fn weight(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
         let sends = (0..10).map(|_| cx.send(&case));
         for exchange in futures_util::future::join_all(sends).await {
             let exchange = exchange?;
-            crate::expect::compare(&case, &exchange)
-                .map_err(|e| e.context(format!("request batch {chunk}")))?;
+            compare(&case, &exchange).map_err(|e| e.context(format!("request batch {chunk}")))?;
             let pod = exchange.echo.map(|e| e.pod).unwrap_or_default();
             *counts.entry(backend_of(&pod, &BACKENDS)?).or_default() += 1;
         }
-    }
-    if counts.len() != 2 {
-        bail!("expected only two backends to receive traffic (counts {counts:?})");
     }
     within_five_points(
         &counts,
@@ -97,6 +96,10 @@ pub async fn matching(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
             same_ns("/")
                 .header("Version", "two")
                 .infra("infra-backend-v2"),
+            same_ns("/v2/").infra("infra-backend-v2"),
+            // Not a path segment prefix: does not match /v2.
+            same_ns("/v2example").infra("infra-backend-v1"),
+            same_ns("/foo/v2/example").infra("infra-backend-v1"),
         ],
     )
     .await
@@ -781,9 +784,10 @@ pub async fn route_generation_bump(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
     cx.modify("HTTPRoute", &route, |r| {
         r["spec"]["rules"][0]["backendRefs"][0]["name"] = "infra-backend-v2".into();
     })?;
-    cx.latest_conditions("HTTPRoute", &route, Some(before))
-        .await?;
     cx.route_condition(&route, SAME_NS, "Accepted", true, "")
+        .await?;
+    cx.resolved(&route, SAME_NS).await?;
+    cx.latest_conditions("HTTPRoute", &route, Some(before))
         .await
 }
 
@@ -1481,7 +1485,9 @@ pub async fn percentage_mirror(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
             let mut batch = case.clone();
             batch.path = format!("{}?check={run}", case.path);
             for _ in 0..TOTAL / 10 {
-                let sends = (0..10).map(|_| cx.expect(&batch));
+                // One success each (the suite's dedicated config), so
+                // that no more requests are sent than the check counts.
+                let sends = (0..10).map(|_| cx.expect_in_a_row(&batch, 1));
                 for r in futures_util::future::join_all(sends).await {
                     r?;
                 }
@@ -1574,19 +1580,39 @@ pub async fn retry(cx: &mut Ctx<'_>) -> anyhow::Result<()> {
         (all2, 504, 1, 200),
         (all2, 504, 3, 504),
     ];
-    let cases = table
-        .iter()
-        .map(|(path, code, after, status)| {
-            // A fresh uuid per request: the echo pod counts attempts by it.
+    // Each row must hold for three requests in a row, each with a fresh
+    // uuid (the echo pod counts a request's attempts by it).
+    let cx: &Ctx<'_> = cx;
+    let rows = table.iter().map(|(path, code, after, status)| async move {
+        let fresh = || {
             let uuid = format!("{:032x}", fastrand::u128(..));
             same_ns(&format!(
                 "{path}?responseCode={code}&succeedAfter={after}&uuid={uuid}"
             ))
             .status(*status)
             .infra("infra-backend-v3")
+        };
+        converge(CONSECUTIVE_SUCCESSES, MAX_TIME_TO_CONSISTENCY, || async {
+            let case = fresh();
+            compare(&case, &cx.send(&case).await?).with_context(|| case.describe())
         })
+        .await
+    });
+    let errors: Vec<String> = futures_util::future::join_all(rows)
+        .await
+        .into_iter()
+        .filter_map(|o| o.err().map(|e| format!("{e:#}")))
         .collect();
-    all(cx, cases).await
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        bail!(
+            "{} of {} rows: {}",
+            errors.len(),
+            table.len(),
+            errors.join("; ")
+        )
+    }
 }
 
 pub async fn cors(cx: &mut Ctx<'_>) -> anyhow::Result<()> {

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio::time::Sleep;
 
 use super::error::ProxyError;
-use super::h1_client::PooledBody;
+use super::outbound::h1_client::PooledBody;
 
 /// The error type of bodies sent upstream.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -62,7 +62,7 @@ impl Body for RequestBody {
 }
 
 /// A request body read by the lean HTTP/1.1 connection loop
-/// ([`super::h1_conn`]): its frames arrive through a small channel that
+/// ([`super::inbound::h1_conn`]): its frames arrive through a small channel that
 /// the loop fills as the client's bytes come (so a body is read only as
 /// fast as the backend takes it).
 #[derive(Debug)]
@@ -321,8 +321,8 @@ pub enum UpstreamBody {
     /// A mirror's copy of the client's body.
     Mirror(MirrorCopy),
     /// The client's body as one try of several sends it (a retry policy;
-    /// see [`super::replay`]).
-    Replay(super::replay::ReplayBody),
+    /// see [`super::outbound::replay`]).
+    Replay(super::outbound::replay::ReplayBody),
 }
 
 impl Body for UpstreamBody {

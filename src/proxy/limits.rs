@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::Request;
 
 use super::error::ProxyError;
-use super::forwarded::ForwardedTrust;
+use super::request::forwarded::ForwardedTrust;
 use crate::route::OutlierPolicy;
 
 /// What a client may ask of the proxy, and how long anything may take.

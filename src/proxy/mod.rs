@@ -6,83 +6,66 @@
 //! filters, record metrics. The table is swapped atomically on reload;
 //! connection pools are keyed by endpoint and outlive tables.
 //!
-//! Sockets of HTTPS listeners terminate TLS first ([`tls`]: certificate by
-//! SNI, ALPN `h2`/`http/1.1`); cleartext sockets serve HTTP/1.1 and h2c
-//! with prior knowledge. HTTP/1.1 is served by sluice's own lean loop
-//! ([`h1_conn`], heads parsed in place by [`h1`]); HTTP/2 by hyper. Both
-//! hand each request to the same codec-independent [`handler`]. HTTP/1.1
-//! upgrades (WebSocket) are passed through ([`upgrade`]). gRPC requests
-//! get their errors in gRPC terms ([`grpc`]), and rules with session
-//! persistence keep a client on its endpoint ([`session`]). Sockets of TLS
-//! listeners carry no HTTP: each connection is routed by its SNI to a
-//! TLSRoute and relayed ([`passthrough`]).
+//! The proxy is laid out by direction: [`inbound`] accepts and reads
+//! client connections, [`request`] is what happens to one request, and
+//! [`outbound`] carries it to an endpoint. The wire pieces both sides
+//! share stay here: HTTP/1.1 framing ([`h1`]), bodies ([`body`]), the one
+//! error type ([`error`]), the limits ([`ProxyLimits`]) and upgraded
+//! connections, spliced client to backend ([`upgrade`]).
+//!
+//! Sockets of HTTPS listeners terminate TLS first ([`inbound::tls`]:
+//! certificate by SNI, ALPN `h2`/`http/1.1`); cleartext sockets serve
+//! HTTP/1.1 and h2c with prior knowledge. HTTP/1.1 is served by sluice's
+//! own lean loop ([`inbound::h1_conn`], heads parsed in place by [`h1`]);
+//! HTTP/2 by hyper ([`inbound::h2_conn`]). Both hand each request to the
+//! same codec-independent [`request::handler`]. HTTP/1.1 upgrades
+//! (WebSocket) are passed through ([`upgrade`]). gRPC requests get their
+//! errors in gRPC terms ([`request::grpc`]), and rules with session
+//! persistence keep a client on its endpoint ([`request::session`]).
+//! Sockets of TLS listeners carry no HTTP: each connection is routed by
+//! its SNI to a TLSRoute and relayed ([`inbound::passthrough`]).
 //!
 //! Every connection is held to [`ProxyLimits`]: a connection limit per
 //! socket and in total, a deadline for request heads, an idle timeout,
-//! head and URI sizes, HTTP/2 stream and flood limits ([`conn`]). On
-//! shutdown the proxy stops accepting and drains: open connections finish
-//! their requests within the drain period.
+//! head and URI sizes, HTTP/2 stream and flood limits ([`inbound::conn`]).
+//! On shutdown the proxy stops accepting and drains: open connections
+//! finish their requests within the drain period.
 //!
 //! Not supported yet: timeouts cover the time to the response headers, not
 //! the streaming of the body after them.
 
 mod body;
-mod conn;
-mod cors;
 mod error;
-mod filters;
-mod forwarded;
-mod grpc;
 pub mod h1;
-mod h1_client;
-mod h1_conn;
-mod h2;
-mod handler;
+mod inbound;
 mod limits;
-mod outliers;
-mod passthrough;
-mod pool;
-mod replay;
-mod retry;
-mod session;
-mod tls;
+mod outbound;
+mod request;
 mod upgrade;
-mod upstream;
 
 pub use body::ResponseBody;
 pub use error::{ErrorSource, ProxyError, UpstreamError};
-pub use forwarded::{Cidr, ForwardedTrust};
+pub use inbound::tls::TlsConnection;
 pub use limits::ProxyLimits;
-pub use tls::TlsConnection;
+pub use request::forwarded::{Cidr, ForwardedTrust};
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Semaphore, watch};
 use tokio::task::AbortHandle;
-use tokio_rustls::TlsAcceptor;
 
 use crate::metrics::Metrics;
 use crate::route::{EndpointReport, Outliers, RouteTable};
-use body::RequestBody;
-use conn::{ClientSlot, FloodLimits, InFlight, PerClient, TrackedBody, Watched};
-
-/// What holds a client connection's places under the connection limits:
-/// per socket, in total, and per client address (when limited).
-type Permits = (
-    OwnedSemaphorePermit,
-    OwnedSemaphorePermit,
-    Option<ClientSlot>,
-);
+use inbound::accept::{accept_loop, listen};
+use inbound::conn::PerClient;
+use outbound::{h2, pool};
+use request::{handler, outliers};
 
 /// Whether the proxy refuses a request hyper's HTTP/1 server parsed, before
 /// routing it: the limits (target length, `_` in names) and the framing and
@@ -299,235 +282,5 @@ impl Proxy {
             }
         }
         failures
-    }
-}
-
-fn listen(bind: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = if bind.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(bind)?;
-    socket.listen(1024)
-}
-
-async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, bind: SocketAddr) {
-    // Built once per socket; the certificate is picked per handshake from
-    // the current table, so reloads change certificates without rebinding.
-    let acceptor = TlsAcceptor::from(tls::server_config(shared.clone(), bind));
-    let per_listener = Arc::new(Semaphore::new(shared.limits.max_connections_per_listener));
-    loop {
-        let (stream, client) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                // Out of file descriptors and the like: back off briefly
-                // instead of spinning.
-                tracing::warn!(%bind, error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        // Over a limit: close at once (the client sees the connection
-        // closed before any response); open connections are untouched.
-        let Ok(listener_permit) = per_listener.clone().try_acquire_owned() else {
-            tracing::debug!(%bind, %client, "listener connection limit reached; closing");
-            continue;
-        };
-        let Ok(total_permit) = shared.connections.clone().try_acquire_owned() else {
-            tracing::debug!(%bind, %client, "connection limit reached; closing");
-            continue;
-        };
-        let per_client = match shared.limits.max_connections_per_client {
-            0 => None,
-            max => match shared.per_client.admit(client.ip(), max) {
-                Some(slot) => Some(slot),
-                None => {
-                    tracing::debug!(%bind, %client, "connection limit per client reached; closing");
-                    continue;
-                }
-            },
-        };
-        let permits = (listener_permit, total_permit, per_client);
-        let _ = stream.set_nodelay(true);
-        let shared = shared.clone();
-        // Whether the socket terminates TLS is read per connection: a
-        // reload may turn a port's listeners from HTTP to HTTPS (or TLS).
-        let (is_tls, is_stream) = shared
-            .table
-            .load()
-            .port(bind)
-            .map_or((false, false), |p| (p.is_tls(), p.is_stream()));
-        if is_stream {
-            // TLS listeners: routed by SNI, relayed (passthrough.rs).
-            tokio::spawn(passthrough::serve(shared, stream, client, bind, permits));
-            continue;
-        }
-        if !is_tls {
-            tokio::spawn(serve_cleartext(shared, stream, client, bind, permits));
-            continue;
-        }
-        let acceptor = acceptor.clone();
-        tokio::spawn(async move {
-            // Boxed: the handshake's future is freed once it is done, instead
-            // of sizing the connection's task for the connection's whole life
-            // (3.7 KB more per idle TLS connection, measured with DHAT).
-            let handshake = Box::pin(acceptor.accept(stream));
-            let stream = match tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, handshake).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(e)) => {
-                    tracing::debug!(%client, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%client, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let server_name = stream.get_ref().1.server_name().map(Arc::from);
-            let tls = Some(TlsConnection { server_name });
-            if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
-                // A task of its own, as HTTP/1.1's below.
-                tokio::spawn(serve(shared, stream, tls, client, bind, permits));
-            } else {
-                let head_by = tokio::time::Instant::now() + shared.limits.request_header_timeout;
-                // A task of its own: this one (the handshake's) ends, and
-                // the idle connection's task is no larger than its loop.
-                let peer = handler::Peer::new(client);
-                let h1 = h1_conn::serve(shared, stream, tls, peer, bind, permits, Some(head_by));
-                tokio::spawn(h1);
-            }
-        });
-    }
-}
-
-/// Serve a cleartext connection: HTTP/2 with prior knowledge (h2c) through
-/// hyper, anything else on the lean HTTP/1.1 path. The first bytes are
-/// peeked, not read, so either gets them all.
-async fn serve_cleartext(
-    shared: Arc<Shared>,
-    stream: tokio::net::TcpStream,
-    client: SocketAddr,
-    bind: SocketAddr,
-    permits: Permits,
-) {
-    let deadline = tokio::time::Instant::now() + shared.limits.request_header_timeout;
-    let mut draining = shared.draining.subscribe();
-    let h2 = tokio::select! {
-        h2 = starts_with_h2_preface(&stream, deadline) => h2,
-        // A connection that has sent nothing yet is idle: close it.
-        _ = draining.wait_for(|d| *d) => return,
-    };
-    // Either protocol's connection is a task of its own, not awaited here:
-    // this future's arguments and the peek would stay in the connection's
-    // task for its whole life (500 bytes per idle HTTP/1.1 connection).
-    if h2 {
-        tokio::spawn(serve(shared, stream, None, client, bind, permits));
-    } else {
-        // The first head is due by the same deadline as the first bytes.
-        let peer = handler::Peer::new(client);
-        let h1 = h1_conn::serve(shared, stream, None, peer, bind, permits, Some(deadline));
-        tokio::spawn(h1);
-    }
-}
-
-/// Whether the client's first bytes start the HTTP/2 preface (`PRI`, a
-/// method nothing else uses). `false` as soon as they cannot, or when the
-/// connection closes or sends nothing before `deadline` (the HTTP/1.1 loop
-/// then sees the same).
-async fn starts_with_h2_preface(
-    stream: &tokio::net::TcpStream,
-    deadline: tokio::time::Instant,
-) -> bool {
-    const START: &[u8; 3] = b"PRI";
-    let mut first = [0u8; 3];
-    loop {
-        match tokio::time::timeout_at(deadline, stream.peek(&mut first)).await {
-            Ok(Ok(n)) if n > 0 => {
-                if first[..n] != START[..n] {
-                    return false;
-                }
-                if n == START.len() {
-                    return true;
-                }
-                // `P` or `PR` so far (a POST or PUT could still follow).
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            _ => return false,
-        }
-    }
-}
-
-/// Serve the requests of one HTTP/2 client connection (h2c, or TLS with
-/// ALPN `h2`) through hyper, until the client closes it, it has been idle
-/// too long, or the proxy drains. `_permits` hold its places under the
-/// connection limits. (HTTP/1.1 connections are served by
-/// [`h1_conn::serve`]; hyper's auto server still detects the version.)
-async fn serve<S>(
-    shared: Arc<Shared>,
-    stream: S,
-    tls: Option<TlsConnection>,
-    client: SocketAddr,
-    bind: SocketAddr,
-    _permits: Permits,
-) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let in_flight = InFlight::new();
-    let for_requests = shared.clone();
-    let requests = in_flight.clone();
-    let peer = handler::Peer::new(client);
-    let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-        let guard = requests.begin();
-        let shared = for_requests.clone();
-        let peer = peer.clone();
-        if let Some(tls) = &tls {
-            req.extensions_mut().insert(tls.clone());
-        }
-        async move {
-            let resp = match limits::refuse(&shared.limits, &req) {
-                Some(refused) => {
-                    if let Some(reason) = refused.refusal_reason() {
-                        shared.metrics.record_refusal(reason);
-                    }
-                    refused.into_response()
-                }
-                None => handler::handle(&shared, req.map(RequestBody::Hyper), &peer, bind).await,
-            };
-            Ok::<_, Infallible>(resp.map(|body| TrackedBody::new(body, guard)))
-        }
-    });
-    let flood = FloodLimits {
-        max_control_frames: shared.limits.http2_max_control_frames,
-        reset_streams_threshold: shared.limits.http2_reset_streams_threshold,
-    };
-    let conn = shared
-        .server
-        .serve_connection_with_upgrades(TokioIo::new(Watched::new(stream, flood)), service);
-    tokio::pin!(conn);
-    let mut draining = shared.draining.subscribe();
-    let mut closing = false;
-    loop {
-        tokio::select! {
-            // The connection first: it is what wakes this task for nearly
-            // every request, and its end ends the loop.
-            biased;
-            ended = conn.as_mut() => {
-                if let Err(e) = ended {
-                    tracing::debug!(%client, error = %e, "connection ended with an error");
-                }
-                return;
-            }
-            _ = in_flight.idle_for(shared.limits.idle_timeout), if !closing => {
-                tracing::debug!(%client, "idle timeout; closing the connection");
-                closing = true;
-                conn.as_mut().graceful_shutdown();
-            }
-            _ = draining.wait_for(|d| *d), if !closing => {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
-            }
-        }
     }
 }

@@ -6,7 +6,7 @@
 //! the backend, and when the backend answers 101 Switching Protocols on the
 //! way back. Both connections are then handed over (the client's by hyper
 //! or by the lean HTTP/1.1 loop, the backend's by sluice's HTTP/1.1
-//! client, [`super::h1_client`]) and the
+//! client, [`super::outbound::h1_client`]) and the
 //! bytes are copied both ways by a task of their own, which holds no route
 //! table: a reload never cuts an upgraded connection.
 
@@ -23,7 +23,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 
-use super::h1_client::{BackendUpgrade, BackendUpgraded};
+use super::outbound::h1_client::{BackendUpgrade, BackendUpgraded};
 
 /// A client request that asks to switch protocols.
 pub(super) struct UpgradeRequest {

@@ -13,6 +13,8 @@
 //!   clock in; served shares, transitions and records out);
 //! - [`status`]: the status shape of a rollout (`status.rollouts[]` of
 //!   the policy), which is also what is persisted;
+//! - [`fleet`]: in Kubernetes mode, the other replicas' counts, summed
+//!   with the leader's own for the machine to judge;
 //! - [`store`]: where records are kept across restarts (standalone: a
 //!   file in `--state-dir`), behind the [`RolloutStore`] trait. Kubernetes
 //!   mode keeps them in each policy's `status.rollouts` instead, written by
@@ -24,6 +26,7 @@
 //! shares change, translates again (a step is a table swap like any
 //! reload). See `docs/rollouts.md`.
 
+pub mod fleet;
 pub mod machine;
 pub mod shares;
 pub mod status;

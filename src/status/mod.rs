@@ -5,6 +5,8 @@
 //! subresource under our field manager ([`FIELD_MANAGER`]), and sends only
 //! the ones that change something. Only the elected leader writes (see
 //! [`lease`]); every replica serves traffic regardless.
+//! Every replica but the leader also publishes its own rollout counts
+//! ([`counts`]), which the leader judges with its own.
 //!
 //! What is written:
 //! - our GatewayClasses, Gateways, the ListenerSets attached to our Gateways,
@@ -33,6 +35,7 @@
 //!   `lastTransitionTime`, which also makes an unchanged status compare
 //!   equal, so nothing is written for it.
 
+pub mod counts;
 pub mod lease;
 
 use std::collections::HashMap;

@@ -99,17 +99,13 @@ impl Gw {
         SocketAddr::from(([127, 0, 0, 1], self.port2))
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("sluice.log.txt")).unwrap_or_default()
     }
 
     /// Resident memory of the gateway process, in KiB.
     pub fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .expect("/proc/<pid>/status");
         status
             .lines()
@@ -1515,11 +1511,11 @@ async fn sigterm_stops_accepting_finishes_requests_in_flight_and_exits_0() {
         .unwrap();
     held.wait_heads(1).await;
 
-    let kill = Command::new("kill")
-        .args(["-TERM", &gw.pid().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(kill.success());
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&gw.child),
+        rustix::process::Signal::TERM,
+    )
+    .expect("SIGTERM sent");
     // New connections are refused once the listener is closed.
     let deadline = Instant::now() + Duration::from_secs(15);
     while TcpStream::connect(gw.addr()).await.is_ok() {

@@ -76,12 +76,6 @@ impl Stalled {
     }
 }
 
-/// The value of the metric series `series` (name and labels), if present.
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
 /// Issue #15's scenario: of five endpoints, one answers 503 and another
 /// refuses connections. Both are ejected after five failed tries in a row,
 /// and the backend's requests succeed again, while the backend keeps

@@ -317,6 +317,12 @@ impl Sluice {
         String::from_utf8_lossy(&body).into_owned()
     }
 
+    /// The value of the metric series `series` (name and labels) on
+    /// `/metrics`, 0 when it is absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        metric(&self.metrics().await, series).unwrap_or(0.0)
+    }
+
     /// Poll until `check` holds for a fresh response to `GET host path`, or
     /// panic after 15 s. For waiting on a reload.
     pub async fn eventually(&self, host: &str, path: &str, check: impl Fn(&Resp) -> bool) -> Resp {
@@ -794,4 +800,11 @@ pub fn split_answer(answer: &[u8]) -> (String, &[u8]) {
         String::from_utf8_lossy(&answer[..at]).into_owned(),
         &answer[at..],
     )
+}
+
+/// The value of the metric series `series` (name and labels) in the text
+/// of `/metrics`, if present.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }

@@ -22,11 +22,20 @@
 //! - CRDs that are not installed ([`FakeApiServer::uninstall`]): every
 //!   request for that resource gets the `404 NotFound` Status the real
 //!   server sends for a resource it does not serve;
-//! - Lease get / create / replace with optimistic concurrency (409).
+//! - Lease get / create / replace with optimistic concurrency (409),
+//!   server-side apply (`PATCH` with `application/apply-patch+yaml`: creates
+//!   the Lease or replaces its labels, annotations and spec) and delete;
+//!   Lease writes are watch events too, and every write of a Lease is
+//!   recorded with the caller's token and the time it arrived
+//!   ([`FakeApiServer::lease_writes`]), so tests can bound each replica's
+//!   write rate; Lease applies can be refused for a while
+//!   ([`FakeApiServer::refuse_lease_applies`]: 500);
+//! - label selectors of lists and watches, equality (`key=value`) and
+//!   existence (`key`) terms ANDed.
 //!
 //! It does not validate against CRD schemas, track managed fields, page
-//! lists, honour field or label selectors, authenticate, or serve any other
-//! verb or kind (those answer 404/405).
+//! lists, honour field selectors or set-based label selectors,
+//! authenticate, or serve any other verb or kind (those answer 404/405).
 
 #![allow(dead_code)]
 
@@ -72,6 +81,20 @@ pub struct StatusPatch {
     pub conflict: bool,
 }
 
+/// One recorded write of a Lease.
+#[derive(Debug, Clone)]
+pub struct LeaseWrite {
+    pub namespace: Option<String>,
+    pub name: String,
+    /// The caller's bearer token.
+    pub token: String,
+    /// `POST`, `PUT`, `PATCH` or `DELETE`.
+    pub method: String,
+    pub at: std::time::Instant,
+    /// What the Lease holds after the write (`Null` after a delete).
+    pub object: Value,
+}
+
 /// A write of another controller, made just before a status patch.
 type Interleaved = (Key, Box<dyn FnOnce(&mut Value) + Send>);
 
@@ -94,6 +117,10 @@ struct Store {
     interleaved: Vec<Interleaved>,
     /// Plurals whose status patches get 500 (and are not recorded).
     refused: Vec<String>,
+    lease_writes: Vec<LeaseWrite>,
+    /// Lease applies get 500 (counted, not recorded as writes).
+    refuse_lease_applies: bool,
+    refused_lease_applies: usize,
 }
 
 struct Shared {
@@ -396,6 +423,35 @@ impl FakeApiServer {
         self.store().not_found.get(plural).copied().unwrap_or(0)
     }
 
+    /// Every Lease write that succeeded so far, in order.
+    pub fn lease_writes(&self) -> Vec<LeaseWrite> {
+        self.store().lease_writes.clone()
+    }
+
+    /// Lease applies get 500 until [`FakeApiServer::accept_lease_applies`].
+    pub fn refuse_lease_applies(&self) {
+        self.store().refuse_lease_applies = true;
+    }
+
+    pub fn accept_lease_applies(&self) {
+        self.store().refuse_lease_applies = false;
+    }
+
+    /// How many Lease applies were refused.
+    pub fn refused_lease_applies(&self) -> usize {
+        self.store().refused_lease_applies
+    }
+
+    /// The Leases of `namespace`.
+    pub fn leases(&self, namespace: &str) -> Vec<Value> {
+        self.store()
+            .objects
+            .iter()
+            .filter(|(k, _)| k.0 == "leases" && k.1.as_deref() == Some(namespace))
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
     /// The holder of a Lease.
     pub fn lease_holder(&self, namespace: &str, name: &str) -> Option<String> {
         let key = (
@@ -481,7 +537,7 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
         {
             watch_stream(shared, &target, &q)
         }
-        (Method::GET, None, None) => list(shared, &target, api_version, kind).await,
+        (Method::GET, None, None) => list(shared, &target, &q, api_version, kind).await,
         (Method::PATCH, Some(_), Some("status"))
             if matches!(
                 target.plural.as_str(),
@@ -506,9 +562,26 @@ fn in_scope(target: &Target, key: &Key) -> bool {
     key.0 == target.plural && (target.namespace.is_none() || target.namespace == key.1)
 }
 
+/// Whether `object`'s labels satisfy `selector` (`a=b,c`: equality and
+/// existence terms, ANDed; empty or absent selects everything).
+fn selected(selector: Option<&String>, object: &Value) -> bool {
+    let Some(selector) = selector else {
+        return true;
+    };
+    let labels = &object["metadata"]["labels"];
+    selector
+        .split(',')
+        .filter(|t| !t.is_empty())
+        .all(|term| match term.split_once('=') {
+            Some((k, v)) => labels[k.trim_end_matches('=')].as_str() == Some(v),
+            None => !labels[term].is_null(),
+        })
+}
+
 async fn list(
     shared: &Arc<Shared>,
     target: &Target,
+    q: &BTreeMap<String, String>,
     api_version: &str,
     kind: &str,
 ) -> Response<Body> {
@@ -530,7 +603,7 @@ async fn list(
     let items: Vec<Value> = store
         .objects
         .iter()
-        .filter(|(k, _)| in_scope(target, k))
+        .filter(|(k, v)| in_scope(target, k) && selected(q.get("labelSelector"), v))
         .map(|(_, v)| {
             // Like the real server, list items carry no apiVersion/kind.
             let mut v = v.clone();
@@ -570,10 +643,17 @@ fn watch_stream(
             let mut live = shared.events.subscribe();
             let mut epoch = shared.epoch.subscribe();
             let started = *epoch.borrow_and_update();
+            let selector = q.get("labelSelector").cloned();
+            let namespace = target.namespace.clone();
+            let wanted = move |e: &WatchEvent| {
+                selected(selector.as_ref(), &e.object)
+                    && (namespace.is_none()
+                        || e.object["metadata"]["namespace"].as_str() == namespace.as_deref())
+            };
             for e in store
                 .events
                 .iter()
-                .filter(|e| e.rv > from && e.plural == target.plural)
+                .filter(|e| e.rv > from && e.plural == target.plural && wanted(e))
             {
                 let _ = tx.send(line(json!({"type": e.kind, "object": e.object})));
             }
@@ -585,7 +665,7 @@ fn watch_stream(
                         event = live.recv() => match event {
                             // Events after an expiry belong to the next watch.
                             _ if *epoch.borrow() != started => return,
-                            Ok(e) if e.rv > last && e.plural == plural => {
+                            Ok(e) if e.rv > last && e.plural == plural && wanted(&e) => {
                                 if tx.send(line(json!({"type": e.kind, "object": e.object}))).is_err() {
                                     return;
                                 }
@@ -638,13 +718,7 @@ async fn patch_status(
     let Some(field_manager) = q.get("fieldManager").cloned() else {
         return status(422, "Invalid", "fieldManager is required for apply patch");
     };
-    let token = req
-        .headers()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("")
-        .to_string();
+    let token = bearer(&req);
     let Some(body) = read_json(req).await else {
         return status(400, "BadRequest", "the body is not JSON");
     };
@@ -716,9 +790,24 @@ async fn patch_status(
     full(StatusCode::OK, &object)
 }
 
+fn bearer(req: &Request<Incoming>) -> String {
+    req.headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("")
+        .to_string()
+}
+
 async fn lease(shared: &Arc<Shared>, target: Target, req: Request<Incoming>) -> Response<Body> {
     let method = req.method().clone();
-    let body = if method == Method::GET {
+    let token = bearer(&req);
+    let apply = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        == Some("application/apply-patch+yaml");
+    let body = if method == Method::GET || method == Method::DELETE {
         None
     } else {
         read_json(req).await
@@ -730,32 +819,85 @@ async fn lease(shared: &Arc<Shared>, target: Target, req: Request<Incoming>) -> 
         _ => String::new(),
     };
     let key = ("leases".to_string(), target.namespace.clone(), name);
-    match (method, body) {
-        (Method::GET, _) => match store.objects.get(&key) {
-            Some(l) => full(StatusCode::OK, l),
-            None => status(404, "NotFound", "lease not found"),
-        },
-        (Method::POST, Some(mut l)) => {
+    let (code, event, object) = match (method.clone(), body) {
+        (Method::GET, _) => {
+            return match store.objects.get(&key) {
+                Some(l) => full(StatusCode::OK, l),
+                None => status(404, "NotFound", "lease not found"),
+            };
+        }
+        (Method::POST, Some(l)) => {
             if store.objects.contains_key(&key) {
                 return status(409, "AlreadyExists", "lease exists");
             }
-            store.rv += 1;
-            l["metadata"]["resourceVersion"] = json!(store.rv.to_string());
-            store.objects.insert(key, l.clone());
-            full(StatusCode::CREATED, &l)
+            (StatusCode::CREATED, "ADDED", l)
         }
-        (Method::PUT, Some(mut l)) => {
+        (Method::PUT, Some(l)) => {
             let Some(current) = store.objects.get(&key) else {
                 return status(404, "NotFound", "lease not found");
             };
             if current["metadata"]["resourceVersion"] != l["metadata"]["resourceVersion"] {
                 return status(409, "Conflict", "the lease was modified");
             }
-            store.rv += 1;
-            l["metadata"]["resourceVersion"] = json!(store.rv.to_string());
-            store.objects.insert(key, l.clone());
-            full(StatusCode::OK, &l)
+            (StatusCode::OK, "MODIFIED", l)
         }
-        _ => status(405, "MethodNotAllowed", "not served by the fake"),
+        (Method::PATCH, Some(_)) if apply && store.refuse_lease_applies => {
+            store.refused_lease_applies += 1;
+            return status(500, "InternalError", "the lease write is refused (test)");
+        }
+        (Method::PATCH, Some(patch)) if apply => {
+            // Server-side apply of a whole Lease by one manager: the
+            // applied labels, annotations and spec replace the object's.
+            let (code, event, mut l) = match store.objects.get(&key) {
+                Some(current) => (StatusCode::OK, "MODIFIED", current.clone()),
+                None => (
+                    StatusCode::CREATED,
+                    "ADDED",
+                    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                           "metadata": {"name": key.2, "namespace": key.1}}),
+                ),
+            };
+            for field in ["labels", "annotations"] {
+                if let Some(v) = patch["metadata"].get(field) {
+                    l["metadata"][field] = v.clone();
+                }
+            }
+            l["spec"] = patch["spec"].clone();
+            (code, event, l)
+        }
+        (Method::DELETE, _) => {
+            let Some(l) = store.objects.remove(&key) else {
+                return status(404, "NotFound", "lease not found");
+            };
+            (StatusCode::OK, "DELETED", l)
+        }
+        _ => return status(405, "MethodNotAllowed", "not served by the fake"),
+    };
+    let mut l = object;
+    store.rv += 1;
+    l["metadata"]["resourceVersion"] = json!(store.rv.to_string());
+    if event != "DELETED" {
+        store.objects.insert(key.clone(), l.clone());
     }
+    store.lease_writes.push(LeaseWrite {
+        namespace: key.1.clone(),
+        name: key.2.clone(),
+        token,
+        method: method.to_string(),
+        at: std::time::Instant::now(),
+        object: if event == "DELETED" {
+            Value::Null
+        } else {
+            l.clone()
+        },
+    });
+    let event = WatchEvent {
+        rv: store.rv,
+        plural: "leases".into(),
+        kind: event,
+        object: l.clone(),
+    };
+    store.events.push(event.clone());
+    let _ = shared.events.send(event);
+    full(code, &l)
 }

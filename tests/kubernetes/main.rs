@@ -2,6 +2,7 @@
 //! API server ([`fake_apiserver`]) and echo backends on loopback.
 
 mod fake_apiserver;
+mod fleet;
 mod rollouts;
 
 use std::collections::BTreeMap;
@@ -110,6 +111,17 @@ impl Replica {
     /// Start a replica that authenticates with `token` and binds its
     /// listeners on `bind` (each replica its own loopback address).
     fn start(api: &FakeApiServer, token: &str, bind: &str, port: u16) -> Replica {
+        Replica::start_with(api, token, bind, port, &[])
+    }
+
+    /// [`Replica::start`] with more environment variables.
+    fn start_with(
+        api: &FakeApiServer,
+        token: &str,
+        bind: &str,
+        port: u16,
+        env: &[(&str, &str)],
+    ) -> Replica {
         let dir = tempfile::tempdir().expect("a temp dir");
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, api.kubeconfig(token)).expect("write the kubeconfig");
@@ -131,6 +143,8 @@ impl Replica {
             .env_remove("POD_NAME")
             .env_remove("POD_NAMESPACE")
             .env_remove("KUBECONFIG")
+            .env_remove("SLUICE_ROLLOUT_COUNTS_INTERVAL")
+            .envs(env.iter().copied())
             // The log (stdout) and panics (stderr) in one file; the clone
             // shares the file offset, so lines do not overwrite each other.
             .stdout(log.try_clone().expect("a second handle to the log"))

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::fake_apiserver::FakeApiServer;
 use super::{HOST, Replica, answered_by, cluster, echo, eventually, free_port, get, route};
 
-const LEASE: (&str, &str) = ("sluice-system", "sluice-gateway-controller");
+pub(super) const LEASE: (&str, &str) = ("sluice-system", "sluice-gateway-controller");
 
 /// RolloutPolicy `default/autocomplete` on the route of [`route`].
 fn policy(interval: &str, steps: &[&str]) -> Value {
@@ -28,7 +28,7 @@ fn policy(interval: &str, steps: &[&str]) -> Value {
 
 /// The rollout recorded in the policy's status: (phase, step,
 /// stepStartedAt).
-fn recorded(api: &FakeApiServer) -> Option<(String, Option<String>, Option<String>)> {
+pub(super) fn recorded(api: &FakeApiServer) -> Option<(String, Option<String>, Option<String>)> {
     let policy = api.get("RolloutPolicy", Some("default"), "autocomplete")?;
     let r = &policy["status"]["rollouts"][0];
     Some((
@@ -39,7 +39,7 @@ fn recorded(api: &FakeApiServer) -> Option<(String, Option<String>, Option<Strin
 }
 
 /// Wait until the policy's status records `phase` (and `step`).
-async fn recorded_at(
+pub(super) async fn recorded_at(
     api: &FakeApiServer,
     phase: &str,
     step: Option<&str>,
@@ -130,7 +130,7 @@ async fn metric_step(replica: &Replica) -> Option<String> {
 }
 
 /// Who wrote the policy's status, in order: (token, phase, step).
-fn policy_writes(api: &FakeApiServer) -> Vec<(String, String, Option<String>)> {
+pub(super) fn policy_writes(api: &FakeApiServer) -> Vec<(String, String, Option<String>)> {
     api.patches()
         .iter()
         .filter(|p| p.plural == "rolloutpolicies")

@@ -22,8 +22,13 @@
 //!   cluster without them never becomes ready, and says why in the log.
 //! - ConfigMaps (CA certificates) are watched cluster-wide, as Envoy Gateway
 //!   does; the cache keeps only their `ca.crt` (see [`cache`]).
+//! - The other replicas' rollout counts (Leases) are not configuration:
+//!   [`counts`] watches them apart, into the leader's sums.
+//! - The other replicas' rollout counts (Leases) are not configuration:
+//!   [`counts`] watches them apart, into the leader's sums.
 
 pub mod cache;
+pub mod counts;
 
 use std::sync::Arc;
 use std::time::Duration;

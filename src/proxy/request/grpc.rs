@@ -20,12 +20,12 @@
 use http::header::{CONTENT_TYPE, TE};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
-use super::body::ResponseBody;
-use super::error::{ErrorSource, ProxyError};
+use crate::proxy::body::ResponseBody;
+use crate::proxy::error::{ErrorSource, ProxyError};
 
 /// gRPC status codes the proxy answers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum GrpcCode {
+pub(in crate::proxy) enum GrpcCode {
     Unknown = 2,
     PermissionDenied = 7,
     Unimplemented = 12,
@@ -35,14 +35,14 @@ pub(super) enum GrpcCode {
 }
 
 /// Is this request a gRPC call?
-pub(super) fn is_grpc(headers: &HeaderMap) -> bool {
+pub(in crate::proxy) fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// The gRPC status for an error the proxy answers.
-pub(super) fn code_for(err: &ProxyError) -> GrpcCode {
+pub(in crate::proxy) fn code_for(err: &ProxyError) -> GrpcCode {
     if err.source_of_failure() == ErrorSource::Config {
         return GrpcCode::Unavailable;
     }
@@ -61,7 +61,7 @@ pub(super) fn code_for(err: &ProxyError) -> GrpcCode {
 }
 
 /// The Trailers-Only answer to a gRPC call that failed with `err`.
-pub(super) fn error_response(err: &ProxyError) -> Response<ResponseBody> {
+pub(in crate::proxy) fn error_response(err: &ProxyError) -> Response<ResponseBody> {
     let code = code_for(err) as u8;
     let mut resp = Response::new(ResponseBody::empty());
     let headers = resp.headers_mut();
@@ -89,7 +89,7 @@ fn percent_encode(text: &str) -> String {
 
 /// Did the client ask for trailers (`TE: trailers`)? Read before the
 /// hop-by-hop headers are removed.
-pub(super) fn te_trailers(headers: &HeaderMap) -> bool {
+pub(in crate::proxy) fn te_trailers(headers: &HeaderMap) -> bool {
     headers.get_all(TE).iter().any(|v| {
         v.to_str().is_ok_and(|v| {
             v.split(',')
@@ -99,7 +99,7 @@ pub(super) fn te_trailers(headers: &HeaderMap) -> bool {
 }
 
 /// Put `TE: trailers` back on a request sent with HTTP/2.
-pub(super) fn restore_te(headers: &mut HeaderMap) {
+pub(in crate::proxy) fn restore_te(headers: &mut HeaderMap) {
     headers.insert(TE, HeaderValue::from_static("trailers"));
 }
 

@@ -23,18 +23,18 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-use super::body::ResponseBody;
+use crate::proxy::body::ResponseBody;
 
 /// Open client connections per client address, for
 /// `max_connections_per_client`.
 #[derive(Debug, Default)]
-pub(super) struct PerClient {
+pub(in crate::proxy) struct PerClient {
     open: Mutex<HashMap<IpAddr, usize>>,
 }
 
 /// One open connection of a client address, counted until dropped.
 #[derive(Debug)]
-pub(super) struct ClientSlot {
+pub(in crate::proxy) struct ClientSlot {
     clients: Arc<PerClient>,
     ip: IpAddr,
 }
@@ -76,7 +76,7 @@ impl Drop for ClientSlot {
 /// fires, looks at these two numbers and sleeps again if the connection
 /// was busy meanwhile.
 #[derive(Debug)]
-pub(super) struct InFlight {
+pub(in crate::proxy) struct InFlight {
     active: AtomicUsize,
     /// When the last request ended, in nanoseconds after `since`.
     last_end: AtomicU64,
@@ -126,7 +126,7 @@ impl InFlight {
 
 /// One request in flight; dropping it ends the request.
 #[derive(Debug)]
-pub(super) struct RequestGuard(Arc<InFlight>);
+pub(in crate::proxy) struct RequestGuard(Arc<InFlight>);
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
@@ -143,7 +143,7 @@ impl Drop for RequestGuard {
 /// A response body that keeps its request counted as in flight until the
 /// body is done.
 #[derive(Debug)]
-pub(super) struct TrackedBody {
+pub(in crate::proxy) struct TrackedBody {
     body: ResponseBody,
     guard: Option<RequestGuard>,
 }
@@ -196,7 +196,7 @@ const FLAG_END_STREAM: u8 = 0x1;
 
 /// The HTTP/2 flood limits of one connection.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct FloodLimits {
+pub(in crate::proxy) struct FloodLimits {
     pub max_control_frames: u32,
     pub reset_streams_threshold: u32,
 }
@@ -204,7 +204,7 @@ pub(super) struct FloodLimits {
 /// Reads HTTP/2 frame headers as the bytes go by (the payloads are not
 /// looked at) and says when a client is flooding.
 #[derive(Debug)]
-pub(super) struct FrameWatch {
+pub(in crate::proxy) struct FrameWatch {
     limits: FloodLimits,
     phase: Phase,
     /// Frames that do no work since the last HEADERS or DATA frame.
@@ -230,7 +230,7 @@ enum Phase {
 
 /// Why a connection was closed for flooding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Flood {
+pub(in crate::proxy) enum Flood {
     ControlFrames,
     RapidReset,
 }
@@ -344,7 +344,7 @@ impl FrameWatch {
 }
 
 /// A client connection's transport, with its HTTP/2 frames watched.
-pub(super) struct Watched<S> {
+pub(in crate::proxy) struct Watched<S> {
     inner: S,
     watch: FrameWatch,
     flooded: Option<Flood>,

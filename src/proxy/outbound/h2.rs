@@ -33,8 +33,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
-use super::POOL_IDLE_TIMEOUT;
-use super::body::{BoxError, UpstreamBody};
+use crate::proxy::POOL_IDLE_TIMEOUT;
+use crate::proxy::body::{BoxError, UpstreamBody};
 use crate::route::BackendTls;
 
 /// How long a TLS handshake with an endpoint may take.

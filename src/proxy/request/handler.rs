@@ -12,22 +12,24 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
 
-use super::Shared;
-use super::body::{BodyTimedOut, ClientBody, RequestBody, ResponseBody, Tee, UpstreamBody};
-use super::error::ProxyError;
 use super::filters::{
     add_forwarded, modify_headers, modify_path, redirect_location, strip_hop_by_hop,
 };
-use super::replay::Replay;
 use super::retry::{Endpoints, Trying};
 use super::session::Sticky;
-use super::upgrade::UpgradeRequest;
-use super::upstream::{ClientUpstream, Upstream, origin_uri};
-use super::{cors, grpc, h1, retry, tls};
+use super::{cors, grpc, retry};
 use crate::metrics::{Rejection, RequestKey};
+use crate::proxy::Shared;
+use crate::proxy::body::{BodyTimedOut, ClientBody, RequestBody, ResponseBody, Tee, UpstreamBody};
+use crate::proxy::error::ProxyError;
+use crate::proxy::h1;
+use crate::proxy::inbound::tls;
+use crate::proxy::outbound::replay::Replay;
+use crate::proxy::outbound::upstream::{ClientUpstream, Upstream, origin_uri};
+use crate::proxy::upgrade::UpgradeRequest;
 use crate::route::{
-    Backend, BackendChoice, BackendTarget, EndpointSet, Failure, Filter, Lookup, Mirror, PathMatch,
-    RouteTable, Rule, normalize_host,
+    Backend, BackendChoice, BackendTarget, CorsPolicy, EndpointSet, Failure, Filter, InFlight,
+    Lookup, Mirror, PathMatch, RouteTable, Rule, SetHealth, normalize_host,
 };
 
 /// How long a mirrored request may take before it is abandoned.
@@ -41,7 +43,7 @@ static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 /// forwarded: its address, and that address as a header value, made once
 /// per connection rather than formatted for every request.
 #[derive(Debug, Clone)]
-pub(super) struct Peer {
+pub(in crate::proxy) struct Peer {
     pub addr: SocketAddr,
     ip: HeaderValue,
 }
@@ -66,7 +68,7 @@ struct Outcome<'t> {
 
 /// Serve one request that arrived on the socket bound at `bind` from
 /// `client`. Never fails: every error becomes its response.
-pub(super) async fn handle(
+pub(in crate::proxy) async fn handle(
     shared: &Shared,
     req: Request<RequestBody>,
     client: &Peer,
@@ -182,7 +184,7 @@ async fn route<'t>(
 /// (request smuggling) or that name no single host. hyper already refuses
 /// malformed Content-Length values, differing duplicates, obs-fold, bare CR
 /// and NUL; these are the cases it accepts.
-pub(super) fn check_request_head<B>(req: &Request<B>) -> Result<(), ProxyError> {
+pub(in crate::proxy) fn check_request_head<B>(req: &Request<B>) -> Result<(), ProxyError> {
     use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
     let headers = req.headers();
     let http1 = matches!(req.version(), Version::HTTP_10 | Version::HTTP_11);
@@ -246,14 +248,14 @@ fn has_redirect(rule: &Rule) -> bool {
 
 /// `X-Forwarded-For` (the client appended), `X-Forwarded-Proto` and
 /// `X-Real-IP`, as [`add_forwarded`] and
-/// [`ForwardedTrust::set_real_ip`](super::ForwardedTrust::set_real_ip) set
+/// [`ForwardedTrust::set_real_ip`](crate::proxy::ForwardedTrust::set_real_ip) set
 /// them; without an incoming `X-Forwarded-For` or trusted hops (the usual
 /// case) from the connection's ready-made value, with no formatting.
 fn set_forwarded_headers(
     headers: &mut HeaderMap,
     client: &Peer,
     scheme: &'static str,
-    trust: &super::ForwardedTrust,
+    trust: &crate::proxy::ForwardedTrust,
 ) {
     if headers.contains_key(&X_FORWARDED_FOR) {
         add_forwarded(headers, client.addr.ip(), scheme);
@@ -282,15 +284,102 @@ struct Forwarding<'a, 't> {
     bind: SocketAddr,
 }
 
+/// What [`Forwarding::prepare_headers`] read from the request before
+/// editing its headers, for the phases after it.
+struct Prepared {
+    /// `http` or `https`, as the client connected.
+    scheme: &'static str,
+    /// The protocol upgrade (WebSocket) the request asks for, if any.
+    upgrade: Option<UpgradeRequest>,
+    /// Whether the client sent its body chunked.
+    chunked: bool,
+    /// Whether the client sent `TE: trailers` (gRPC needs it end to end).
+    te_trailers: bool,
+}
+
+/// What the rule's filters make of a request.
+enum RuleFilters<'t> {
+    /// Forward it, with what the filters leave for the phases after them.
+    Forward(Filtered<'t>),
+    /// A filter answered it (a redirect, a CORS preflight).
+    Answered(Response<ResponseBody>),
+}
+
+/// What the rule's filters leave for the phases after them.
+struct Filtered<'t> {
+    /// The path a URLRewrite filter gave the request, if one did.
+    path: Option<String>,
+    /// The rule's RequestMirror filters.
+    mirrors: Vec<&'t Mirror>,
+    /// The CORS policy that allows the request's origin, and that origin.
+    cors_origin: Option<(&'t CorsPolicy, HeaderValue)>,
+}
+
+/// The body the backend will read, and the least number of bytes it has.
+struct OutgoingBody {
+    body: UpstreamBody,
+    length: u64,
+}
+
+/// The backend a request goes to (its choice is kept across tries).
+struct Chosen<'t> {
+    backend: &'t Backend,
+    /// The endpoint (its index) a valid session is pinned to, if any.
+    pinned: Option<usize>,
+    /// The rule's session, when it has `sessionPersistence`.
+    sticky: Option<Sticky<'t>>,
+}
+
+/// A backend that took the request: its ready endpoints, their health,
+/// and the request's place under the backend's cap (held until the
+/// response head is here).
+struct Admitted<'t> {
+    endpoints: &'t EndpointSet,
+    health: &'t SetHealth,
+    _in_flight: InFlight<'t>,
+}
+
 impl<'t> Forwarding<'_, 't> {
+    /// The phases of a matched request, in the order they run.
     async fn run(
         &self,
         req: Request<RequestBody>,
         outcome: &mut Outcome<'t>,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         let (mut parts, body) = req.into_parts();
+        let prepared = self.prepare_headers(&mut parts);
+        let mut filtered = match self.rule_filters(&mut parts, prepared.scheme)? {
+            RuleFilters::Forward(filtered) => filtered,
+            RuleFilters::Answered(answer) => return Ok(answer),
+        };
+        let body = self
+            .request_body(body, prepared.chunked, &parts, &filtered)
+            .await?;
+        let chosen = self.choose_backend(&parts)?;
+        outcome.backend = Some(chosen.backend);
+        let admitted = self.admit(chosen.backend)?;
+        self.backend_filters(chosen.backend, &mut parts, &mut filtered.path)?;
+        let index = self.pick_endpoint(&chosen, &admitted);
+        let (index, resp) = self
+            .send(
+                parts,
+                body,
+                &prepared,
+                filtered.path.as_deref(),
+                &admitted,
+                index,
+                outcome,
+            )
+            .await?;
+        Ok(self.respond(resp, prepared, filtered, &chosen, &admitted, index))
+    }
+
+    /// Prepare headers: the Host an HTTP/2 request names only in its
+    /// `:authority`, hop-by-hop fields removed (an upgrade's put back), the
+    /// forwarded headers set.
+    fn prepare_headers(&self, parts: &mut Parts) -> Prepared {
         let scheme = tls::scheme(&parts.extensions);
-        let upgrade = UpgradeRequest::take(&mut parts);
+        let upgrade = UpgradeRequest::take(parts);
         let chunked = parts.headers.contains_key(http::header::TRANSFER_ENCODING);
         let te_trailers = grpc::te_trailers(&parts.headers);
         if !parts.headers.contains_key(HOST)
@@ -309,8 +398,21 @@ impl<'t> Forwarding<'_, 't> {
         if let Some(u) = &upgrade {
             u.restore_request_headers(&mut parts.headers);
         }
+        Prepared {
+            scheme,
+            upgrade,
+            chunked,
+            te_trailers,
+        }
+    }
 
-        // Rule filters, in the order the route lists them.
+    /// Rule filters, in the order the route lists them; a redirect or a
+    /// CORS preflight is answered here.
+    fn rule_filters(
+        &self,
+        parts: &mut Parts,
+        scheme: &'static str,
+    ) -> Result<RuleFilters<'t>, ProxyError> {
         let mut path: Option<String> = None;
         let mut mirrors: Vec<&Mirror> = Vec::new();
         let mut cors_origin = None;
@@ -338,11 +440,11 @@ impl<'t> Forwarding<'_, 't> {
                     *resp.status_mut() = r.status;
                     resp.headers_mut().insert(LOCATION, location);
                     apply_response_filters(&self.rule.filters, &mut resp);
-                    return Ok(resp);
+                    return Ok(RuleFilters::Answered(resp));
                 }
                 Filter::UrlRewrite(u) => {
                     if let Some(h) = &u.hostname {
-                        set_host(&mut parts, h)?;
+                        set_host(parts, h)?;
                     }
                     if let Some(m) = &u.path {
                         let current = path.as_deref().unwrap_or(parts.uri.path());
@@ -353,14 +455,30 @@ impl<'t> Forwarding<'_, 't> {
                 Filter::Cors(c) if cors::is_preflight(&parts.method, &parts.headers) => {
                     let mut resp = cors::preflight_response(c, &parts.headers);
                     apply_response_filters(&self.rule.filters, &mut resp);
-                    return Ok(resp);
+                    return Ok(RuleFilters::Answered(resp));
                 }
                 Filter::Cors(c) => {
                     cors_origin = cors::allowed_origin(c, &parts.headers).map(|o| (c, o));
                 }
             }
         }
+        Ok(RuleFilters::Forward(Filtered {
+            path,
+            mirrors,
+            cors_origin,
+        }))
+    }
 
+    /// The body the backend will read: a chunked body's first chunk checked
+    /// before any backend sees the request, the body teed to the mirrors
+    /// the rule filters named (the last step of the rule filters).
+    async fn request_body(
+        &self,
+        body: RequestBody,
+        chunked: bool,
+        parts: &Parts,
+        filtered: &Filtered<'t>,
+    ) -> Result<OutgoingBody, ProxyError> {
         let (body, body_length, no_body) = measure(body);
         let mut body = if no_body {
             UpstreamBody::Empty
@@ -379,13 +497,19 @@ impl<'t> Forwarding<'_, 't> {
             }
             UpstreamBody::Incoming(body)
         };
-        if !mirrors.is_empty() {
-            body = self.spawn_mirrors(&mirrors, &parts, path.as_deref(), body);
+        if !filtered.mirrors.is_empty() {
+            body = self.spawn_mirrors(&filtered.mirrors, parts, filtered.path.as_deref(), body);
         }
+        Ok(OutgoingBody {
+            body,
+            length: body_length,
+        })
+    }
 
-        // A valid session wins (sessionPersistence), then a rollout's
-        // consistentBy key, then the exact weighted split of the served
-        // shares: `choose_for` does the last two (docs/sessions.md).
+    /// Choose the backend: a valid session wins (sessionPersistence), then
+    /// a rollout's consistentBy key, then the exact weighted split of the
+    /// served shares: `choose_for` does the last two (docs/sessions.md).
+    fn choose_backend(&self, parts: &Parts) -> Result<Chosen<'t>, ProxyError> {
         let sticky = self
             .rule
             .session
@@ -399,7 +523,17 @@ impl<'t> Forwarding<'_, 't> {
                 BackendChoice::NoBackends => return Err(ProxyError::NoBackends),
             },
         };
-        outcome.backend = Some(backend);
+        Ok(Chosen {
+            backend,
+            pinned,
+            sticky,
+        })
+    }
+
+    /// Admit the request to the backend: it needs ready endpoints, and
+    /// room under its cap, counted until the response head is here (a
+    /// stalled backend gets 503s at once instead of a pile-up).
+    fn admit(&self, backend: &'t Backend) -> Result<Admitted<'t>, ProxyError> {
         let endpoints = match &backend.target {
             BackendTarget::Endpoints(set) => set,
             BackendTarget::NoReadyEndpoints => {
@@ -415,9 +549,7 @@ impl<'t> Forwarding<'_, 't> {
             }
         };
         let health = self.shared.health.of(&backend.service, endpoints);
-        // Counted against the backend's cap until the response head is
-        // here: a stalled backend gets 503s at once instead of a pile-up.
-        let Some(_in_flight) = health
+        let Some(in_flight) = health
             .backend
             .begin(self.shared.limits.max_requests_per_backend)
         else {
@@ -428,38 +560,80 @@ impl<'t> Forwarding<'_, 't> {
                 backend: backend.id.clone(),
             });
         };
-        // Backend filters come after the rule's. Redirects and mirrors
-        // are rule-level only and are ignored here.
+        Ok(Admitted {
+            endpoints,
+            health,
+            _in_flight: in_flight,
+        })
+    }
+
+    /// Backend filters, after the rule's. Redirects and mirrors are
+    /// rule-level only and are ignored here.
+    fn backend_filters(
+        &self,
+        backend: &Backend,
+        parts: &mut Parts,
+        path: &mut Option<String>,
+    ) -> Result<(), ProxyError> {
         for filter in &backend.filters {
             match filter {
                 Filter::RequestHeaderModifier(m) => modify_headers(&mut parts.headers, m),
                 Filter::UrlRewrite(u) => {
                     if let Some(h) = &u.hostname {
-                        set_host(&mut parts, h)?;
+                        set_host(parts, h)?;
                     }
                     if let Some(m) = &u.path {
                         let current = path.as_deref().unwrap_or(parts.uri.path());
-                        path = Some(modify_path(current, m, self.matched_prefix));
+                        *path = Some(modify_path(current, m, self.matched_prefix));
                     }
                 }
                 _ => {}
             }
         }
+        Ok(())
+    }
 
-        // The session's endpoint, unless it is gone or ejected: then
-        // another of the same backend, as when its pod goes away.
-        let index = pinned
-            .filter(|i| !self.shared.health.is_ejected(health, *i))
-            .unwrap_or_else(|| self.shared.health.pick(endpoints, health));
-        parts.uri = origin_uri(path.as_deref(), &parts.uri)?;
+    /// Pick the endpoint: the session's, unless it is gone or ejected;
+    /// then another of the same backend, as when its pod goes away.
+    fn pick_endpoint(&self, chosen: &Chosen<'t>, admitted: &Admitted<'t>) -> usize {
+        chosen
+            .pinned
+            .filter(|i| !self.shared.health.is_ejected(admitted.health, *i))
+            .unwrap_or_else(|| self.shared.health.pick(admitted.endpoints, admitted.health))
+    }
+
+    /// Send the request to the endpoint at `index`, over HTTP/1.1 or
+    /// HTTP/2 as the backend speaks, with the rule's retry policy when the
+    /// request can be sent again; returns the endpoint that answered.
+    // What the phases before it decided, passed as they are rather than
+    // bundled (this future is part of every request's).
+    #[allow(clippy::too_many_arguments)]
+    async fn send(
+        &self,
+        mut parts: Parts,
+        body: OutgoingBody,
+        prepared: &Prepared,
+        path: Option<&str>,
+        admitted: &Admitted<'t>,
+        index: usize,
+        outcome: &mut Outcome<'t>,
+    ) -> Result<(usize, Response<ResponseBody>), ProxyError> {
+        let Admitted {
+            endpoints, health, ..
+        } = *admitted;
+        let OutgoingBody {
+            body,
+            length: body_length,
+        } = body;
+        parts.uri = origin_uri(path, &parts.uri)?;
         // Upgrades (WebSocket) are HTTP/1.1 whatever the appProtocol.
-        let h2 = endpoints.protocol.is_http2(endpoints.tls.is_some()) && upgrade.is_none();
+        let h2 = endpoints.protocol.is_http2(endpoints.tls.is_some()) && prepared.upgrade.is_none();
         parts.version = if h2 {
             Version::HTTP_2
         } else {
             Version::HTTP_11
         };
-        if h2 && te_trailers {
+        if h2 && prepared.te_trailers {
             grpc::restore_te(&mut parts.headers);
         }
         let upstream = self.upstream(endpoints, h2);
@@ -469,7 +643,7 @@ impl<'t> Forwarding<'_, 't> {
         let buffer = self.shared.limits.retry_buffer_bytes;
         let replayable =
             matches!(body, UpstreamBody::Empty) || (buffer > 0 && body_length <= buffer as u64);
-        let retry = (upgrade.is_none() && replayable)
+        let retry = (prepared.upgrade.is_none() && replayable)
             .then_some(self.rule.retry.as_ref())
             .flatten();
         let (index, resp) = match retry {
@@ -515,32 +689,45 @@ impl<'t> Forwarding<'_, 't> {
                 (index, result)
             }
         };
-        let resp = resp?;
+        Ok((index, resp?))
+    }
 
+    /// Respond: the backend's response, hop-by-hop fields removed (an
+    /// upgrade's put back), the rule's and the backend's response filters,
+    /// CORS headers, and the session handed back.
+    fn respond(
+        &self,
+        resp: Response<ResponseBody>,
+        prepared: Prepared,
+        filtered: Filtered<'t>,
+        chosen: &Chosen<'t>,
+        admitted: &Admitted<'t>,
+        index: usize,
+    ) -> Response<ResponseBody> {
         let (mut parts, body) = resp.into_parts();
         parts.version = Version::HTTP_11;
         strip_hop_by_hop(&mut parts.headers);
-        if let Some(u) = upgrade {
+        if let Some(u) = prepared.upgrade {
             u.finish(&mut parts);
         }
         let mut resp = Response::from_parts(parts, body);
         apply_response_filters(&self.rule.filters, &mut resp);
-        apply_response_filters(&backend.filters, &mut resp);
-        if let Some((policy, origin)) = cors_origin {
+        apply_response_filters(&chosen.backend.filters, &mut resp);
+        if let Some((policy, origin)) = filtered.cors_origin {
             cors::add_response_headers(policy, origin, resp.headers_mut());
         }
-        if let Some(sticky) = &sticky
-            && let Some(backend_index) = self.rule.backends.index_of(backend)
+        if let Some(sticky) = &chosen.sticky
+            && let Some(backend_index) = self.rule.backends.index_of(chosen.backend)
         {
             sticky.answer(
                 &mut resp,
                 backend_index,
-                endpoints.addrs()[index],
+                admitted.endpoints.addrs()[index],
                 self.matched_path,
-                scheme == "https",
+                prepared.scheme == "https",
             );
         }
-        Ok(resp)
+        resp
     }
 
     /// The client for `endpoints`: HTTP/2 per endpoint (cleartext or TLS)
@@ -636,7 +823,7 @@ fn is_grpc(req: Request<RequestBody>) -> (Request<RequestBody>, bool) {
 
 /// The client's body, the least number of bytes it has, and whether it is
 /// empty. A function rather than borrows of `body` in
-/// [`Forwarding::run`]: a local borrowed once is kept in that future (part
+/// [`Forwarding::request_body`]: a local borrowed once is kept in that future (part
 /// of every request's, moved whole) until its end, even once moved out.
 fn measure(body: RequestBody) -> (RequestBody, u64, bool) {
     let length = body.size_hint().lower();

@@ -20,18 +20,21 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
 
-use super::body::ResponseBody;
+use crate::proxy::body::ResponseBody;
 use crate::route::{CorsList, CorsPolicy};
 
 /// Is this request a CORS preflight?
-pub(super) fn is_preflight(method: &Method, headers: &HeaderMap) -> bool {
+pub(in crate::proxy) fn is_preflight(method: &Method, headers: &HeaderMap) -> bool {
     method == Method::OPTIONS
         && headers.contains_key(ORIGIN)
         && headers.contains_key(ACCESS_CONTROL_REQUEST_METHOD)
 }
 
 /// The request's `Origin` when the policy allows it.
-pub(super) fn allowed_origin(policy: &CorsPolicy, headers: &HeaderMap) -> Option<HeaderValue> {
+pub(in crate::proxy) fn allowed_origin(
+    policy: &CorsPolicy,
+    headers: &HeaderMap,
+) -> Option<HeaderValue> {
     let origin = headers.get(ORIGIN)?;
     policy
         .allows_origin(origin.to_str().ok()?)
@@ -39,7 +42,7 @@ pub(super) fn allowed_origin(policy: &CorsPolicy, headers: &HeaderMap) -> Option
 }
 
 /// The gateway's answer to a preflight (see [`is_preflight`]).
-pub(super) fn preflight_response(
+pub(in crate::proxy) fn preflight_response(
     policy: &CorsPolicy,
     request: &HeaderMap,
 ) -> Response<ResponseBody> {
@@ -91,7 +94,11 @@ pub(super) fn preflight_response(
 /// Add the CORS headers to the backend's response to an actual request
 /// from `origin` (already known to be allowed). They replace any the
 /// backend set.
-pub(super) fn add_response_headers(policy: &CorsPolicy, origin: HeaderValue, out: &mut HeaderMap) {
+pub(in crate::proxy) fn add_response_headers(
+    policy: &CorsPolicy,
+    origin: HeaderValue,
+    out: &mut HeaderMap,
+) {
     let expose = match &policy.expose_headers {
         CorsList::Unset => None,
         CorsList::Names(v) => Some(v.clone()),

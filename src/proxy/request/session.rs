@@ -8,13 +8,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, Response};
 
-use super::body::ResponseBody;
+use crate::proxy::body::ResponseBody;
 use crate::route::{
     Backend, BackendSplit, BackendTarget, PathMatch, SessionPersistence, SessionToken, cookie_path,
 };
 
 /// One request's session, on a rule with `sessionPersistence`.
-pub(super) struct Sticky<'t> {
+pub(in crate::proxy) struct Sticky<'t> {
     policy: &'t SessionPersistence,
     /// The valid session the request carried, if any.
     carried: Option<SessionToken>,

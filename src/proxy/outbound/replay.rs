@@ -22,7 +22,7 @@ use bytes::Bytes;
 use http::Method;
 use http_body::{Body, Frame, SizeHint};
 
-use super::body::{BoxError, UpstreamBody};
+use crate::proxy::body::{BoxError, UpstreamBody};
 use crate::route::TryOutcome;
 
 /// A request body several tries can send.

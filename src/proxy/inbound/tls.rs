@@ -32,11 +32,11 @@ use rustls::{
 };
 use rustls_pki_types::{CertificateDer, UnixTime};
 
-use super::Shared;
+use crate::proxy::Shared;
 use crate::route::{ClientValidation, RouteTable};
 
 /// How long a client may take to complete the TLS handshake.
-pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(in crate::proxy) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every request of a TLS connection knows about it (a request
 /// extension; absent on cleartext connections).
@@ -47,7 +47,7 @@ pub struct TlsConnection {
 }
 
 /// The rustls configuration of one HTTPS socket.
-pub(super) fn server_config(shared: Arc<Shared>, bind: SocketAddr) -> Arc<ServerConfig> {
+pub(in crate::proxy) fn server_config(shared: Arc<Shared>, bind: SocketAddr) -> Arc<ServerConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let algorithms = provider.signature_verification_algorithms;
     let mut config = ServerConfig::builder_with_provider(provider)
@@ -75,7 +75,10 @@ pub(super) fn server_config(shared: Arc<Shared>, bind: SocketAddr) -> Arc<Server
 /// listeners in `Terminate` mode: the certificate of the listener that owns
 /// the SNI, no client certificate, and no ALPN (the bytes relayed are the
 /// backend's protocol, which the gateway does not speak for it).
-pub(super) fn stream_server_config(shared: Arc<Shared>, bind: SocketAddr) -> Arc<ServerConfig> {
+pub(in crate::proxy) fn stream_server_config(
+    shared: Arc<Shared>,
+    bind: SocketAddr,
+) -> Arc<ServerConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -259,7 +262,7 @@ impl ResolvesServerCert for ListenerCertificates {
 /// Is the request, on a TLS connection, for a Host that belongs to another
 /// listener than the one its handshake chose (answered 421)? Never on a
 /// cleartext connection.
-pub(super) fn misdirected<B>(
+pub(in crate::proxy) fn misdirected<B>(
     table: &RouteTable,
     bind: SocketAddr,
     req: &Request<B>,
@@ -278,7 +281,7 @@ pub(super) fn misdirected<B>(
 }
 
 /// The scheme a request arrived with, as the client sees it.
-pub(super) fn scheme(extensions: &http::Extensions) -> &'static str {
+pub(in crate::proxy) fn scheme(extensions: &http::Extensions) -> &'static str {
     if extensions.get::<TlsConnection>().is_some() {
         "https"
     } else {

@@ -41,8 +41,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
-use super::error::UpstreamError;
 use crate::FastMap;
+use crate::proxy::error::UpstreamError;
 use crate::route::BackendTls;
 
 /// Idle connections kept per endpoint; more are closed when they become
@@ -297,7 +297,7 @@ async fn sweep(pool: Weak<Pool>) {
 mod tests {
     use super::*;
     use crate::proxy::body::UpstreamBody;
-    use crate::proxy::h1_client::{self, PooledBody};
+    use crate::proxy::outbound::h1_client::{self, PooledBody};
     use bytes::Bytes;
     use http::header::HOST;
     use http::{HeaderValue, Request, Response};

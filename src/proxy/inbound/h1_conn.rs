@@ -24,7 +24,7 @@
 //! request-head timeout (or the idle timeout) closes the connection; on
 //! drain an idle connection closes at once and a busy one after its
 //! response. An upgrade (WebSocket) hands the connection to
-//! [`super::upgrade`] after the 101.
+//! [`crate::proxy::upgrade`] after the 101.
 
 use std::cell::RefCell;
 use std::future::poll_fn;
@@ -46,11 +46,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::body::{BodyTimedOut, BoxError, LeanBody, RequestBody, ResponseBody};
-use super::error::ProxyError;
-use super::h1::{self, ChunkedWalker, Framing, HeadLimits, RequestHead};
-use super::upgrade::{LeanUpgrade, Upgraded};
-use super::{Shared, TlsConnection, handler};
+use crate::proxy::body::{BodyTimedOut, BoxError, LeanBody, RequestBody, ResponseBody};
+use crate::proxy::error::ProxyError;
+use crate::proxy::h1::{self, ChunkedWalker, Framing, HeadLimits, RequestHead};
+use crate::proxy::request::handler;
+use crate::proxy::upgrade::{LeanUpgrade, Upgraded};
+use crate::proxy::{Shared, TlsConnection};
 
 /// Free space kept in the read buffer while a request body is read.
 const READ_CHUNK: usize = 8 * 1024;
@@ -83,13 +84,13 @@ const WRITE_BATCH: usize = 64 * 1024;
     clippy::manual_async_fn,
     reason = "an async fn keeps each argument twice in its future"
 )]
-pub(super) fn serve<S>(
+pub(in crate::proxy) fn serve<S>(
     shared: Arc<Shared>,
     mut io: S,
     tls: Option<TlsConnection>,
     peer: handler::Peer,
     bind: SocketAddr,
-    permits: super::Permits,
+    permits: super::accept::Permits,
     mut first_head_by: Option<Instant>,
 ) -> impl Future<Output = ()> + Send + 'static
 where
@@ -603,7 +604,7 @@ enum OutFraming {
     /// Chunked (the length is not known in advance).
     Chunked,
     /// Chunked by the backend: its chunks are written as they came
-    /// ([`PooledBody::pass_chunks_through`](super::h1_client::PooledBody::pass_chunks_through)).
+    /// ([`PooledBody::pass_chunks_through`](crate::proxy::outbound::h1_client::PooledBody::pass_chunks_through)).
     ChunkedAsIs,
     /// Until the connection closes (an HTTP/1.0 client, length unknown).
     UntilClose,

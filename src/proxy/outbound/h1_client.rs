@@ -29,7 +29,7 @@
 //! streaming is never sent again here (the retry policy and its replay
 //! buffer decide that). Interim responses (100, 102, 103) are read and
 //! dropped. A 101 to a request that asked to upgrade hands the connection
-//! over ([`BackendUpgrade`], spliced by [`super::upgrade`]); a 101 to any
+//! over ([`BackendUpgrade`], spliced by [`crate::proxy::upgrade`]); a 101 to any
 //! other request is a 502.
 //!
 //! HTTP/2 backends stay with hyper's client ([`super::h2`]).
@@ -46,10 +46,10 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Status
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::body::{BoxError, UpstreamBody};
-use super::error::UpstreamError;
-use super::h1::{self, BadResponse, ChunkedWalker, ResponseFraming};
 use super::pool::{Conn, Io, Key, Pool};
+use crate::proxy::body::{BoxError, UpstreamBody};
+use crate::proxy::error::UpstreamError;
+use crate::proxy::h1::{self, BadResponse, ChunkedWalker, ResponseFraming};
 use crate::route::BackendTls;
 
 /// Free space kept in a connection's read buffer before a read.
@@ -308,7 +308,7 @@ fn poll_head(
 /// Send `req` (origin-form URI) to `endpoint` on an idle connection of
 /// the pool or a new one (TLS as `tls` says). Boxed: the exchange is
 /// large, and the future of every request holds this one.
-pub(super) fn send(
+pub(in crate::proxy) fn send(
     pool: &Arc<Pool>,
     endpoint: SocketAddr,
     tls: Option<&Arc<BackendTls>>,
@@ -472,7 +472,7 @@ fn response(
     let reusable = head.keep_alive && !write_failed && !switching;
     let (conn, handover) = if switching {
         // The connection is the upgrade's now, with what the backend sent
-        // after the 101 (see `super::upgrade`).
+        // after the 101 (see `crate::proxy::upgrade`).
         let Conn { io, mut buf, .. } = *conn;
         let read_ahead = buf.split().freeze();
         let up = BackendUpgraded { io, read_ahead };
@@ -507,15 +507,15 @@ fn response(
 
 /// A backend's connection after its 101, and the bytes it sent after the
 /// response head.
-pub(super) struct BackendUpgraded {
+pub(in crate::proxy) struct BackendUpgraded {
     pub io: Io,
     pub read_ahead: Bytes,
 }
 
 /// A response extension of a 101: the backend's connection, for
-/// [`super::upgrade`] to take (an extension must be `Clone`).
+/// [`crate::proxy::upgrade`] to take (an extension must be `Clone`).
 #[derive(Clone)]
-pub(super) struct BackendUpgrade(Arc<Mutex<Option<BackendUpgraded>>>);
+pub(in crate::proxy) struct BackendUpgrade(Arc<Mutex<Option<BackendUpgraded>>>);
 
 impl BackendUpgrade {
     pub fn take(&self) -> Option<BackendUpgraded> {

@@ -18,7 +18,7 @@
 //! requests, then 80% of requests must be rejected instead"), an endpoint
 //! that cannot be reached.
 //!
-//! Limits ([`ProxyLimits`](super::ProxyLimits)): a client must send its
+//! Limits ([`ProxyLimits`](crate::proxy::ProxyLimits)): a client must send its
 //! whole ClientHello within `client_hello_timeout` (Envoy's
 //! `listener_filters_timeout`, 15 s) and in at most `max_client_hello_bytes`
 //! (Envoy's TLS inspector: 64 KiB); the connection to the endpoint must be
@@ -41,8 +41,9 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-use super::{Shared, tls};
+use super::tls;
 use crate::metrics::TlsOutcome;
+use crate::proxy::Shared;
 use crate::route::{
     Backend, BackendChoice, BackendTarget, EndpointSet, Failure, StreamLookup, TlsMode,
     normalize_host,
@@ -50,16 +51,16 @@ use crate::route::{
 
 /// How long the connection to an endpoint may take (Envoy's cluster
 /// `connect_timeout`).
-pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(in crate::proxy) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Serve one connection accepted on a socket of TLS listeners. `_permits`
 /// hold its places under the connection limits.
-pub(super) async fn serve(
+pub(in crate::proxy) async fn serve(
     shared: Arc<Shared>,
     mut stream: TcpStream,
     client: SocketAddr,
     bind: SocketAddr,
-    _permits: super::Permits,
+    _permits: super::accept::Permits,
 ) {
     let limits = &shared.limits;
     let hello = match tokio::time::timeout(
@@ -323,7 +324,7 @@ write_through!(Prefixed);
 
 /// A ClientHello as read off the wire.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) struct ClientHello {
+pub(in crate::proxy) struct ClientHello {
     /// Every byte read so far (the records holding the ClientHello, and
     /// whatever the client sent right after), to be replayed.
     pub bytes: Vec<u8>,
@@ -333,7 +334,7 @@ pub(super) struct ClientHello {
 
 /// Why a connection's first bytes are no usable ClientHello.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub(super) enum HelloError {
+pub(in crate::proxy) enum HelloError {
     #[error("not a TLS handshake record")]
     NotTls,
     #[error("the first handshake message is not a ClientHello")]
@@ -383,7 +384,7 @@ const HOST_NAME: u8 = 0;
 /// bytes are needed, `Ok(Some(None))` for a ClientHello without SNI. The
 /// message's type and length are judged as soon as its first four bytes
 /// are in, so an oversized ClientHello is refused before it is read.
-pub(super) fn parse_client_hello(
+pub(in crate::proxy) fn parse_client_hello(
     buf: &[u8],
     max: usize,
 ) -> Result<Option<Option<String>>, HelloError> {

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use http::Response;
 
-use super::body::ResponseBody;
-use super::error::ProxyError;
 use crate::metrics::Metrics;
+use crate::proxy::body::ResponseBody;
+use crate::proxy::error::ProxyError;
 use crate::route::{EndpointSet, Failure, Outliers, SetHealth};
 
 /// How often ejections that are over are swept while any is in force.
@@ -116,7 +116,7 @@ impl Health {
 /// How a try went, for outlier ejection: `None` when it says nothing
 /// about the endpoint (the client's body failed, the request was
 /// refused before it was sent); `Some(None)` for a success.
-pub(super) fn failure_of(
+pub(in crate::proxy) fn failure_of(
     result: &Result<Response<ResponseBody>, ProxyError>,
 ) -> Option<Option<Failure>> {
     match result {
@@ -189,12 +189,12 @@ mod tests {
             None
         );
         let refused =
-            super::super::error::UpstreamError::connect("127.0.0.1:1".parse().unwrap(), "refused");
+            crate::proxy::error::UpstreamError::connect("127.0.0.1:1".parse().unwrap(), "refused");
         assert_eq!(
             failure_of(&Err(ProxyError::Unreachable(refused))),
             Some(Some(Failure::Connect))
         );
-        let reset = super::super::error::UpstreamError::exchange("reset");
+        let reset = crate::proxy::error::UpstreamError::exchange("reset");
         assert_eq!(
             failure_of(&Err(ProxyError::Unreachable(reset))),
             Some(Some(Failure::Reset))

@@ -19,12 +19,12 @@ use futures_util::future::Either;
 use http::uri::{Authority, Scheme};
 use http::{Request, Response, Uri, Version};
 
-use super::body::{ResponseBody, UpstreamBody, client_body_failure};
-use super::error::{ProxyError, UpstreamError};
 use super::h1_client;
 use super::h2::H2Clients;
 use super::pool::Pool;
 use crate::FastMap;
+use crate::proxy::body::{ResponseBody, UpstreamBody, client_body_failure};
+use crate::proxy::error::{ProxyError, UpstreamError};
 use crate::route::BackendTls;
 
 /// The client for one backend's endpoints. hyper's HTTP/2 client is
@@ -32,7 +32,7 @@ use crate::route::BackendTls;
 /// (the pool) should not make every request's future a few hundred bytes
 /// larger.
 #[derive(Clone)]
-pub(super) enum Upstream {
+pub(in crate::proxy) enum Upstream {
     /// HTTP/1.1, cleartext or TLS (a BackendTLSPolicy's): sluice's own
     /// client ([`super::h1_client`]) on its pool.
     Pool(Arc<Pool>, Option<Arc<BackendTls>>),
@@ -42,7 +42,7 @@ pub(super) enum Upstream {
 
 /// HTTP/2, through hyper's client.
 #[derive(Clone)]
-pub(super) enum ClientUpstream {
+pub(in crate::proxy) enum ClientUpstream {
     /// HTTP/2, over TLS per the setting when given.
     H2(Arc<H2Clients>, Option<Arc<BackendTls>>),
 }
@@ -134,7 +134,7 @@ fn authority_uri(
     })
 }
 
-pub(super) fn origin_uri(path: Option<&str>, original: &Uri) -> Result<Uri, ProxyError> {
+pub(in crate::proxy) fn origin_uri(path: Option<&str>, original: &Uri) -> Result<Uri, ProxyError> {
     // The usual case: the path is not rewritten, so the request's own path
     // and query are reused as they are (no copy, no parse).
     if path.is_none()

@@ -23,19 +23,19 @@ use http::{Request, Response};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 
-use super::body::{ResponseBody, UpstreamBody};
-use super::error::ProxyError;
 use super::outliers::{Health, failure_of};
-use super::replay::Replay;
-use super::upstream::Upstream;
 use crate::metrics::Metrics;
+use crate::proxy::body::{ResponseBody, UpstreamBody};
+use crate::proxy::error::ProxyError;
+use crate::proxy::outbound::replay::Replay;
+use crate::proxy::outbound::upstream::Upstream;
 use crate::route::{EndpointSet, RetryPolicy, SetHealth, TryOutcome};
 
 /// The endpoint a try is waiting for, if any.
-pub(super) type Trying<'t> = Option<(&'t SetHealth, usize)>;
+pub(in crate::proxy) type Trying<'t> = Option<(&'t SetHealth, usize)>;
 
 /// The endpoints of the backend a request goes to, and how to reach them.
-pub(super) struct Endpoints<'a, 't> {
+pub(in crate::proxy) struct Endpoints<'a, 't> {
     pub health: &'a Arc<Health>,
     pub set: &'t EndpointSet,
     pub state: &'t SetHealth,
@@ -75,7 +75,7 @@ impl<'t> Endpoints<'_, 't> {
 
 /// Count how a try to endpoint `index` of `state` went towards its
 /// outlier ejection.
-pub(super) fn record_try(
+pub(in crate::proxy) fn record_try(
     health: &Arc<Health>,
     state: &SetHealth,
     index: usize,
@@ -90,7 +90,7 @@ pub(super) fn record_try(
 /// none) to endpoint `first`, then to the next endpoints, until a try
 /// succeeds or the policy (or the body) stops retrying; the last try's
 /// endpoint and response or error are the answer.
-pub(super) async fn send_with_retries<'t>(
+pub(in crate::proxy) async fn send_with_retries<'t>(
     to: &Endpoints<'_, 't>,
     policy: &RetryPolicy,
     first: usize,
