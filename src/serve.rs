@@ -27,7 +27,6 @@
 //! finish on the table they started with, a broken file keeps its last good
 //! objects, and nothing a manifest says can make the process exit.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -770,16 +769,27 @@ fn rollout_labels(policy: &crate::rollout::PolicyKey, rule: &RuleKey) -> Rollout
 /// sluice last translated it. Conditions that are new or flipped keep the
 /// translation's time.
 fn keep_transition_times(new: &mut StatusReport, old: &StatusReport) {
-    let key = |o: &ObjectStatus| {
-        (
-            o.kind.clone(),
-            o.metadata.namespace.clone(),
-            o.metadata.name.clone(),
-        )
-    };
-    let old: HashMap<_, &ObjectStatus> = old.objects.iter().map(|o| (key(o), o)).collect();
+    // Borrowed keys: with 10,000 routes, cloning three strings per object
+    // on both sides was most of this walk.
+    let old: crate::FastMap<(&str, Option<&str>, &str), &ObjectStatus> = old
+        .objects
+        .iter()
+        .map(|o| {
+            let key = (
+                o.kind.as_str(),
+                o.metadata.namespace.as_deref(),
+                o.metadata.name.as_str(),
+            );
+            (key, o)
+        })
+        .collect();
     for object in &mut new.objects {
-        if let Some(previous) = old.get(&key(object)) {
+        let key = (
+            object.kind.as_str(),
+            object.metadata.namespace.as_deref(),
+            object.metadata.name.as_str(),
+        );
+        if let Some(previous) = old.get(&key) {
             crate::status::keep_transition_times(&mut object.status, &previous.status);
         }
     }

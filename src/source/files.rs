@@ -129,11 +129,14 @@ impl FileSource {
         self.loaded_once = true;
         self.path_problems = errors.clone();
 
-        let (mut loaded, file_errors) = self.files.merged();
+        let (mut loaded, mut specs, file_errors) = self.files.merged_with_specs();
         errors.extend(file_errors);
         if let (Some(serving), Some((input, read_errors))) = (&self.ingresses, ingress_input) {
             let (objects, conversion_errors) =
                 converted_ingresses(serving, &input, &self.files.crds());
+            // Converted at every reload: their specs are serialized here
+            // (one per object, as for the files' own).
+            specs.extend(objects.iter().map(|l| l.object.spec_json().into()));
             loaded.extend(objects);
             errors.extend(read_errors);
             errors.extend(conversion_errors);
@@ -147,7 +150,7 @@ impl FileSource {
         let count = loaded.len();
         let generations = &mut self.generations;
         let snapshot = Snapshot::from_loaded(loaded, |objects| {
-            generations.assign(objects, k8s_openapi::jiff::Timestamp::now());
+            generations.assign_with_specs(objects, &specs, k8s_openapi::jiff::Timestamp::now());
         });
         Some(SourceUpdate {
             snapshot,
