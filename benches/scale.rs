@@ -22,6 +22,16 @@
 //! `manifests N`: print the generated configuration of `N` routes (to
 //! serve it with a `sluice` binary and read its admin listener).
 //!
+//! `flip N [--flips K]`: what `sluice serve -f` does for a weight flip
+//! with `N` more routes loaded, by phase, without the proxy or the file
+//! watch: `N` routes in one file and the flipped route in another (as the
+//! flip row has them), then `K` (10) times: rewrite the flipped file, read
+//! the files into a snapshot (`FileSource::reload`: read, parse what
+//! changed, merge, generations) and translate it reusing the last
+//! translation's compiled routes, up to the table (what the flip waits
+//! for) and to the end (status). Medians of this thread's CPU time, ms,
+//! as one JSON object.
+//!
 //! Built with `cargo bench --no-run`.
 
 use std::io::BufRead;
@@ -43,6 +53,7 @@ fn main() {
         Some("scale") => scale(&args[1..]),
         Some("reload") => reload(&args[1..]),
         Some("overview") => overview(&args[1..]),
+        Some("flip") => flip(&args[1..]),
         Some("manifests") => count(&args[1..]).map(|n| {
             print!(
                 "{}{}",
@@ -62,6 +73,97 @@ fn main() {
         eprintln!("scale: {e}");
         std::process::exit(2);
     }
+}
+
+fn flip(args: &[String]) -> Result<(), String> {
+    use sluice::rollout::ServedShares;
+    use sluice::source::files::FileSource;
+    use sluice::translate::{CompiledRoutes, translate_reusing};
+
+    let n = count(args)?;
+    let flips: usize = flag(args, "--flips", Some(10))?;
+    let layout = routes::Layout::default();
+    let options = TranslateOptions {
+        default_bind: layout.listen.ip(),
+    };
+    let dir = std::env::temp_dir().join(format!("sluice-scale-flip-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let write = |name: &str, text: &str| {
+        std::fs::write(dir.join(name), text).map_err(|e| format!("{name}: {e}"))
+    };
+    write("a-infrastructure.yaml", &routes::infrastructure(&layout))?;
+    write("b-routes.yaml", &routes::routes(n, false))?;
+    // The flipped route: the flip row's, no hostname, its weights swapped
+    // at each flip.
+    let flipped = |i: usize| {
+        if i.is_multiple_of(2) {
+            routes::hot_route(0, 1)
+        } else {
+            routes::hot_route(1, 0)
+        }
+    };
+    write("c-flip.yaml", &flipped(1))?;
+    let mut source = FileSource::new(vec![dir.clone()], Arc::new(Metrics::new()));
+    let served = ServedShares::default();
+    let mut compiled = CompiledRoutes::new();
+    let first = source
+        .reload()
+        .ok_or("the first reload gives a configuration")?;
+    let snapshot = Arc::new(first.snapshot);
+    translate_reusing(
+        &snapshot,
+        &options,
+        &served,
+        k8s_openapi::jiff::Timestamp::now(),
+        &mut compiled,
+        |_| {},
+    );
+    drop(snapshot);
+    let (mut reads, mut tables, mut totals) = (Vec::new(), Vec::new(), Vec::new());
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    for i in 0..flips {
+        write("c-flip.yaml", &flipped(i))?;
+        let cpu = thread_cpu();
+        let update = source.reload().ok_or("a flip changes the configuration")?;
+        let snapshot = Arc::new(update.snapshot);
+        let read = thread_cpu();
+        let mut table = None;
+        let mut routing = None;
+        translate_reusing(
+            &snapshot,
+            &options,
+            &served,
+            k8s_openapi::jiff::Timestamp::now(),
+            &mut compiled,
+            |r| {
+                table = Some(thread_cpu());
+                routing = Some(r);
+            },
+        );
+        let end = thread_cpu();
+        if compiled.last_counts().0 != 1 {
+            return Err(format!(
+                "flip {i}: {:?} routes (compiled, reused), expected one compiled",
+                compiled.last_counts()
+            ));
+        }
+        reads.push(ms(read - cpu));
+        tables.push(ms(table.ok_or("the routing is handed over")? - read));
+        totals.push(ms(end - read));
+        drop(routing);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "{{\"routes\":{n},\"flips\":{flips},\"reload_cpu_ms\":{:.1},\"translate_to_table_cpu_ms\":{:.1},\"translate_cpu_ms\":{:.1}}}",
+        median(&mut reads),
+        median(&mut tables),
+        median(&mut totals)
+    );
+    Ok(())
 }
 
 /// Resident set size and its peak, in KiB, from `/proc/self/status`.

@@ -27,7 +27,6 @@
 //! finish on the table they started with, a broken file keeps its last good
 //! objects, and nothing a manifest says can make the process exit.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -158,6 +157,17 @@ pub async fn start_with_state(
     limits: ProxyLimits,
     state_dir: Option<PathBuf>,
 ) -> anyhow::Result<RunningGateway> {
+    start_with_ingresses(config, limits, state_dir, None).await
+}
+
+/// [`start_with_state`], also serving the Ingresses of a class through the
+/// ingress-nginx conversion (`serve --ingress-class`).
+pub async fn start_with_ingresses(
+    config: ServeConfig,
+    limits: ProxyLimits,
+    state_dir: Option<PathBuf>,
+    ingresses: Option<crate::source::files::IngressServing>,
+) -> anyhow::Result<RunningGateway> {
     let metrics = Metrics::shared();
     let store: Box<dyn RolloutStore> = match &state_dir {
         Some(dir) => {
@@ -174,8 +184,9 @@ pub async fn start_with_state(
         }
         None => Box::new(MemoryStore::default()),
     };
-    let source =
-        FileSource::new(config.paths.clone(), metrics.clone()).with_crds(config.crds.clone());
+    let source = FileSource::new(config.paths.clone(), metrics.clone())
+        .with_crds(config.crds.clone())
+        .with_ingresses(ingresses);
     // Watch before the first read so that no change in between is missed.
     let watch = source
         .watch()
@@ -758,16 +769,27 @@ fn rollout_labels(policy: &crate::rollout::PolicyKey, rule: &RuleKey) -> Rollout
 /// sluice last translated it. Conditions that are new or flipped keep the
 /// translation's time.
 fn keep_transition_times(new: &mut StatusReport, old: &StatusReport) {
-    let key = |o: &ObjectStatus| {
-        (
-            o.kind.clone(),
-            o.metadata.namespace.clone(),
-            o.metadata.name.clone(),
-        )
-    };
-    let old: HashMap<_, &ObjectStatus> = old.objects.iter().map(|o| (key(o), o)).collect();
+    // Borrowed keys: with 10,000 routes, cloning three strings per object
+    // on both sides was most of this walk.
+    let old: crate::FastMap<(&str, Option<&str>, &str), &ObjectStatus> = old
+        .objects
+        .iter()
+        .map(|o| {
+            let key = (
+                o.kind.as_str(),
+                o.metadata.namespace.as_deref(),
+                o.metadata.name.as_str(),
+            );
+            (key, o)
+        })
+        .collect();
     for object in &mut new.objects {
-        if let Some(previous) = old.get(&key(object)) {
+        let key = (
+            object.kind.as_str(),
+            object.metadata.namespace.as_deref(),
+            object.metadata.name.as_str(),
+        );
+        if let Some(previous) = old.get(&key) {
             crate::status::keep_transition_times(&mut object.status, &previous.status);
         }
     }

@@ -6,8 +6,14 @@
 //! status or labels). Its creationTimestamp is the file's value, otherwise
 //! the time sluice first saw it, kept across reloads. Pure: the caller
 //! passes the clock.
+//!
+//! Comparing specs serializes them; the file source serializes each object
+//! once, when its file is parsed, and hands the bytes in
+//! ([`Generations::assign_with_specs`]): an object of an unchanged file is
+//! then the same allocation as last time, one pointer compare.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -26,7 +32,7 @@ type ObjectKey = (&'static str, String, String);
 #[derive(Debug, Clone)]
 struct Seen {
     /// [`Object::spec_json`].
-    spec: Vec<u8>,
+    spec: Arc<[u8]>,
     generation: i64,
     created: Timestamp,
 }
@@ -40,20 +46,34 @@ impl Generations {
     /// `objects` (the complete current set), and forget objects that are no
     /// longer present.
     pub fn assign(&mut self, objects: &mut [Object], now: Timestamp) {
+        let specs: Vec<Arc<[u8]>> = objects.iter().map(|o| o.spec_json().into()).collect();
+        self.assign_with_specs(objects, &specs, now);
+    }
+
+    /// [`Generations::assign`] with each object's [`Object::spec_json`]
+    /// given (`specs[i]` of `objects[i]`), already computed: bytes that are
+    /// the allocation seen last time compare by pointer.
+    pub fn assign_with_specs(
+        &mut self,
+        objects: &mut [Object],
+        specs: &[Arc<[u8]>],
+        now: Timestamp,
+    ) {
+        assert_eq!(objects.len(), specs.len(), "one spec per object");
         let mut next = BTreeMap::new();
-        for object in objects.iter_mut() {
+        for (object, spec) in objects.iter_mut().zip(specs) {
             let key: ObjectKey = (
                 object.kind(),
                 object.namespace().unwrap_or("").to_string(),
                 object.name().to_string(),
             );
-            let spec = object.spec_json();
             let prev = self.seen.get(&key);
+            let same_spec = |p: &Seen| Arc::ptr_eq(&p.spec, spec) || p.spec == *spec;
             let meta = object.metadata_mut();
             let generation = match (meta.generation, prev) {
                 (Some(g), _) => g,
                 (None, None) => 1,
-                (None, Some(p)) if p.spec == spec => p.generation,
+                (None, Some(p)) if same_spec(p) => p.generation,
                 (None, Some(p)) => p.generation.saturating_add(1),
             };
             let created = match (&meta.creation_timestamp, prev) {
@@ -66,7 +86,7 @@ impl Generations {
             next.insert(
                 key,
                 Seen {
-                    spec,
+                    spec: spec.clone(),
                     generation,
                     created,
                 },

@@ -45,6 +45,10 @@ struct FileEntry {
     crds: CrdDocuments,
     /// Objects of the last version of the file that parsed.
     good: Vec<LoadedObject>,
+    /// Their [`Object::spec_json`] (`specs[i]` of `good[i]`), serialized
+    /// once when the file is parsed: generations compare these, and an
+    /// unchanged file hands the same allocations again.
+    specs: Vec<Arc<[u8]>>,
     /// Problems of the last version read.
     errors: Vec<ConfigError>,
     /// Its CRD documents that are not usable CRDs.
@@ -207,6 +211,11 @@ impl FileSet {
             entry.errors = parsed.errors.iter().map(ConfigError::from).collect();
             entry.ignored = parsed.ignored;
             if !is_unparsable(&parsed.objects, &parsed.errors) {
+                entry.specs = parsed
+                    .objects
+                    .iter()
+                    .map(|l| l.object.spec_json().into())
+                    .collect();
                 entry.good = parsed.objects;
             }
         }
@@ -266,10 +275,19 @@ impl FileSet {
     /// problem (the CRD files' errors, each file's own errors, then the
     /// duplicates found).
     pub fn merged(&self) -> (Vec<LoadedObject>, Vec<ConfigError>) {
+        let (objects, _, errors) = self.merged_with_specs();
+        (objects, errors)
+    }
+
+    /// [`FileSet::merged`], with each object's [`Object::spec_json`] as
+    /// computed when its file was parsed (`specs[i]` of `objects[i]`), for
+    /// [`crate::resources::Generations::assign_with_specs`].
+    pub fn merged_with_specs(&self) -> (Vec<LoadedObject>, Vec<Arc<[u8]>>, Vec<ConfigError>) {
         // Borrowed from the files: 10,000 objects are merged at every
         // reload without copying their names.
         let mut seen: BTreeMap<ObjectKey<'_>, (&str, usize)> = BTreeMap::new();
         let mut objects = Vec::new();
+        let mut specs = Vec::new();
         let mut errors: Vec<ConfigError> = self
             .crd_files
             .values()
@@ -278,7 +296,7 @@ impl FileSet {
         let mut duplicates = Vec::new();
         for entry in self.files.values() {
             errors.extend(entry.errors.iter().chain(&entry.crd_errors).cloned());
-            for loaded in &entry.good {
+            for (loaded, spec) in entry.good.iter().zip(&entry.specs) {
                 let key = ObjectKey::of(&loaded.object);
                 if let Some((file, line)) = seen.get(&key) {
                     duplicates.push(ConfigError {
@@ -294,10 +312,11 @@ impl FileSet {
                 }
                 seen.insert(key, (loaded.file.as_str(), loaded.line));
                 objects.push(loaded.clone());
+                specs.push(spec.clone());
             }
         }
         errors.extend(duplicates);
-        (objects, errors)
+        (objects, specs, errors)
     }
 }
 

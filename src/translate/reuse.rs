@@ -20,38 +20,63 @@
 //! to; reusing would have to replay that. Not done yet: with policies, a
 //! change compiles every route, as before.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::FastMap;
 use crate::resources::Snapshot;
 use crate::rollout::ServedShares;
 use crate::route::RouteKind;
 
+use super::meta::namespace_of;
 use super::routes::CompiledRoute;
 
-/// (kind, namespace, name) of a route.
-type RouteKey = (RouteKind, String, String);
+/// Compiled routes by kind (HTTP, gRPC, TLS), each list indexed like the
+/// kind's list in the snapshot they were compiled from (`None`: a route
+/// that attached nowhere). A route found at the same index again (the
+/// usual case: one file changed, nothing added before it) costs a name
+/// compare, no key built and no map.
+type ByIndex = [Vec<Option<Arc<CompiledRoute>>>; 3];
 
-/// Compiled routes by route: the index of each in its kind's list of the
-/// snapshot they were compiled from, and its compiled form.
-type ByRoute = HashMap<RouteKey, (usize, Arc<CompiledRoute>)>;
+fn slot(kind: RouteKind) -> usize {
+    match kind {
+        RouteKind::Http => 0,
+        RouteKind::Grpc => 1,
+        RouteKind::Tls => 2,
+    }
+}
+
+/// The metadata of route `i` of `kind` in `snapshot`.
+fn meta_of(snapshot: &Snapshot, kind: RouteKind, i: usize) -> Option<&ObjectMeta> {
+    match kind {
+        RouteKind::Http => snapshot.http_routes.get(i).map(|r| &r.metadata),
+        RouteKind::Grpc => snapshot.grpc_routes.get(i).map(|r| &r.metadata),
+        RouteKind::Tls => snapshot.tls_routes.get(i).map(|r| &r.metadata),
+    }
+}
+
+/// (namespace, name) of route `i` of `kind`, as translate names it.
+fn name_of(snapshot: &Snapshot, kind: RouteKind, i: usize) -> Option<(&str, &str)> {
+    meta_of(snapshot, kind, i).map(|m| (namespace_of(m), m.name.as_deref().unwrap_or("")))
+}
 
 /// The compiled routes of the last translation, for the next one.
 #[derive(Default)]
 pub struct CompiledRoutes {
     /// The snapshot and served shares they were compiled from.
     inputs: Option<(Arc<Snapshot>, ServedShares)>,
-    /// By route: its index in its kind's list of `inputs`' snapshot, and
-    /// its compiled form.
-    routes: ByRoute,
+    /// By kind and index in `inputs`' snapshot.
+    routes: ByIndex,
     /// How many routes the last translation compiled, and reused.
     counts: (usize, usize),
 }
 
 impl std::fmt::Debug for CompiledRoutes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kept: usize = self.routes.iter().flatten().flatten().count();
         f.debug_struct("CompiledRoutes")
-            .field("routes", &self.routes.len())
+            .field("routes", &kept)
             .field("compiled_reused", &self.counts)
             .finish()
     }
@@ -68,15 +93,21 @@ impl CompiledRoutes {
     }
 }
 
+/// Index of each route of the previous snapshot by (namespace, name), per
+/// kind: built only when a route is not at its previous index.
+type ByName<'c> = [FastMap<(&'c str, &'c str), usize>; 3];
+
 /// One translation's view of [`CompiledRoutes`]: what it may reuse, and
 /// what it compiled, for the next.
 pub(super) struct Reuse<'c> {
     /// The previous snapshot and its routes, when the shared inputs are
     /// unchanged.
-    previous: Option<(&'c Snapshot, &'c ByRoute)>,
+    previous: Option<(&'c Snapshot, &'c ByIndex)>,
+    /// The previous snapshot's routes by name, once needed.
+    by_name: Option<ByName<'c>>,
     /// What this translation compiled, for the next; `None` when nothing
     /// is kept (a full translation).
-    next: Option<ByRoute>,
+    next: Option<ByIndex>,
     compiled: usize,
     reused: usize,
 }
@@ -86,6 +117,7 @@ impl<'c> Reuse<'c> {
     pub fn none() -> Reuse<'static> {
         Reuse {
             previous: None,
+            by_name: None,
             next: None,
             compiled: 0,
             reused: 0,
@@ -100,10 +132,50 @@ impl<'c> Reuse<'c> {
         });
         Reuse {
             previous,
-            next: Some(HashMap::with_capacity(cache.routes.len())),
+            by_name: None,
+            next: Some([
+                vec![None; snapshot.http_routes.len()],
+                vec![None; snapshot.grpc_routes.len()],
+                vec![None; snapshot.tls_routes.len()],
+            ]),
             compiled: 0,
             reused: 0,
         }
+    }
+
+    /// The index of route (`kind`, `namespace`, `name`) in the previous
+    /// snapshot: `index` when it is there still, else by name.
+    fn previous_index(
+        &mut self,
+        prev: &'c Snapshot,
+        kind: RouteKind,
+        namespace: &str,
+        name: &str,
+        index: usize,
+    ) -> Option<usize> {
+        if name_of(prev, kind, index) == Some((namespace, name)) {
+            return Some(index);
+        }
+        let by_name = self.by_name.get_or_insert_with(|| {
+            [RouteKind::Http, RouteKind::Grpc, RouteKind::Tls].map(|kind| {
+                let count = match kind {
+                    RouteKind::Http => prev.http_routes.len(),
+                    RouteKind::Grpc => prev.grpc_routes.len(),
+                    RouteKind::Tls => prev.tls_routes.len(),
+                };
+                // Sources refuse duplicated names; were there one, any
+                // route of the name will do: reuse still needs an equal
+                // spec.
+                let mut names = FastMap::default();
+                for i in 0..count {
+                    if let Some(key) = name_of(prev, kind, i) {
+                        names.entry(key).or_insert(i);
+                    }
+                }
+                names
+            })
+        });
+        by_name[slot(kind)].get(&(namespace, name)).copied()
     }
 
     /// The compiled form of route number `index` of its kind in
@@ -118,15 +190,15 @@ impl<'c> Reuse<'c> {
         index: usize,
         compile: impl FnOnce() -> CompiledRoute,
     ) -> Arc<CompiledRoute> {
-        let Some(next) = &mut self.next else {
+        if self.next.is_none() {
             // A full translation: nothing to look up, nothing to keep.
             self.compiled += 1;
             return Arc::new(compile());
-        };
-        let key = (kind, namespace.to_string(), name.to_string());
+        }
         let kept = self.previous.and_then(|(prev, routes)| {
-            let (old, compiled) = routes.get(&key)?;
-            same_spec(kind, prev, *old, snapshot, index).then(|| compiled.clone())
+            let old = self.previous_index(prev, kind, namespace, name, index)?;
+            let compiled = routes[slot(kind)].get(old)?.as_ref()?;
+            same_spec(kind, prev, old, snapshot, index).then(|| compiled.clone())
         });
         let compiled = match kept {
             Some(c) => {
@@ -138,7 +210,13 @@ impl<'c> Reuse<'c> {
                 Arc::new(compile())
             }
         };
-        next.insert(key, (index, compiled.clone()));
+        if let Some(cell) = self
+            .next
+            .as_mut()
+            .and_then(|next| next[slot(kind)].get_mut(index))
+        {
+            *cell = Some(compiled.clone());
+        }
         compiled
     }
 
@@ -169,11 +247,20 @@ fn shared_inputs_equal(
         && a.omitted_weights == b.omitted_weights
 }
 
+fn cookie_matches(route: &gateway_api::experimental::httproutes::HttpRoute) -> Option<&String> {
+    route
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(super::routes::COOKIE_MATCHES_ANNOTATION)
+}
+
 /// Whether route `i` of `kind` in `a` has the same spec as route `j` in `b`.
 fn same_spec(kind: RouteKind, a: &Snapshot, i: usize, b: &Snapshot, j: usize) -> bool {
     match kind {
+        // An HTTPRoute's cookie-match annotation is compiled with its spec.
         RouteKind::Http => match (a.http_routes.get(i), b.http_routes.get(j)) {
-            (Some(x), Some(y)) => x.spec == y.spec,
+            (Some(x), Some(y)) => x.spec == y.spec && cookie_matches(x) == cookie_matches(y),
             _ => false,
         },
         RouteKind::Grpc => match (a.grpc_routes.get(i), b.grpc_routes.get(j)) {
@@ -405,8 +492,22 @@ spec:
         };
         let served = ServedShares::default();
         let mut compiled = CompiledRoutes::new();
-        for (w, counts) in [(20, (3, 0)), (90, (1, 2)), (90, (0, 3))] {
-            let snap = Arc::new(snapshot(&yaml(w)));
+        // The last step deletes the first route: the others move down one
+        // index in the snapshot and are found by name.
+        let without_a = format!(
+            "{CLASS}{API}{GRANT}{GATEWAY}{}{}",
+            route("b", 90),
+            route("c", 30)
+        );
+        let steps = [
+            (yaml(20), (3, 0)),
+            (yaml(90), (1, 2)),
+            (yaml(90), (0, 3)),
+            (without_a, (0, 2)),
+            (yaml(90), (1, 2)),
+        ];
+        for (i, (text, counts)) in steps.into_iter().enumerate() {
+            let snap = Arc::new(snapshot(&text));
             translate_reusing(
                 &snap,
                 &options,
@@ -415,7 +516,7 @@ spec:
                 &mut compiled,
                 |_| {},
             );
-            assert_eq!(compiled.last_counts(), counts, "weight {w}");
+            assert_eq!(compiled.last_counts(), counts, "step {i}");
         }
     }
 }
