@@ -240,10 +240,29 @@ impl Stage<'_> {
     /// Send requests one at a time until `service` answered `n` of them
     /// (whatever their status). Returns how many were sent and failed.
     async fn until(&self, host: &str, service: &str, n: usize) -> anyhow::Result<(usize, usize)> {
+        self.until_or(host, service, n, None).await
+    }
+
+    /// [`Stage::until`], stopping early once the rollout of `policy` is
+    /// rolled back (`stop`).
+    async fn until_or(
+        &self,
+        host: &str,
+        service: &str,
+        n: usize,
+        stop: Option<&str>,
+    ) -> anyhow::Result<(usize, usize)> {
         let mut sender = None;
         let (mut sent, mut failed, mut seen) = (0, 0, 0);
         let deadline = Instant::now() + STEP_DEADLINE;
         while seen < n {
+            if let Some(policy) = stop
+                && self
+                    .rollout(policy)
+                    .is_some_and(|r| r.phase == crate::rollout::Phase::RolledBack)
+            {
+                break;
+            }
             if Instant::now() > deadline {
                 bail!("{service} did not answer {n} requests for {host}");
             }
@@ -354,10 +373,16 @@ pub(super) async fn rollback(stage: &mut Stage<'_>) -> anyhow::Result<RolloutAct
         pod.fail_with(Some(StatusCode::INTERNAL_SERVER_ERROR));
     }
     let failing = Instant::now();
-    // Exactly minRequests to the canary, all failing: the gate trips.
+    // Requests until the rollback: a handful of failures prove it, long
+    // before minRequests (a rollback never waits for it).
     let before = super::counts(stage.pods);
     let (sent, failed) = stage
-        .until(PAYMENTS_HOST, canary, ROLLBACK_MIN_REQUESTS as usize)
+        .until_or(
+            PAYMENTS_HOST,
+            canary,
+            ROLLBACK_MIN_REQUESTS as usize,
+            Some("payments"),
+        )
         .await?;
     let received = stage.received_since(&before);
     steps.push(RolloutStepReport {
