@@ -97,6 +97,9 @@ struct EchoState {
     recent: Mutex<VecDeque<EchoResponse>>,
     /// Status every request is answered with (0: the usual).
     forced_status: AtomicU16,
+    /// With `forced_status`: only every `forced_every`th request (0 or 1:
+    /// every request).
+    forced_every: AtomicU64,
     /// Delay before every answer, in milliseconds.
     delay_ms: AtomicU64,
 }
@@ -137,9 +140,19 @@ impl EchoServer {
     /// Answer every request from now on with `status` (the echo body
     /// kept), or as usual again with `None`.
     pub fn fail_with(&self, status: Option<StatusCode>) {
+        self.state.forced_every.store(0, Ordering::Relaxed);
         self.state
             .forced_status
             .store(status.map_or(0, |s| s.as_u16()), Ordering::Relaxed);
+    }
+
+    /// Answer every `n`th request from now on with `status` (the others as
+    /// usual): a deterministic error rate of `1/n`.
+    pub fn fail_every(&self, n: u64, status: StatusCode) {
+        self.state.forced_every.store(n, Ordering::Relaxed);
+        self.state
+            .forced_status
+            .store(status.as_u16(), Ordering::Relaxed);
     }
 
     /// Wait `delay` before every answer from now on.
@@ -180,6 +193,7 @@ pub fn serve_on(listener: TcpListener, identity: EchoIdentity) -> EchoServer {
         requests: AtomicU64::new(0),
         recent: Mutex::new(VecDeque::with_capacity(RECENT_CAPACITY)),
         forced_status: AtomicU16::new(0),
+        forced_every: AtomicU64::new(0),
         delay_ms: AtomicU64::new(0),
     });
     let (stop, stopped) = watch::channel(());
@@ -232,7 +246,7 @@ async fn accept_loop(
 }
 
 async fn echo(state: &EchoState, request: Request<Incoming>) -> Response<Full<Bytes>> {
-    state.requests.fetch_add(1, Ordering::Relaxed);
+    let number = state.requests.fetch_add(1, Ordering::Relaxed) + 1;
     let (parts, mut body) = request.into_parts();
 
     let mut body_bytes = 0u64;
@@ -269,7 +283,10 @@ async fn echo(state: &EchoState, request: Request<Incoming>) -> Response<Full<By
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
     let forced = state.forced_status.load(Ordering::Relaxed);
-    if let Ok(status) = StatusCode::from_u16(forced) {
+    let every = state.forced_every.load(Ordering::Relaxed).max(1);
+    if let Ok(status) = StatusCode::from_u16(forced)
+        && number.is_multiple_of(every)
+    {
         let mut response = json_response(&parts, &echoed);
         *response.status_mut() = status;
         return response;

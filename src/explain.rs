@@ -295,6 +295,7 @@ fn describe_value(v: &ValueMatch) -> String {
     match v {
         ValueMatch::Exact(s) => format!("{s:?}"),
         ValueMatch::RegularExpression(re) => format!("~{:?}", re.as_str()),
+        ValueMatch::Cookie(c) => format!("cookie {}={:?}", c.name, c.value),
     }
 }
 

@@ -18,6 +18,7 @@ pub mod explain;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod grpc_echo;
+pub mod ingress_nginx;
 pub mod metrics;
 pub mod ports;
 pub mod proxy;

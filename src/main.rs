@@ -1,4 +1,4 @@
-//! The `sluice` command line: `serve`, `check`, `explain` and `demo`.
+//! The `sluice` command line: `serve`, `check`, `explain`, `convert` and `demo`.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -59,6 +59,12 @@ enum Command {
         /// Seconds a leader lease lasts without renewal before another replica takes over.
         #[arg(long, default_value_t = 15, requires = "kubernetes", value_parser = clap::value_parser!(u64).range(1..))]
         lease_duration: u64,
+        /// Also serve the Ingresses of this class among the manifests, converted in process as `sluice convert ingress-nginx` converts them [default: nginx]. Files mode only for now.
+        #[arg(long, requires = "ingress_gateway", conflicts_with = "kubernetes")]
+        ingress_class: Option<String>,
+        /// The Gateway (NAMESPACE/NAME) the served Ingresses' routes attach to.
+        #[arg(long, value_parser = parse_namespaced_name, conflicts_with = "kubernetes")]
+        ingress_gateway: Option<(String, String)>,
         #[command(flatten)]
         limits: Box<LimitArgs>,
     },
@@ -95,6 +101,11 @@ enum Command {
         /// The request URL: http://HOST[:PORT]/PATH?QUERY (https defaults to port 443).
         url: String,
     },
+    /// Convert another controller's configuration to Gateway API objects (YAML on stdout, a report line per annotation per object on stderr); exit 0 when everything converted exactly, 1 when anything was approximated, unsupported or not merged, 2 when the input cannot be read.
+    Convert {
+        #[command(subcommand)]
+        from: ConvertFrom,
+    },
     /// Run the examples with built-in echo backends and show each backend's share of real traffic.
     Demo {
         /// Requests sent to the 995/5 autocomplete canary.
@@ -106,6 +117,25 @@ enum Command {
         /// After the acts, keep the gateway and its pods running with traffic, and a rollout promoted then one rolled back, again and again; prints the dashboard's address. Ctrl-C stops it.
         #[arg(long)]
         keep_running: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConvertFrom {
+    /// Ingresses (with ingress-nginx's annotations and canaries) to HTTPRoutes that serve every request as ingress-nginx does (docs/migrating-from-ingress-nginx.md).
+    IngressNginx {
+        /// Manifest file or directory with the Ingresses and the Services they name (read recursively). Repeatable.
+        #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
+        paths: Vec<PathBuf>,
+        /// Attach the routes to this Gateway (NAMESPACE/NAME); without it, the output also holds a GatewayClass for sluice and a Gateway default/CLASS with the listeners the Ingresses need.
+        #[arg(long, value_parser = parse_namespaced_name)]
+        gateway: Option<(String, String)>,
+        /// Convert only Ingresses of this class (spec.ingressClassName or the kubernetes.io/ingress.class annotation); Ingresses without a class are converted too.
+        #[arg(long, default_value = "nginx")]
+        ingress_class: String,
+        /// Add a RolloutPolicy for each route with a canary, so the next weight change is stepped and judged by sluice.
+        #[arg(long)]
+        rollout_policy: bool,
     },
 }
 
@@ -298,6 +328,8 @@ fn main() -> ExitCode {
             lease_namespace,
             lease_name,
             lease_duration,
+            ingress_class,
+            ingress_gateway,
             limits,
         } => {
             let limits = limits.limits();
@@ -332,8 +364,12 @@ fn main() -> ExitCode {
                 admin,
                 crds,
             };
-            runtime.block_on(serve(sluice::serve::start_with_state(
-                config, limits, state_dir,
+            let ingresses = ingress_gateway.map(|gateway| sluice::source::files::IngressServing {
+                class: ingress_class.unwrap_or_else(|| "nginx".into()),
+                gateway,
+            });
+            runtime.block_on(serve(sluice::serve::start_with_ingresses(
+                config, limits, state_dir, ingresses,
             )))
         }
         Command::Check {
@@ -371,6 +407,33 @@ fn main() -> ExitCode {
                 &mut std::io::stderr().lock(),
             );
             ExitCode::from(u8::try_from(code).unwrap_or(2))
+        }
+        Command::Convert {
+            from:
+                ConvertFrom::IngressNginx {
+                    paths,
+                    gateway,
+                    ingress_class,
+                    rollout_policy,
+                },
+        } => {
+            let options = sluice::ingress_nginx::Options {
+                gateway,
+                ingress_class,
+                rollout_policy,
+            };
+            match sluice::cli::convert::run(
+                &paths,
+                &options,
+                &mut std::io::stdout().lock(),
+                &mut std::io::stderr().lock(),
+            ) {
+                Ok(outcome) => ExitCode::from(outcome.exit_code()),
+                Err(e) => {
+                    eprintln!("sluice convert: {e}");
+                    ExitCode::from(2)
+                }
+            }
         }
         Command::Demo {
             requests,

@@ -12,10 +12,17 @@
 //! rule ([`BackendStats`]: requests, 5xx, a latency histogram of atomic
 //! buckets), which the rollout gates judge by diffing two readings
 //! ([`Metrics::backend_total`], [`Metrics::backend_totals`]).
+//!
+//! A backend a rollout governs ([`Metrics::govern`]) also counts the
+//! responses slower than its policy's `maxLatency`, exactly, and its 5xx
+//! and slow responses wake the rollout driver ([`Metrics::rollout_events`]):
+//! overwhelming evidence is acted on within milliseconds, not at a poll.
+//! The wake is one relaxed load for a backend no rollout governs and one
+//! swap of a flag for one it does; no lock on the request path.
 
 use std::collections::HashMap;
 use std::hash::Hasher;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -220,6 +227,15 @@ pub struct BackendStats {
     latency: [AtomicU64; LATENCY_BUCKETS],
     /// The sum of the latencies in microseconds (a histogram's `_sum`).
     latency_sum_micros: AtomicU64,
+    /// Responses slower than `slow_after_micros`, counted while a rollout
+    /// governs the backend.
+    slow: AtomicU64,
+    /// `maxLatency` of the policy governing the backend, in microseconds;
+    /// `u64::MAX` when none.
+    slow_after_micros: AtomicU64,
+    /// A rollout governs the backend: its 5xx and slow responses wake the
+    /// rollout driver.
+    governed: AtomicBool,
 }
 
 impl Default for BackendStats {
@@ -229,20 +245,31 @@ impl Default for BackendStats {
             errors: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
             latency_sum_micros: AtomicU64::new(0),
+            slow: AtomicU64::new(0),
+            slow_after_micros: AtomicU64::new(u64::MAX),
+            governed: AtomicBool::new(false),
         }
     }
 }
 
 impl BackendStats {
-    fn record(&self, code: u16, elapsed: Duration) {
+    /// Count one response; whether it is an event a rollout judges (a 5xx
+    /// or a slow response of a governed backend).
+    fn record(&self, code: u16, elapsed: Duration) -> bool {
         self.requests.fetch_add(1, Ordering::Relaxed);
-        if (500..600).contains(&code) {
+        let error = (500..600).contains(&code);
+        if error {
             self.errors.fetch_add(1, Ordering::Relaxed);
         }
         let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         let bucket = LATENCY_BOUNDS_MICROS.partition_point(|b| *b < micros);
         self.latency[bucket].fetch_add(1, Ordering::Relaxed);
         self.latency_sum_micros.fetch_add(micros, Ordering::Relaxed);
+        let slow = micros > self.slow_after_micros.load(Ordering::Relaxed);
+        if slow {
+            self.slow.fetch_add(1, Ordering::Relaxed);
+        }
+        (error || slow) && self.governed.load(Ordering::Relaxed)
     }
 
     /// The sum of the latencies recorded, in seconds.
@@ -255,20 +282,26 @@ impl BackendStats {
         BackendTotals {
             requests: self.requests.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
+            slow: self.slow.load(Ordering::Relaxed),
             latency: std::array::from_fn(|i| self.latency[i].load(Ordering::Relaxed)),
         }
     }
 }
 
 /// A reading of a backend's cumulative outcomes (or the difference of two
-/// readings: what happened in between). Serialized field by field (each
-/// replica publishes its counts in Kubernetes mode, `rollout::fleet`); a
-/// field a replica does not know reads as zero.
+/// readings: what happened in between). Readings of several backends, or
+/// of several replicas, add up field by field (`+`, [`BackendTotals::merge`]).
+/// Serialized field by field (each replica publishes its counts in
+/// Kubernetes mode, `rollout::fleet`); a field a replica does not know
+/// reads as zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct BackendTotals {
     pub requests: u64,
     pub errors: u64,
+    /// Responses slower than the governing policy's `maxLatency`, counted
+    /// while a rollout governs the backend.
+    pub slow: u64,
     /// Responses per latency bucket ([`LATENCY_BOUNDS_MICROS`], then the
     /// rest); not cumulative.
     pub latency: [u64; LATENCY_BUCKETS],
@@ -279,8 +312,29 @@ impl Default for BackendTotals {
         BackendTotals {
             requests: 0,
             errors: 0,
+            slow: 0,
             latency: [0; LATENCY_BUCKETS],
         }
+    }
+}
+
+impl std::ops::Add for BackendTotals {
+    type Output = BackendTotals;
+
+    fn add(self, other: BackendTotals) -> BackendTotals {
+        self.plus(&other)
+    }
+}
+
+impl std::ops::AddAssign for BackendTotals {
+    fn add_assign(&mut self, other: BackendTotals) {
+        *self = self.plus(&other);
+    }
+}
+
+impl std::iter::Sum for BackendTotals {
+    fn sum<I: Iterator<Item = BackendTotals>>(iter: I) -> BackendTotals {
+        iter.fold(BackendTotals::default(), |a, b| a + b)
     }
 }
 
@@ -290,17 +344,25 @@ impl BackendTotals {
         BackendTotals {
             requests: self.requests.saturating_sub(earlier.requests),
             errors: self.errors.saturating_sub(earlier.errors),
+            slow: self.slow.saturating_sub(earlier.slow),
             latency: std::array::from_fn(|i| self.latency[i].saturating_sub(earlier.latency[i])),
         }
     }
 
-    /// The sum of two readings (several backends together).
+    /// The sum of two readings (several backends, or several replicas'
+    /// counts of one backend, together), every field added.
     pub fn plus(&self, other: &BackendTotals) -> BackendTotals {
         BackendTotals {
-            requests: self.requests + other.requests,
-            errors: self.errors + other.errors,
-            latency: std::array::from_fn(|i| self.latency[i] + other.latency[i]),
+            requests: self.requests.saturating_add(other.requests),
+            errors: self.errors.saturating_add(other.errors),
+            slow: self.slow.saturating_add(other.slow),
+            latency: std::array::from_fn(|i| self.latency[i].saturating_add(other.latency[i])),
         }
+    }
+
+    /// Add `other` into `self` (see [`BackendTotals::plus`]).
+    pub fn merge(&mut self, other: &BackendTotals) {
+        *self = self.plus(other);
     }
 
     /// The `q` quantile (0 < q <= 1) of the latencies, estimated as
@@ -430,6 +492,24 @@ pub struct Metrics {
     retries: Family<RetryLabels, Counter>,
     retried: Family<OutcomeLabels, Counter>,
     rollouts: RolloutMetrics,
+    events: RolloutEvents,
+}
+
+/// Wakes the rollout driver when a governed backend answers a 5xx or a
+/// slow response.
+#[derive(Debug, Default)]
+pub struct RolloutEvents {
+    notify: tokio::sync::Notify,
+    pending: AtomicBool,
+}
+
+impl RolloutEvents {
+    /// Wait for the next event (returns at once when one came since the
+    /// last wait).
+    pub async fn next(&self) {
+        self.notify.notified().await;
+        self.pending.store(false, Ordering::Release);
+    }
 }
 
 impl Default for Metrics {
@@ -550,6 +630,7 @@ impl Metrics {
             series: RwLock::new(HashMap::new()),
             backends,
             rollouts,
+            events: RolloutEvents::default(),
         }
     }
 
@@ -609,8 +690,10 @@ impl Metrics {
             if let Some(s) = series.get(&hash).and_then(|b| b.iter().find(|s| s.is(key))) {
                 s.requests.inc();
                 s.latency.observe(elapsed.as_secs_f64());
-                if let Some(stats) = &s.stats {
-                    stats.record(key.code, elapsed);
+                if let Some(stats) = &s.stats
+                    && stats.record(key.code, elapsed)
+                {
+                    self.wake_rollouts();
                 }
                 return;
             }
@@ -634,7 +717,9 @@ impl Metrics {
                     rule,
                     backend: key.backend.to_string(),
                 });
-                stats.record(key.code, elapsed);
+                if stats.record(key.code, elapsed) {
+                    self.wake_rollouts();
+                }
                 Some(stats)
             }
             _ => None,
@@ -686,6 +771,43 @@ impl Metrics {
         let mut out: Vec<_> = all.iter().map(|(k, s)| (k.clone(), s.totals())).collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
+    }
+
+    /// Govern exactly `backends` (every other backend stops being
+    /// governed): count each one's responses slower than its limit (`None`:
+    /// no latency gate) and wake [`Metrics::rollout_events`] on its 5xx
+    /// and slow responses. Called by the rollout driver when the governed
+    /// rules change; on every replica, so that each counts the same way.
+    pub fn govern(&self, backends: &[(BackendStatsKey, Option<Duration>)]) {
+        let mut all = self
+            .backends
+            .stats
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        for stats in all.values() {
+            stats.governed.store(false, Ordering::Relaxed);
+            stats.slow_after_micros.store(u64::MAX, Ordering::Relaxed);
+        }
+        for (key, slow_after) in backends {
+            let stats = all.entry(key.clone()).or_default();
+            let micros = slow_after.map_or(u64::MAX, |d| {
+                u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+            });
+            stats.slow_after_micros.store(micros, Ordering::Relaxed);
+            stats.governed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Woken after a 5xx or slow response of a governed backend (at most
+    /// one wake pending: many events between two looks are one wake).
+    pub fn rollout_events(&self) -> &RolloutEvents {
+        &self.events
+    }
+
+    fn wake_rollouts(&self) {
+        if !self.events.pending.swap(true, Ordering::AcqRel) {
+            self.events.notify.notify_one();
+        }
     }
 
     /// The rollout gauges and counters.
@@ -946,6 +1068,54 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("sluice_request_duration_seconds_bucket"));
+    }
+
+    #[tokio::test]
+    async fn a_governed_backend_counts_slow_responses_and_wakes_the_judge_on_events() {
+        let m = Metrics::new();
+        let key = RequestKey {
+            kind: "",
+            namespace: "shop",
+            route: "checkout",
+            rule: Some(0),
+            backend: "shop/canary:80",
+            code: 200,
+        };
+        let stats = BackendStatsKey {
+            kind: "",
+            namespace: "shop".into(),
+            route: "checkout".into(),
+            rule: 0,
+            backend: "shop/canary:80".into(),
+        };
+        // Not governed yet: slow responses are not counted, nothing wakes.
+        m.record(&key, Duration::from_secs(1));
+        m.record(&RequestKey { code: 500, ..key }, Duration::from_millis(1));
+        assert_eq!(m.backend_total(&stats).slow, 0);
+        assert!(!m.rollout_events().pending.load(Ordering::Relaxed));
+        m.govern(&[(stats.clone(), Some(Duration::from_millis(100)))]);
+        m.record(&key, Duration::from_millis(1));
+        assert!(
+            !m.rollout_events().pending.load(Ordering::Relaxed),
+            "a fast 200 is no event"
+        );
+        m.record(&key, Duration::from_millis(150));
+        assert_eq!(m.backend_total(&stats).slow, 1);
+        m.record(&RequestKey { code: 503, ..key }, Duration::from_millis(1));
+        // Two events, one wake pending: the wait returns at once.
+        m.rollout_events().next().await;
+        assert!(!m.rollout_events().pending.load(Ordering::Relaxed));
+        m.govern(&[]);
+        m.record(&RequestKey { code: 500, ..key }, Duration::from_millis(1));
+        assert!(
+            !m.rollout_events().pending.load(Ordering::Relaxed),
+            "no longer governed"
+        );
+        let t = m.backend_total(&stats);
+        assert_eq!((t.requests, t.errors, t.slow), (6, 3, 1));
+        // Readings add field by field (replicas' counts are summed so).
+        let sum = t + t;
+        assert_eq!((sum.requests, sum.errors, sum.slow), (12, 6, 2));
     }
 
     #[test]

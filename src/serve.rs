@@ -6,8 +6,12 @@
 //! rollout state machine on it, translates it with the shares the rollouts
 //! serve, applies the route table to the proxy and publishes status and
 //! errors on the admin listener. While a rollout is at a step, the loop
-//! also wakes every [`ROLLOUT_TICK`] to judge it, and translates again when
-//! the served shares change: a step is a table swap like any reload.
+//! also judges it when the machine's next deadline comes (a step's
+//! interval ends), when a governed backend answers a 5xx or a slow
+//! response (the metrics wake it: a failing canary is rolled back within
+//! milliseconds of the response that proves it), and every
+//! [`ROLLOUT_REFRESH`] for the counts on `/status`; it translates again
+//! when the served shares change: a step is a table swap like any reload.
 //!
 //! Who judges the rollouts: standalone, this process (its records go to
 //! `--state-dir`). In Kubernetes mode, the Lease leader only: it records
@@ -48,9 +52,15 @@ use crate::translate::{
     translate_reusing,
 };
 
-/// How often rollout gates and clocks are judged while a rollout is at a
-/// step: a breached gate is acted on within this.
-pub const ROLLOUT_TICK: Duration = Duration::from_millis(250);
+/// How often a rollout at a step is looked at for its status counts when
+/// nothing else wakes it. Decisions never wait for it: a governed
+/// backend's 5xx or slow response wakes the judge at once, and a step's
+/// end is a deadline of its own.
+pub const ROLLOUT_REFRESH: Duration = Duration::from_secs(1);
+
+/// The least time between two looks woken by responses: a canary failing
+/// every request wakes the judge at most this often.
+pub const ROLLOUT_EVENT_GAP: Duration = Duration::from_millis(5);
 
 /// Settings of `sluice serve`.
 #[derive(Debug, Clone)]
@@ -147,6 +157,17 @@ pub async fn start_with_state(
     limits: ProxyLimits,
     state_dir: Option<PathBuf>,
 ) -> anyhow::Result<RunningGateway> {
+    start_with_ingresses(config, limits, state_dir, None).await
+}
+
+/// [`start_with_state`], also serving the Ingresses of a class through the
+/// ingress-nginx conversion (`serve --ingress-class`).
+pub async fn start_with_ingresses(
+    config: ServeConfig,
+    limits: ProxyLimits,
+    state_dir: Option<PathBuf>,
+    ingresses: Option<crate::source::files::IngressServing>,
+) -> anyhow::Result<RunningGateway> {
     let metrics = Metrics::shared();
     let store: Box<dyn RolloutStore> = match &state_dir {
         Some(dir) => {
@@ -163,8 +184,9 @@ pub async fn start_with_state(
         }
         None => Box::new(MemoryStore::default()),
     };
-    let source =
-        FileSource::new(config.paths.clone(), metrics.clone()).with_crds(config.crds.clone());
+    let source = FileSource::new(config.paths.clone(), metrics.clone())
+        .with_crds(config.crds.clone())
+        .with_ingresses(ingresses);
     // Watch before the first read so that no change in between is missed.
     let watch = source
         .watch()
@@ -265,6 +287,8 @@ struct RolloutDriver {
     store: Arc<Mutex<Box<dyn RolloutStore>>>,
     inputs: RolloutInputs,
     served: ServedShares,
+    /// When the machine next needs the clock (a step's interval ends).
+    next: Option<Timestamp>,
     /// Why the state could not be saved (or read), and since when.
     not_saved: Option<(String, Timestamp)>,
     /// Kubernetes mode: the other replicas' counts, judged with ours.
@@ -343,6 +367,7 @@ impl Server {
                 store: Arc::new(Mutex::new(store)),
                 inputs: RolloutInputs::default(),
                 served: ServedShares::default(),
+                next: None,
                 not_saved,
                 fleet: None,
             },
@@ -367,7 +392,10 @@ impl Server {
         // policies; keep it off the async workers too.
         let for_inputs = snapshot.clone();
         match tokio::task::spawn_blocking(move || rollout_inputs(&for_inputs, &previous)).await {
-            Ok(inputs) => self.rollouts.inputs = inputs,
+            Ok(inputs) => {
+                self.rollouts.inputs = inputs;
+                self.govern();
+            }
             Err(error) => {
                 tracing::error!(%error, "reading the rollout policies failed; keeping the previous ones")
             }
@@ -382,6 +410,40 @@ impl Server {
         self.run_rollouts().await;
         self.translate_and_apply("configuration applied").await;
         self.publish_rollouts();
+    }
+
+    /// Tell the metrics which backends the rollouts govern (every
+    /// backend of a governed rule, on every replica): they count those
+    /// backends' slow responses and wake the judge on their 5xx and slow
+    /// responses.
+    fn govern(&self) {
+        let governed: Vec<(BackendStatsKey, Option<Duration>)> = self
+            .rollouts
+            .inputs
+            .rules
+            .iter()
+            .flat_map(|g| {
+                let slow = g.settings.slow_after();
+                let rule = &g.rule;
+                let mut keys: Vec<&BackendKey> = g.spec.keys().collect();
+                if let Some(before) = &g.previously_served {
+                    keys.extend(before.keys());
+                }
+                keys.into_iter().map(move |b| {
+                    (
+                        BackendStatsKey {
+                            kind: rule.kind.metrics_prefix(),
+                            namespace: rule.namespace.clone(),
+                            route: rule.route.clone(),
+                            rule: rule.rule,
+                            backend: b.to_string(),
+                        },
+                        slow,
+                    )
+                })
+            })
+            .collect();
+        self.metrics.govern(&governed);
     }
 
     /// Judge the rollouts at a step; serve their new shares if they moved.
@@ -483,6 +545,7 @@ impl Server {
                 .transition(&rollout_labels(&t.policy, &t.rule), t.phase.as_str());
         }
         driver.served = evaluation.served;
+        driver.next = evaluation.next;
         if evaluation.changed {
             driver.recorded = Arc::new(RolloutReport::new(&driver.machine, None));
             self.save_rollouts().await;
@@ -567,10 +630,10 @@ impl Server {
                 (
                     governed.policy.to_string(),
                     crate::admin::overview::Gates {
-                        interval: format!("{:?}", s.interval),
+                        interval: crate::rollout::duration_text(s.interval),
                         min_requests: s.min_requests,
-                        max_error_rate: s.max_error_rate.map(|p| p.to_string()),
-                        max_latency: s.max_latency.map(|d| format!("{d:?}")),
+                        confidence: s.confidence.0.to_string(),
+                        judged: s.gates.iter().map(|g| g.describe()).collect(),
                     },
                 )
             })
@@ -733,8 +796,9 @@ fn keep_transition_times(new: &mut StatusReport, old: &StatusReport) {
 }
 
 /// The serve loop of both modes: serve each configuration the source
-/// sends, and judge rollouts every [`ROLLOUT_TICK`] while one is at a
-/// step. The first configuration served makes `/readyz` ready (and fires
+/// sends, and judge rollouts at the machine's deadlines, on a governed
+/// backend's 5xx or slow response, and every [`ROLLOUT_REFRESH`] while
+/// one is at a step. The first configuration served makes `/readyz` ready (and fires
 /// `first`); each served one, and each rollout that moved, goes to
 /// `served` (the status writer's input, in Kubernetes mode).
 ///
@@ -752,8 +816,27 @@ async fn serve_loop(
     loop {
         let generation = server.generation;
         let recorded = server.rollouts.recorded.clone();
-        let tick = (server.rollouts.role == Role::Lead && server.rollouts.machine.in_flight())
-            .then(|| tokio::time::Instant::now() + ROLLOUT_TICK);
+        let judging = server.rollouts.role == Role::Lead && server.rollouts.machine.in_flight();
+        let tick = judging.then(|| {
+            let now = tokio::time::Instant::now();
+            let refresh = now + ROLLOUT_REFRESH;
+            match server.rollouts.next {
+                Some(at) => {
+                    let wait = at.duration_since(Timestamp::now());
+                    let wait = Duration::try_from(wait).unwrap_or(Duration::ZERO);
+                    refresh.min(now + wait)
+                }
+                None => refresh,
+            }
+        });
+        let metrics = server.metrics.clone();
+        let events = async {
+            if judging {
+                metrics.rollout_events().next().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
             update = updates.recv() => {
                 let Some(update) = update else {
@@ -767,6 +850,11 @@ async fn serve_loop(
                 }
             }
             _ = sleep_until(tick) => server.tick().await,
+            _ = events => {
+                server.tick().await;
+                // Many events between two looks are one look.
+                tokio::time::sleep(ROLLOUT_EVENT_GAP).await;
+            }
             // The other replicas' counts grew: judge them now.
             _ = fleet_counted(server.rollouts.fleet.clone()), if tick.is_some() => server.tick().await,
             lead = leadership(&mut leader) => match lead {

@@ -290,6 +290,7 @@ fn describe_path(p: &PathMatch) -> String {
                 None => "*".to_owned(),
                 Some(ValueMatch::Exact(v)) => v.clone(),
                 Some(ValueMatch::RegularExpression(re)) => format!("~{}", re.as_str()),
+                Some(ValueMatch::Cookie(c)) => format!("cookie {}={}", c.name, c.value),
             };
             format!("gRPC {}/{}", part(&g.service), part(&g.method))
         }

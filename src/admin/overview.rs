@@ -105,17 +105,18 @@ pub struct RolloutView<'a> {
     pub gates: Option<&'a Gates>,
 }
 
-/// A RolloutPolicy's limits, as its spec writes them.
+/// A RolloutPolicy's gates, as the machine judges them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Gates {
     /// How long each step lasts at least (`5m`).
     pub interval: String,
+    /// Responses a step needs before it passes (never for a rollback).
     pub min_requests: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_error_rate: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_latency: Option<String>,
+    /// `99%`: how sure a gate is before it fails a step.
+    pub confidence: String,
+    /// Each gate: `5xx <= 1%`, `5xx <= 1.25x stable`, `p99 <= 500ms`.
+    pub judged: Vec<String>,
 }
 
 /// The gates of every RolloutPolicy, by `<namespace>/<name>`.

@@ -6,8 +6,8 @@
 //! is built here from one: each variant knows where the failure came from
 //! ([`ErrorSource`]), maps to exactly one HTTP status, and says whether the
 //! connection can carry another request. Error responses carry a short
-//! text body. (hyper's HTTP/1 server still answers the heads it cannot
-//! parse itself, until the lean HTTP/1 path serves clients.)
+//! text body, on HTTP/1.1 (sluice's own connection loop,
+//! [`super::inbound::h1_conn`]) and HTTP/2 alike.
 
 use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderValue, Response, StatusCode};

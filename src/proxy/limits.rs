@@ -143,7 +143,8 @@ impl Default for ProxyLimits {
 /// raised to it when configured lower.
 pub(super) const MIN_HTTP1_BUFFER: usize = 8192;
 
-/// Why the limits refuse a request (parsed by hyper) before it is routed:
+/// Why the limits refuse a request (its head parsed by sluice's HTTP/1.1
+/// parser, [`super::h1`], or hyper's HTTP/2 server) before it is routed:
 /// a request target longer than `max_uri_bytes` (414), `_` in a header
 /// name when those are rejected (400). Both close the connection.
 pub(super) fn refuse<B>(limits: &ProxyLimits, req: &Request<B>) -> Option<ProxyError> {

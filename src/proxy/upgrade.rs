@@ -4,9 +4,9 @@
 //! `Upgrade` and `Connection` are hop-by-hop, so the forwarding path strips
 //! them; for a request that asks to upgrade they are put back on the way to
 //! the backend, and when the backend answers 101 Switching Protocols on the
-//! way back. Both connections are then handed over (the client's by hyper
-//! or by the lean HTTP/1.1 loop, the backend's by sluice's HTTP/1.1
-//! client, [`super::outbound::h1_client`]) and the
+//! way back. Both connections are then handed over (the client's by
+//! sluice's HTTP/1.1 connection loop, [`super::inbound::h1_conn`], the
+//! backend's by its HTTP/1.1 client, [`super::outbound::h1_client`]) and the
 //! bytes are copied both ways by a task of their own, which holds no route
 //! table: a reload never cuts an upgraded connection.
 

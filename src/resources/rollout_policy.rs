@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 use super::{GATEWAY_GROUP, parse_gateway_duration};
+use crate::rollout::gates::{Bound, Confidence, Gate, Signal};
 
 /// The API group of sluice's own kinds.
 pub const SLUICE_GROUP: &str = "sluice.dev";
@@ -88,10 +89,38 @@ pub struct RolloutAnalysis {
     /// Largest 5xx share of the incoming backends' responses, `"1%"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_error_rate: Option<String>,
-    /// Largest p99 latency of the incoming backends over the step.
+    /// Largest p99 latency of the incoming backends: at most 1% of their
+    /// responses slower than this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_latency: Option<String>,
+    /// How sure a gate must be before it fails a step, `"99%"` (the
+    /// default): a rollout within its limits is failed with probability at
+    /// most 1 - confidence, however often it is looked at. Above 50%, at
+    /// most 99.99%.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence: Option<String>,
+    /// `Stable`: judge the incoming backends against the outgoing ones of
+    /// the same rule over the same time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<Baseline>,
+    /// With `baseline: Stable`: how much worse than the stable, relatively,
+    /// the canary's 5xx (and slow-response) rate may be, `"25%"` (the
+    /// default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_degradation: Option<String>,
 }
+
+/// `spec.analysis.baseline`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Baseline {
+    /// The outgoing backends of the same rule, over the same time.
+    Stable,
+}
+
+/// The default `maxDegradation`, in thousandths of a percent: 25%.
+pub const DEFAULT_MAX_DEGRADATION: u32 = 25_000;
+/// The largest `maxDegradation`: 10,000% (the canary at 101x the stable).
+pub const MAX_DEGRADATION: u32 = 10_000_000;
 
 /// `spec.onFailure`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -123,6 +152,15 @@ impl Percent {
     pub const SCALE: u32 = 100_000;
     pub const ZERO: Percent = Percent(0);
     pub const HUNDRED: Percent = Percent(Self::SCALE);
+
+    /// [`Percent::from_thousandths`] in constants.
+    pub const fn from_thousandths_const(thousandths: u32) -> Percent {
+        if thousandths > Self::SCALE {
+            Percent(Self::SCALE)
+        } else {
+            Percent(thousandths)
+        }
+    }
 
     /// `thousandths` thousandths of a percent, at most 100%.
     pub fn from_thousandths(thousandths: u32) -> Percent {
@@ -200,12 +238,69 @@ pub struct RolloutSettings {
     /// Strictly increasing, the last one 100%.
     pub steps: Vec<Percent>,
     pub interval: Duration,
+    /// Responses of the incoming backends a step needs before it passes
+    /// (never needed for a rollback).
     pub min_requests: u64,
-    pub max_error_rate: Option<Percent>,
-    pub max_latency: Option<Duration>,
+    /// Every gate, in the order the spec writes them: maxErrorRate,
+    /// maxLatency, then against the stable.
+    pub gates: Vec<Gate>,
+    pub confidence: Confidence,
     pub on_failure: OnFailure,
     pub paused: bool,
     pub consistent_by: Option<ConsistentKey>,
+}
+
+impl RolloutSettings {
+    /// The latency gates' threshold: a response slower than this is an
+    /// event.
+    pub fn slow_after(&self) -> Option<Duration> {
+        self.gates.iter().find_map(|g| match g.signal {
+            Signal::SlowerThan(d) => Some(d),
+            Signal::Errors => None,
+        })
+    }
+
+    /// Whether a gate judges against the stable traffic.
+    pub fn against_stable(&self) -> bool {
+        self.gates
+            .iter()
+            .any(|g| matches!(g.bound, Bound::Stable { .. }))
+    }
+}
+
+/// `"25%"`, `"150%"`, `"2.5%"`: thousandths of a percent, at most
+/// [`MAX_DEGRADATION`].
+fn parse_degradation(text: &str) -> Result<u32, String> {
+    if text.trim_start().starts_with('-') {
+        return Err(format!(
+            "{text:?} is negative: it is how much worse than the stable the canary may be"
+        ));
+    }
+    let number = text
+        .strip_suffix('%')
+        .ok_or_else(|| format!("{text:?} is not a percentage like \"25%\""))?;
+    let (whole, decimals) = number.split_once('.').unwrap_or((number, ""));
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(whole) || (number.contains('.') && !digits(decimals)) || decimals.len() > 3 {
+        return Err(format!(
+            "{text:?} is not a percentage like \"25%\" (at most 3 decimals)"
+        ));
+    }
+    let too_large = || format!("{text:?} is over {}%", MAX_DEGRADATION / 1000);
+    let whole: u64 = whole.parse().map_err(|_| too_large())?;
+    let mut fraction: u64 = if decimals.is_empty() {
+        0
+    } else {
+        decimals.parse().map_err(|_| too_large())?
+    };
+    for _ in decimals.len()..3 {
+        fraction *= 10;
+    }
+    let value = whole.saturating_mul(1000).saturating_add(fraction);
+    u32::try_from(value)
+        .ok()
+        .filter(|v| *v <= MAX_DEGRADATION)
+        .ok_or_else(too_large)
 }
 
 impl RolloutPolicy {
@@ -313,6 +408,63 @@ impl RolloutPolicy {
                     }
                 });
 
+        let confidence = match analysis.confidence.as_deref() {
+            None => Confidence::DEFAULT,
+            Some(c) => match Percent::parse(c) {
+                Ok(p) if p.thousandths() > 50_000 && p.thousandths() <= 99_990 => Confidence(p),
+                Ok(_) => {
+                    push(
+                        "spec.analysis.confidence".into(),
+                        format!("{c:?} is outside (50%, 99.99%]"),
+                    );
+                    Confidence::DEFAULT
+                }
+                Err(e) => {
+                    push("spec.analysis.confidence".into(), e);
+                    Confidence::DEFAULT
+                }
+            },
+        };
+        let degradation = match analysis.max_degradation.as_deref() {
+            None => DEFAULT_MAX_DEGRADATION,
+            Some(d) => {
+                if analysis.baseline.is_none() {
+                    push(
+                        "spec.analysis.maxDegradation".into(),
+                        "is a tolerance against the stable: it needs baseline: Stable".into(),
+                    );
+                }
+                parse_degradation(d)
+                    .map_err(|e| push("spec.analysis.maxDegradation".into(), e))
+                    .unwrap_or(DEFAULT_MAX_DEGRADATION)
+            }
+        };
+        let mut gates = Vec::new();
+        if let Some(p) = max_error_rate {
+            gates.push(Gate {
+                signal: Signal::Errors,
+                bound: Bound::Limit(p),
+            });
+        }
+        if let Some(d) = max_latency {
+            gates.push(Gate {
+                signal: Signal::SlowerThan(d),
+                bound: Bound::Limit(Percent::from_thousandths(1_000)),
+            });
+        }
+        if analysis.baseline == Some(Baseline::Stable) {
+            gates.push(Gate {
+                signal: Signal::Errors,
+                bound: Bound::Stable { degradation },
+            });
+            if let Some(d) = max_latency {
+                gates.push(Gate {
+                    signal: Signal::SlowerThan(d),
+                    bound: Bound::Stable { degradation },
+                });
+            }
+        }
+
         let consistent_by = match &spec.consistent_by {
             None => None,
             Some(ConsistentBy {
@@ -363,8 +515,8 @@ impl RolloutPolicy {
             steps,
             interval,
             min_requests: analysis.min_requests.unwrap_or(0),
-            max_error_rate,
-            max_latency,
+            gates,
+            confidence,
             on_failure: spec.on_failure.unwrap_or_default(),
             paused: spec.paused.unwrap_or(false),
             consistent_by,
@@ -460,7 +612,8 @@ mod tests {
         );
         assert_eq!(s.interval, Duration::from_secs(300));
         assert_eq!(s.min_requests, 0);
-        assert_eq!(s.max_error_rate, None);
+        assert_eq!(s.gates, []);
+        assert_eq!(s.confidence, Confidence::DEFAULT);
         assert_eq!(s.on_failure, OnFailure::Rollback);
         assert!(!s.paused);
         let s = policy(&format!(
@@ -469,13 +622,53 @@ mod tests {
         .settings()
         .expect("valid");
         assert_eq!(s.min_requests, 200);
-        assert_eq!(s.max_error_rate, Some(Percent(1_000)));
-        assert_eq!(s.max_latency, Some(Duration::from_millis(500)));
+        assert_eq!(
+            s.gates,
+            [
+                Gate {
+                    signal: Signal::Errors,
+                    bound: Bound::Limit(Percent(1_000))
+                },
+                Gate {
+                    signal: Signal::SlowerThan(Duration::from_millis(500)),
+                    bound: Bound::Limit(Percent(1_000))
+                }
+            ]
+        );
         assert_eq!(s.on_failure, OnFailure::Pause);
         assert!(s.paused);
         assert_eq!(
             s.consistent_by,
             Some(ConsistentKey::Cookie("session".into()))
+        );
+        assert_eq!(s.slow_after(), Some(Duration::from_millis(500)));
+        assert!(!s.against_stable());
+        let s = policy(&format!(
+            "{VALID}  analysis: {{maxErrorRate: '1%', baseline: Stable, maxDegradation: '150.5%', confidence: '99.9%'}}\n"
+        ))
+        .settings()
+        .expect("valid");
+        assert_eq!(s.confidence, Confidence(Percent(99_900)));
+        assert_eq!(
+            s.gates[1],
+            Gate {
+                signal: Signal::Errors,
+                bound: Bound::Stable {
+                    degradation: 150_500
+                }
+            }
+        );
+        let s = policy(&format!("{VALID}  analysis: {{baseline: Stable}}\n"))
+            .settings()
+            .expect("valid");
+        assert_eq!(
+            s.gates,
+            [Gate {
+                signal: Signal::Errors,
+                bound: Bound::Stable {
+                    degradation: DEFAULT_MAX_DEGRADATION
+                }
+            }]
         );
     }
 
@@ -548,6 +741,47 @@ mod tests {
                 "zero",
             ),
             (
+                format!("{target}{steps}{rest}  analysis: {{confidence: '50%'}}\n"),
+                "spec.analysis.confidence",
+                "outside (50%, 99.99%]",
+            ),
+            (
+                format!("{target}{steps}{rest}  analysis: {{confidence: '99.995%'}}\n"),
+                "spec.analysis.confidence",
+                "outside (50%, 99.99%]",
+            ),
+            (
+                format!("{target}{steps}{rest}  analysis: {{confidence: sure}}\n"),
+                "spec.analysis.confidence",
+                "not a percentage",
+            ),
+            (
+                format!(
+                    "{target}{steps}{rest}  analysis: {{baseline: Stable, maxDegradation: '-5%'}}\n"
+                ),
+                "spec.analysis.maxDegradation",
+                "negative",
+            ),
+            (
+                format!(
+                    "{target}{steps}{rest}  analysis: {{baseline: Stable, maxDegradation: much}}\n"
+                ),
+                "spec.analysis.maxDegradation",
+                "not a percentage",
+            ),
+            (
+                format!(
+                    "{target}{steps}{rest}  analysis: {{baseline: Stable, maxDegradation: '20000%'}}\n"
+                ),
+                "spec.analysis.maxDegradation",
+                "over 10000%",
+            ),
+            (
+                format!("{target}{steps}{rest}  analysis: {{maxDegradation: '25%'}}\n"),
+                "spec.analysis.maxDegradation",
+                "needs baseline: Stable",
+            ),
+            (
                 format!("{target}{steps}{rest}  consistentBy: {{header: x-user, cookie: s}}\n"),
                 "spec.consistentBy",
                 "exactly one",
@@ -598,6 +832,7 @@ mod tests {
         for spec in [
             format!("{VALID}  onFailure: Retry\n"),
             format!("{VALID}  analysis: {{maxErrorrate: '1%'}}\n"),
+            format!("{VALID}  analysis: {{baseline: Canary}}\n"),
             format!("{VALID}  surprise: true\n"),
         ] {
             let parsed: Result<RolloutPolicy, _> =

@@ -9,6 +9,10 @@
 //!
 //! The parts, apart so that each can be tested and replaced alone:
 //! - [`shares`]: backend identities and the exact step arithmetic;
+//! - [`evidence`]: the statistics, pure: anytime-valid sequential tests
+//!   on counts (a mixture SPRT);
+//! - [`gates`]: the [`Gate`] type and one rollout's evidence ([`Judge`]):
+//!   what breaches a step, said with its counts;
 //! - [`machine`]: the state machine, pure (configuration, counters and
 //!   clock in; served shares, transitions and records out);
 //! - [`status`]: the status shape of a rollout (`status.rollouts[]` of
@@ -26,12 +30,15 @@
 //! shares change, translates again (a step is a table swap like any
 //! reload). See `docs/rollouts.md`.
 
+pub mod evidence;
 pub mod fleet;
+pub mod gates;
 pub mod machine;
 pub mod shares;
 pub mod status;
 pub mod store;
 
+pub use gates::{Bound, Confidence, Gate, GateReport, Judge, Signal, StepView, Verdict};
 pub use machine::{
     Evaluation, GovernedRule, Phase, PolicyKey, Readiness, Rollout, RolloutInputs, Rollouts,
     RuleKey, ServedRule, ServedShares, StepCounts, Transition, duration_text,

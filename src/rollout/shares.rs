@@ -155,6 +155,23 @@ impl Weights {
         })
     }
 
+    /// Backends whose share is smaller in `to` than in `from`: the stable
+    /// side a rollout from `from` to `to` compares the incoming ones with
+    /// (`baseline: Stable`).
+    pub fn outgoing<'a>(from: &'a Weights, to: &'a Weights) -> Vec<&'a BackendKey> {
+        let (f_total, t_total) = (from.total(), to.total());
+        from.keys()
+            .filter(|k| {
+                cmp_products(
+                    u128::from(to.get(k)),
+                    f_total,
+                    u128::from(from.get(k)),
+                    t_total,
+                ) == Ordering::Less
+            })
+            .collect()
+    }
+
     /// Backends whose share is larger in `to` than in `from`: the ones a
     /// rollout from `from` to `to` judges.
     pub fn incoming<'a>(from: &'a Weights, to: &'a Weights) -> Vec<&'a BackendKey> {

@@ -14,6 +14,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::gates::GateReport;
 use super::machine::{Phase, PolicyKey, Rollout, Rollouts, RuleKey, StepCounts, duration_text};
 use super::shares::{BackendShare, Weights};
 use crate::resources::{Percent, RolloutPolicy};
@@ -53,9 +54,26 @@ pub struct RolloutStatus {
     /// them).
     #[serde(default)]
     pub errors: u64,
+    /// Of those, slower than `maxLatency` (counted when a latency gate is
+    /// set).
+    #[serde(default)]
+    pub slow: u64,
     /// Their p99 latency in this step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_p99: Option<String>,
+    /// The outgoing backends' responses over the same time, and of those
+    /// 5xx and slow: what `baseline: Stable` compares with.
+    #[serde(default)]
+    pub stable_requests: u64,
+    #[serde(default)]
+    pub stable_errors: u64,
+    #[serde(default)]
+    pub stable_slow: u64,
+    /// Each gate: the counts its test judged (since the first step), its
+    /// evidence, and what this step's counts could catch ("a 3x 5xx rate
+    /// would be caught at 99%").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evidence: Vec<GateReport>,
     pub message: String,
     /// Paused after a failed gate: the fingerprint of the policy's spec
     /// then (another spec resumes the rollout).
@@ -78,7 +96,12 @@ impl RolloutStatus {
             served: rollout.served().to_shares(),
             requests: counts.requests,
             errors: counts.errors,
+            slow: counts.slow,
             latency_p99: counts.p99.map(duration_text),
+            stable_requests: counts.stable_requests,
+            stable_errors: counts.stable_errors,
+            stable_slow: counts.stable_slow,
+            evidence: counts.gates,
             message: rollout.message.clone(),
             paused_for_spec: rollout.held_for.map(|f| format!("{f:016x}")),
         }
@@ -279,6 +302,9 @@ mod tests {
                 requests: 240,
                 errors: 18,
                 p99: Some(std::time::Duration::from_millis(12)),
+                stable_requests: 4_560,
+                stable_errors: 20,
+                ..StepCounts::default()
             },
         );
         let json = serde_json::to_value(&status).expect("serializes");
@@ -289,6 +315,8 @@ mod tests {
         assert_eq!(json["served"][0]["share"], "95%");
         assert_eq!(json["served"][1]["share"], "5%");
         assert_eq!(json["latencyP99"], "12ms");
+        assert_eq!(json["stableRequests"], 4_560);
+        assert_eq!(json["stableErrors"], 20);
         let back: RolloutStatus = serde_json::from_value(json).expect("parses");
         assert_eq!(back.rollout(&r.policy), Ok(r));
     }

@@ -63,6 +63,8 @@ impl GrpcMethodMatch {
                 None => (Reverse(0), false),
                 Some(ValueMatch::Exact(v)) => (Reverse(v.len()), false),
                 Some(ValueMatch::RegularExpression(re)) => (Reverse(re.as_str().len()), true),
+                // gRPC service and method matches are never cookie matches.
+                Some(ValueMatch::Cookie(_)) => (Reverse(0), true),
             }
         }
         let (service_chars, service_regex) = part(&self.service);

@@ -105,6 +105,64 @@ pub enum ValueMatch {
     Exact(String),
     /// Anchored at both ends: the whole value must match.
     RegularExpression(AnchoredRegex),
+    /// sluice's cookie condition (the `sluice.dev/cookie-matches` route
+    /// annotation, docs/migrating-from-ingress-nginx.md): the value of the
+    /// request's first cookie of this name, across its `Cookie` headers,
+    /// equals the given value exactly. Only on a `cookie` header match.
+    Cookie(CookieMatch),
+}
+
+/// A cookie condition: the first cookie named `name` (ASCII
+/// case-insensitive, as nginx's `$cookie_NAME` finds it) has exactly
+/// `value`. A request without that cookie does not match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CookieMatch {
+    pub name: String,
+    pub value: String,
+}
+
+impl CookieMatch {
+    /// Does the first cookie of this name across `values` (the request's
+    /// `Cookie` header fields, in order) have this value?
+    pub fn matches<'a>(&self, values: impl IntoIterator<Item = &'a [u8]>) -> bool {
+        values
+            .into_iter()
+            .find_map(|v| first_cookie(v, self.name.as_bytes()))
+            .is_some_and(|v| v == self.value.as_bytes())
+    }
+}
+
+/// The value of the first cookie named `name` in one `Cookie` field.
+///
+/// Pairs are separated by `;` (or `,`, which older clients used);
+/// spaces may surround the `=`; the value runs to the next `;`. The name
+/// is compared without regard to ASCII case. These are the rules nginx's
+/// `$cookie_NAME` variable follows, which ingress-nginx's cookie canaries
+/// read.
+pub fn first_cookie<'v>(field: &'v [u8], name: &[u8]) -> Option<&'v [u8]> {
+    let mut rest = field;
+    while !rest.is_empty() {
+        rest = trim_spaces(rest);
+        let pair_end = rest
+            .iter()
+            .position(|&b| b == b';' || b == b',')
+            .unwrap_or(rest.len());
+        if rest.len() >= name.len() && rest[..name.len()].eq_ignore_ascii_case(name) {
+            let after = trim_spaces(&rest[name.len()..]);
+            if let Some(value) = after.strip_prefix(b"=") {
+                let value = trim_spaces(value);
+                let end = value.iter().position(|&b| b == b';').unwrap_or(value.len());
+                return Some(&value[..end]);
+            }
+        }
+        rest = rest.get(pair_end + 1..).unwrap_or_default();
+    }
+    None
+}
+
+fn trim_spaces(b: &[u8]) -> &[u8] {
+    let start = b.iter().position(|&c| c != b' ').unwrap_or(b.len());
+    &b[start..]
 }
 
 impl ValueMatch {
@@ -118,6 +176,7 @@ impl ValueMatch {
             ValueMatch::RegularExpression(re) => {
                 std::str::from_utf8(value).is_ok_and(|v| re.is_match(v))
             }
+            ValueMatch::Cookie(c) => c.matches([value]),
         }
     }
 }
@@ -289,6 +348,19 @@ pub struct HeaderMatch {
     pub value: ValueMatch,
 }
 
+impl HeaderMatch {
+    /// Does the request's header map satisfy this condition? A cookie
+    /// condition reads the first cookie of its name across all the fields;
+    /// any other condition holds when any one value matches.
+    pub fn matches(&self, headers: &HeaderMap) -> bool {
+        let values = headers.get_all(&self.name);
+        match &self.value {
+            ValueMatch::Cookie(c) => c.matches(values.iter().map(|v| v.as_bytes())),
+            value => values.iter().any(|v| value.matches(v.as_bytes())),
+        }
+    }
+}
+
 /// A query parameter condition. Names are case-sensitive; values are
 /// compared after percent-decoding; the first occurrence counts.
 #[derive(Debug, Clone)]
@@ -358,12 +430,7 @@ impl RequestMatch {
         if !self.path.matches(path) {
             return Some(Mismatch::Path);
         }
-        if let Some(h) = self.headers.iter().find(|h| {
-            !headers
-                .get_all(&h.name)
-                .iter()
-                .any(|v| h.value.matches(v.as_bytes()))
-        }) {
+        if let Some(h) = self.headers.iter().find(|h| !h.matches(headers)) {
             return Some(Mismatch::Header(&h.name));
         }
         self.query
@@ -492,6 +559,39 @@ mod tests {
         ));
         // Query parameter names are case-sensitive.
         assert!(!m.matches(&Method::POST, "/x", Some("DEBUG=a%20b"), &h));
+    }
+
+    #[test]
+    fn a_cookie_condition_reads_the_first_cookie_of_its_name() {
+        let m = HeaderMatch {
+            name: HeaderName::from_static("cookie"),
+            value: ValueMatch::Cookie(CookieMatch {
+                name: "canary".into(),
+                value: "always".into(),
+            }),
+        };
+        let cases: &[(&[&str], bool)] = &[
+            (&["canary=always"], true),
+            (&["a=1; canary=always; b=2"], true),
+            (&["a=1;canary = always"], true),
+            (&["CANARY=always"], true),
+            (&["canary=Always"], false),
+            (&["canary=always "], false),
+            (&["canaryx=always"], false),
+            (&["xcanary=always"], false),
+            (&["a=canary=always"], false),
+            // The first cookie of the name decides, across fields too.
+            (&["canary=never; canary=always"], false),
+            (&["a=1", "canary=always"], true),
+            (&["canary=never", "canary=always"], false),
+            (&["other=1"], false),
+            (&[], false),
+        ];
+        for (fields, want) in cases {
+            let pairs: Vec<(&str, &str)> = fields.iter().map(|f| ("cookie", *f)).collect();
+            assert_eq!(m.matches(&headers(&pairs)), *want, "{fields:?}");
+        }
+        assert_eq!(first_cookie(b"a=1; b=", b"b"), Some(&b""[..]));
     }
 
     #[test]

@@ -25,8 +25,8 @@ pub use cors::{CorsList, CorsPolicy, OriginHost, OriginPattern};
 pub use grpc::{GrpcMethodMatch, split_path as grpc_path};
 pub use hostname::{HostPattern, normalize_host};
 pub use matching::{
-    AnchoredRegex, HeaderMatch, Mismatch, PathMatch, QueryMatch, RegexError, RequestMatch,
-    ValueMatch,
+    AnchoredRegex, CookieMatch, HeaderMatch, Mismatch, PathMatch, QueryMatch, RegexError,
+    RequestMatch, ValueMatch,
 };
 pub use outlier::{
     BackendHealth, Ejection, EndpointReport, Failure, InFlight, OutlierPolicy, Outliers, Return,

@@ -62,7 +62,23 @@ pub struct FileSource {
     /// Configured paths that could not be listed at the previous reload.
     path_problems: Vec<ConfigError>,
     loaded_once: bool,
+    /// `serve --ingress-class`: Ingresses served through the conversion.
+    ingresses: Option<IngressServing>,
 }
+
+/// `serve --ingress-class NAME --ingress-gateway NS/NAME`: the Ingresses
+/// of that class among the manifests are converted as `sluice convert
+/// ingress-nginx --gateway NS/NAME` converts them, in process, at every
+/// reload, and their routes served with the rest. The report's inexact
+/// lines are configuration errors (logs, `/errors`).
+#[derive(Debug, Clone)]
+pub struct IngressServing {
+    pub class: String,
+    pub gateway: (String, String),
+}
+
+/// The file name the converted objects and the report's lines carry.
+pub const INGRESS_CONVERSION: &str = "(ingress-nginx conversion)";
 
 impl FileSource {
     pub fn new(paths: Vec<PathBuf>, metrics: Arc<Metrics>) -> Self {
@@ -75,7 +91,14 @@ impl FileSource {
             reported: Vec::new(),
             path_problems: Vec::new(),
             loaded_once: false,
+            ingresses: None,
         }
+    }
+
+    /// Serve the Ingresses of a class through the conversion.
+    pub fn with_ingresses(mut self, serving: Option<IngressServing>) -> Self {
+        self.ingresses = serving;
+        self
     }
 
     /// Also read the CustomResourceDefinitions of `crd_paths` (files or
@@ -92,6 +115,10 @@ impl FileSource {
     pub fn reload(&mut self) -> Option<SourceUpdate> {
         let crd_listing = read_all(&self.crd_paths);
         let listing = read_all(&self.paths);
+        let ingress_input = self
+            .ingresses
+            .as_ref()
+            .map(|_| ingress_input(&listing.reads));
         let crds_changed = self.files.update_crd_files(crd_listing.reads);
         let changed = self.files.update(listing.reads) || crds_changed;
         let mut errors = crd_listing.problems;
@@ -102,8 +129,18 @@ impl FileSource {
         self.loaded_once = true;
         self.path_problems = errors.clone();
 
-        let (loaded, specs, file_errors) = self.files.merged_with_specs();
+        let (mut loaded, mut specs, file_errors) = self.files.merged_with_specs();
         errors.extend(file_errors);
+        if let (Some(serving), Some((input, read_errors))) = (&self.ingresses, ingress_input) {
+            let (objects, conversion_errors) =
+                converted_ingresses(serving, &input, &self.files.crds());
+            // Converted at every reload: their specs are serialized here
+            // (one per object, as for the files' own).
+            specs.extend(objects.iter().map(|l| l.object.spec_json().into()));
+            loaded.extend(objects);
+            errors.extend(read_errors);
+            errors.extend(conversion_errors);
+        }
         for error in errors.iter().filter(|e| !self.reported.contains(e)) {
             tracing::warn!(file = %error.file, line = ?error.line, "configuration error: {error}");
             self.metrics.record_config_error(&error.file);
@@ -356,6 +393,71 @@ impl FileWatch {
         }
         Ok(())
     }
+}
+
+/// The Ingresses and Services of the files read (a file that does not
+/// parse is already reported by the manifests' own loading).
+fn ingress_input(reads: &[FileRead]) -> (crate::ingress_nginx::Input, Vec<ConfigError>) {
+    let mut input = crate::ingress_nginx::Input::default();
+    let mut messages = Vec::new();
+    for read in reads {
+        let Ok(text) = &read.content else { continue };
+        if let Ok(docs) = crate::resources::load::read_documents(text, &read.file) {
+            crate::ingress_nginx::read_documents_into(&read.file, &docs, &mut input, &mut messages);
+        }
+    }
+    let errors = messages
+        .into_iter()
+        .map(|message| ConfigError {
+            file: INGRESS_CONVERSION.into(),
+            line: None,
+            object: None,
+            field: None,
+            message,
+        })
+        .collect();
+    (input, errors)
+}
+
+/// The converted objects, loaded as manifests are, and the report's
+/// inexact lines as configuration errors.
+fn converted_ingresses(
+    serving: &IngressServing,
+    input: &crate::ingress_nginx::Input,
+    crds: &Crds,
+) -> (Vec<crate::resources::load::LoadedObject>, Vec<ConfigError>) {
+    let options = crate::ingress_nginx::Options {
+        gateway: Some(serving.gateway.clone()),
+        ingress_class: serving.class.clone(),
+        rollout_policy: false,
+    };
+    let conversion = crate::ingress_nginx::convert(input, &options);
+    let docs: Vec<crate::yaml::Document> = conversion
+        .objects
+        .into_iter()
+        .map(|value| crate::yaml::Document {
+            line: 1,
+            value,
+            lines: crate::yaml::Lines::whole(1),
+        })
+        .collect();
+    let parsed = crate::resources::load::load_documents(&docs, INGRESS_CONVERSION, crds);
+    let mut errors: Vec<ConfigError> = parsed.errors.iter().map(ConfigError::from).collect();
+    errors.extend(
+        conversion
+            .report
+            .lines
+            .iter()
+            .filter(|l| l.verdict.is_inexact())
+            .map(|l| ConfigError {
+                file: INGRESS_CONVERSION.into(),
+                line: None,
+                object: Some(l.object.clone()),
+                field: Some(l.annotation.clone()),
+                message: l.verdict.to_string(),
+            }),
+    );
+    (parsed.objects, errors)
 }
 
 /// The manifest files found under the configured paths, read.

@@ -32,6 +32,7 @@ pub use output::{
 };
 pub use reuse::CompiledRoutes;
 pub use rollouts::rollout_inputs;
+pub use routes::COOKIE_MATCHES_ANNOTATION;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

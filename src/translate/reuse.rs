@@ -247,11 +247,20 @@ fn shared_inputs_equal(
         && a.omitted_weights == b.omitted_weights
 }
 
+fn cookie_matches(route: &gateway_api::experimental::httproutes::HttpRoute) -> Option<&String> {
+    route
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(super::routes::COOKIE_MATCHES_ANNOTATION)
+}
+
 /// Whether route `i` of `kind` in `a` has the same spec as route `j` in `b`.
 fn same_spec(kind: RouteKind, a: &Snapshot, i: usize, b: &Snapshot, j: usize) -> bool {
     match kind {
+        // An HTTPRoute's cookie-match annotation is compiled with its spec.
         RouteKind::Http => match (a.http_routes.get(i), b.http_routes.get(j)) {
-            (Some(x), Some(y)) => x.spec == y.spec,
+            (Some(x), Some(y)) => x.spec == y.spec && cookie_matches(x) == cookie_matches(y),
             _ => false,
         },
         RouteKind::Grpc => match (a.grpc_routes.get(i), b.grpc_routes.get(j)) {

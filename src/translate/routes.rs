@@ -39,8 +39,9 @@ use super::rollouts::{backend_key, served_split};
 use crate::resources::{CONTROLLER_NAME, GATEWAY_GROUP, parse_gateway_duration};
 use crate::rollout::ServedShares;
 use crate::route::{
-    Backend, DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, Filter, HostPattern, RequestMatch,
-    RetryPolicy, RouteKind, Rule, RuleId, SessionCarrier, SessionPersistence, stable_hash,
+    Backend, CookieMatch, DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BACKOFF, Filter, HeaderMatch,
+    HostPattern, RequestMatch, RetryPolicy, RouteKind, Rule, RuleId, SessionCarrier,
+    SessionPersistence, ValueMatch, stable_hash,
 };
 
 /// One rule, compiled, ready to be attached to listeners.
@@ -75,7 +76,99 @@ pub(crate) fn compile_route(
     // `/` with no backends (which answers 500).
     let default_rules = [HttpRouteRules::default()];
     let rules = route.spec.rules.as_deref().unwrap_or(&default_rules);
-    compile_rules(RouteKind::Http, rules, ns, name, resolver, served)
+    let mut out = compile_rules(RouteKind::Http, rules, ns, name, resolver, served);
+    add_cookie_matches(route, rules, &mut out);
+    out
+}
+
+/// sluice's cookie conditions (an extension: the Gateway API has no cookie
+/// match): the route annotation `sluice.dev/cookie-matches` holds a JSON
+/// object from rule `name` to `{"name": COOKIE, "value": VALUE}`, and that
+/// condition replaces the `Cookie` header match of every match of the rule,
+/// or is ANDed into it when it has none (a rule without matches gets it on
+/// its default `PathPrefix /`). It ranks as one header
+/// match. A malformed annotation or an unknown rule name is an unsupported
+/// value of the route, naming the annotation.
+fn add_cookie_matches(route: &HttpRoute, rules: &[HttpRouteRules], out: &mut CompiledRoute) {
+    let Some(text) = route
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(COOKIE_MATCHES_ANNOTATION))
+    else {
+        return;
+    };
+    let field = format!("metadata.annotations[{COOKIE_MATCHES_ANNOTATION}]");
+    let parsed: BTreeMap<String, CookieMatch> = match serde_json::from_str::<
+        BTreeMap<String, CookieMatchSpec>,
+    >(text)
+    {
+        Ok(m) => m
+            .into_iter()
+            .map(|(rule, c)| {
+                (
+                    rule,
+                    CookieMatch {
+                        name: c.name,
+                        value: c.value,
+                    },
+                )
+            })
+            .collect(),
+        Err(e) => {
+            out.unsupported.push(format!(
+                "{field}: expected a JSON object from rule name to {{\"name\": COOKIE, \"value\": VALUE}}: {e}"
+            ));
+            return;
+        }
+    };
+    for (rule_name, cookie) in parsed {
+        if cookie.name.is_empty() || !cookie.name.bytes().all(is_cookie_name_byte) {
+            out.unsupported.push(format!(
+                "{field}: rule {rule_name:?}: {:?} is not a cookie name",
+                cookie.name
+            ));
+            continue;
+        }
+        let Some(i) = rules
+            .iter()
+            .position(|r| r.name.as_deref() == Some(rule_name.as_str()))
+        else {
+            out.unsupported
+                .push(format!("{field}: no rule is named {rule_name:?}"));
+            continue;
+        };
+        let Some(compiled) = out.rules.get_mut(i) else {
+            continue;
+        };
+        if compiled.matches.is_empty() {
+            compiled.matches.push(RequestMatch::default());
+        }
+        for m in &mut compiled.matches {
+            // The condition replaces the rule's own `Cookie` header match
+            // (a portable approximation other implementations read).
+            m.headers.retain(|h| h.name != http::header::COOKIE);
+            m.headers.push(HeaderMatch {
+                name: http::header::COOKIE,
+                value: ValueMatch::Cookie(cookie.clone()),
+            });
+        }
+    }
+}
+
+/// The route annotation of sluice's cookie conditions.
+pub const COOKIE_MATCHES_ANNOTATION: &str = "sluice.dev/cookie-matches";
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CookieMatchSpec {
+    name: String,
+    value: String,
+}
+
+/// RFC 6265's cookie-name: a token.
+fn is_cookie_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 /// Compile HTTPRoute-shaped rules of a route of `kind`; a rule a rollout

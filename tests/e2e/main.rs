@@ -15,6 +15,7 @@ mod grpc;
 mod hardening;
 mod hostnames;
 mod https;
+mod ingress_nginx;
 mod inputs;
 mod listenerset;
 mod matching;

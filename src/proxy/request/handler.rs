@@ -181,9 +181,11 @@ async fn route<'t>(
 }
 
 /// Refuse request heads that a backend could read differently from us
-/// (request smuggling) or that name no single host. hyper already refuses
+/// (request smuggling) or that name no single host, whichever parser read
+/// them. The HTTP/1.1 parser ([`crate::proxy::h1`]) already refuses
 /// malformed Content-Length values, differing duplicates, obs-fold, bare CR
-/// and NUL; these are the cases it accepts.
+/// and NUL, as hyper's server did; these are the cases hyper's server
+/// accepted, checked here for every version.
 pub(in crate::proxy) fn check_request_head<B>(req: &Request<B>) -> Result<(), ProxyError> {
     use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
     let headers = req.headers();

@@ -1,0 +1,380 @@
+//! ingress-nginx's annotations, read as its controller reads them, each
+//! given a verdict: the canary annotations become HTTPRoute rules (see
+//! [`super::convert`]); the others become filters and fields where the
+//! Gateway API says the same thing, and a report line where it does not.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::report::{Report, Verdict};
+
+/// The prefix of every ingress-nginx annotation.
+pub const PREFIX: &str = "nginx.ingress.kubernetes.io/";
+
+/// The canary annotations, which only count with `canary: "true"`.
+pub const CANARY_KEYS: &[&str] = &[
+    "canary",
+    "canary-weight",
+    "canary-weight-total",
+    "canary-by-header",
+    "canary-by-header-value",
+    "canary-by-header-pattern",
+    "canary-by-cookie",
+];
+
+/// The annotations of one Ingress, without the prefix (only those with it).
+pub fn nginx_annotations(annotations: Option<&BTreeMap<String, String>>) -> BTreeMap<&str, &str> {
+    annotations
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| k.strip_prefix(PREFIX).map(|k| (k, v.as_str())))
+        .collect()
+}
+
+/// Go's `strconv.ParseBool`, which ingress-nginx's boolean annotations use.
+pub fn parse_bool(value: &str) -> Option<bool> {
+    match value {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// What a canary Ingress asks for, as ingress-nginx's canary parser reads
+/// its annotations: a value that does not parse is weight 0 and total 100.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Canary {
+    pub header: String,
+    pub header_value: String,
+    pub header_pattern: String,
+    pub cookie: String,
+    pub weight: i64,
+    pub weight_total: i64,
+}
+
+impl Canary {
+    pub fn of(a: &BTreeMap<&str, &str>) -> Canary {
+        let text = |k: &str| a.get(k).map(|v| v.to_string()).unwrap_or_default();
+        let int = |k: &str, default: i64| {
+            a.get(k)
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .unwrap_or(default)
+        };
+        Canary {
+            header: text("canary-by-header"),
+            header_value: text("canary-by-header-value"),
+            header_pattern: text("canary-by-header-pattern"),
+            cookie: text("canary-by-cookie"),
+            weight: int("canary-weight", 0),
+            weight_total: int("canary-weight-total", 100),
+        }
+    }
+
+    /// The total the balancer draws from: `canary-weight-total` only when
+    /// it is above 100 (`math.random(total) <= weight` per request).
+    pub fn effective_total(&self) -> i64 {
+        if self.weight_total > 100 {
+            self.weight_total
+        } else {
+            100
+        }
+    }
+
+    /// `(primary, canary)` backendRef weights with the balancer's shares:
+    /// the canary gets `min(max(weight, 0), total)` of `total`.
+    pub fn weights(&self) -> (i64, i64) {
+        let total = self.effective_total();
+        let canary = self.weight.clamp(0, total);
+        (total - canary, canary)
+    }
+}
+
+/// Is this Ingress a canary (`canary` parses as true)?
+pub fn is_canary(a: &BTreeMap<&str, &str>) -> bool {
+    a.get("canary").and_then(|v| parse_bool(v)) == Some(true)
+}
+
+/// What a main Ingress's annotations add to each of its rules.
+#[derive(Debug, Clone, Default)]
+pub struct RuleSettings {
+    /// HTTPRoute filters, in order.
+    pub filters: Vec<Value>,
+    /// `timeouts` of each rule, when an annotation sets one.
+    pub timeouts: Option<Value>,
+    /// Paths are regular expressions (`use-regex`, or `rewrite-target`
+    /// with capture groups).
+    pub use_regex: bool,
+    /// `app-root`: a redirect of `/` to this path.
+    pub app_root: Option<String>,
+}
+
+/// The implicit defaults of ingress-nginx that change behaviour, reported
+/// for each main Ingress that does not set the annotation.
+const DEFAULTS: &[(&str, &str)] = &[
+    (
+        "proxy-body-size",
+        "ingress-nginx refuses request bodies over 1m with 413; sluice sets no body size limit",
+    ),
+    (
+        "proxy-read-timeout",
+        "ingress-nginx allows 60s between two reads from the backend; sluice's --backend-timeout (15s) bounds the whole response of a request without a body",
+    ),
+    (
+        "proxy-next-upstream",
+        "ingress-nginx tries another endpoint on a connection error or timeout, 3 tries in all; sluice retries only what a rule's retry asks for",
+    ),
+];
+
+/// Read a main Ingress's annotations (prefix stripped), add a report line
+/// for each, and return what its rules get. `tls_hosts` says whether the
+/// Ingress has `spec.tls` (its implicit ssl-redirect).
+pub fn main_settings(
+    object: &str,
+    a: &BTreeMap<&str, &str>,
+    tls_hosts: bool,
+    report: &mut Report,
+) -> RuleSettings {
+    let mut s = RuleSettings::default();
+    let key = |k: &str| format!("{PREFIX}{k}");
+    let mut rewrite: serde_json::Map<String, Value> = serde_json::Map::new();
+    s.use_regex = a.get("use-regex").and_then(|v| parse_bool(v)) == Some(true);
+    for (&k, &v) in a {
+        let verdict = match k {
+            k if CANARY_KEYS.contains(&k) => {
+                // Canary annotations on a main Ingress (canary not true).
+                if k == "canary" {
+                    Verdict::Converted
+                } else {
+                    Verdict::Error(
+                        "canary annotations without canary: \"true\" are refused by ingress-nginx (configured but not enabled); the Ingress is converted as a main Ingress".into(),
+                    )
+                }
+            }
+            "use-regex" => match parse_bool(v) {
+                Some(true) => Verdict::Approximated(
+                    "paths become RegularExpression matches (case-insensitive, anchored at the start as nginx's ~* location); nginx tries regex locations in order of path length, sluice ranks them after Exact and PathPrefix of the same route set, and PCRE syntax sluice's regex engine lacks is refused".into(),
+                ),
+                Some(false) => Verdict::Converted,
+                None => Verdict::Error(format!("{v:?} is not a boolean")),
+            },
+            "rewrite-target" => {
+                if v.contains('$') {
+                    Verdict::Unsupported(
+                        "a target with capture groups ($1...) has no Gateway API equivalent; write an URLRewrite ReplacePrefixMatch by hand when the groups only keep the rest of the path".into(),
+                    )
+                } else {
+                    rewrite.insert(
+                        "path".into(),
+                        json!({"type": "ReplaceFullPath", "replaceFullPath": v}),
+                    );
+                    Verdict::Converted
+                }
+            }
+            "upstream-vhost" => {
+                rewrite.insert("hostname".into(), json!(v));
+                Verdict::Converted
+            }
+            "x-forwarded-prefix" => {
+                s.filters.push(json!({
+                    "type": "RequestHeaderModifier",
+                    "requestHeaderModifier": {"set": [{"name": "X-Forwarded-Prefix", "value": v}]}
+                }));
+                Verdict::Converted
+            }
+            "permanent-redirect" => match redirect(v, a.get("permanent-redirect-code")) {
+                Ok(filter) => {
+                    s.filters.push(filter);
+                    Verdict::Converted
+                }
+                Err(e) => Verdict::Error(e),
+            },
+            "permanent-redirect-code" => Verdict::Converted,
+            "app-root" => {
+                s.app_root = Some(v.to_string());
+                Verdict::Converted
+            }
+            "ssl-redirect" | "force-ssl-redirect" => match parse_bool(v) {
+                Some(false) if k == "ssl-redirect" || !tls_hosts => Verdict::Converted,
+                Some(_) => Verdict::Unsupported(
+                    "the redirect to https is not converted: attach an HTTPRoute with a RequestRedirect filter (scheme https, statusCode 308 as ingress-nginx answers) to the Gateway's HTTP listener".into(),
+                ),
+                None => Verdict::Error(format!("{v:?} is not a boolean")),
+            },
+            "backend-protocol" => match v.to_ascii_uppercase().as_str() {
+                "HTTP" => Verdict::Converted,
+                "GRPC" | "GRPCS" => Verdict::Unsupported(
+                    "gRPC backends need a GRPCRoute; not converted yet".into(),
+                ),
+                "HTTPS" => Verdict::Unsupported(
+                    "TLS to the backend needs a BackendTLSPolicy naming its CA; not converted yet".into(),
+                ),
+                _ => Verdict::Unsupported(format!("backend protocol {v:?}")),
+            },
+            "proxy-connect-timeout" | "proxy-read-timeout" | "proxy-send-timeout" => {
+                Verdict::Approximated(
+                    "nginx's proxy timeouts bound each connect, read or write; the Gateway API's timeouts bound a whole request: not written, set the rule's timeouts by hand".into(),
+                )
+            }
+            "proxy-body-size" => Verdict::Unsupported(
+                "sluice sets no request body size limit".into(),
+            ),
+            "proxy-next-upstream" | "proxy-next-upstream-tries" | "proxy-next-upstream-timeout" => {
+                Verdict::Approximated(
+                    "nginx's retries to the next endpoint are not written; a rule's retry (attempts, codes) is the nearest".into(),
+                )
+            }
+            "affinity" | "affinity-mode" | "affinity-canary-behavior" | "session-cookie-name"
+            | "session-cookie-path" | "session-cookie-max-age" | "session-cookie-expires"
+            | "session-cookie-samesite" | "session-cookie-secure" | "session-cookie-domain"
+            | "session-cookie-change-on-failure" | "session-cookie-conditional-samesite-none" => {
+                Verdict::Unsupported(
+                    "ingress-nginx pins a session to an endpoint and checks it before any canary rule; sessionPersistence pins to a backend after the rule is chosen: not converted".into(),
+                )
+            }
+            "upstream-hash-by" | "upstream-hash-by-subset" | "upstream-hash-by-subset-size"
+            | "load-balance" => Verdict::Unsupported(
+                "endpoint selection by hash or algorithm is not in the Gateway API".into(),
+            ),
+            "enable-cors" | "cors-allow-origin" | "cors-allow-methods" | "cors-allow-headers"
+            | "cors-expose-headers" | "cors-allow-credentials" | "cors-max-age" => {
+                Verdict::Unsupported("CORS is not converted yet (the CORS filter is experimental)".into())
+            }
+            "mirror-target" | "mirror-request-body" | "mirror-host" => Verdict::Unsupported(
+                "mirror-target is an URL; a RequestMirror filter needs a Service: not converted"
+                    .into(),
+            ),
+            "ssl-passthrough" => Verdict::Unsupported(
+                "TLS passthrough is a TLSRoute on a Passthrough listener: not converted".into(),
+            ),
+            "whitelist-source-range" | "allowlist-source-range" | "denylist-source-range" => {
+                Verdict::Unsupported("the Gateway API has no client address filter".into())
+            }
+            k if k.ends_with("snippet") => {
+                Verdict::Unsupported("nginx configuration snippets cannot be converted".into())
+            }
+            _ => Verdict::Unsupported("no Gateway API equivalent".into()),
+        };
+        report.push(object, key(k), verdict);
+    }
+    if !rewrite.is_empty() {
+        s.filters
+            .push(json!({"type": "URLRewrite", "urlRewrite": Value::Object(rewrite)}));
+    }
+    for (k, what) in DEFAULTS {
+        if !a.contains_key(k) {
+            report.push(
+                object,
+                format!("default {k}"),
+                Verdict::Default((*what).into()),
+            );
+        }
+    }
+    if tls_hosts && !a.contains_key("ssl-redirect") && !a.contains_key("force-ssl-redirect") {
+        report.push(
+            object,
+            "default ssl-redirect",
+            Verdict::Default(
+                "ingress-nginx redirects http to https with 308 for hosts with TLS; add an HTTPRoute with a RequestRedirect on the HTTP listener".into(),
+            ),
+        );
+    }
+    s
+}
+
+/// The RequestRedirect filter of `permanent-redirect` (code default 301).
+fn redirect(url: &str, code: Option<&&str>) -> Result<Value, String> {
+    let code: u16 = match code {
+        None => 301,
+        Some(c) => c
+            .parse()
+            .map_err(|_| format!("permanent-redirect-code {c:?} is not a status code"))?,
+    };
+    if ![301, 302, 303, 307, 308].contains(&code) {
+        return Err(format!(
+            "status {code} is not a redirect the Gateway API allows"
+        ));
+    }
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("{url:?} is not an URL: {e}"))?;
+    let mut r = serde_json::Map::new();
+    if let Some(s) = uri.scheme_str() {
+        r.insert("scheme".into(), json!(s));
+    }
+    if let Some(h) = uri.host() {
+        r.insert("hostname".into(), json!(h));
+    }
+    if let Some(p) = uri.port_u16() {
+        r.insert("port".into(), json!(p));
+    }
+    let path = uri.path();
+    r.insert(
+        "path".into(),
+        json!({"type": "ReplaceFullPath", "replaceFullPath": if path.is_empty() { "/" } else { path }}),
+    );
+    r.insert("statusCode".into(), json!(code));
+    Ok(json!({"type": "RequestRedirect", "requestRedirect": Value::Object(r)}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn canary(pairs: &[(&str, &str)]) -> Canary {
+        Canary::of(&pairs.iter().copied().collect())
+    }
+
+    #[test]
+    fn weight_total_counts_only_above_100() {
+        type Pairs<'a> = &'a [(&'a str, &'a str)];
+        let table: &[(Pairs<'_>, (i64, i64))] = &[
+            (&[("canary-weight", "25")], (75, 25)),
+            // ingress2gateway honours a total under 100; nginx does not.
+            (
+                &[("canary-weight", "25"), ("canary-weight-total", "50")],
+                (75, 25),
+            ),
+            (
+                &[("canary-weight", "25"), ("canary-weight-total", "1000")],
+                (975, 25),
+            ),
+            (&[("canary-weight", "150")], (0, 100)),
+            (&[("canary-weight", "-3")], (100, 0)),
+            (&[("canary-weight", "ten")], (100, 0)),
+            (
+                &[("canary-weight", "5"), ("canary-weight-total", "x")],
+                (95, 5),
+            ),
+            (&[], (100, 0)),
+        ];
+        for (pairs, want) in table {
+            assert_eq!(canary(pairs).weights(), *want, "{pairs:?}");
+        }
+    }
+
+    #[test]
+    fn canary_is_go_parse_bool() {
+        for (v, want) in [
+            ("true", true),
+            ("True", true),
+            ("1", true),
+            ("yes", false),
+            ("false", false),
+        ] {
+            let a: BTreeMap<&str, &str> = [("canary", v)].into_iter().collect();
+            assert_eq!(is_canary(&a), want, "{v}");
+        }
+    }
+
+    #[test]
+    fn permanent_redirect_becomes_a_request_redirect() {
+        let f = redirect("https://example.com:8443/new", None).unwrap();
+        assert_eq!(
+            f["requestRedirect"],
+            json!({"scheme": "https", "hostname": "example.com", "port": 8443,
+                   "path": {"type": "ReplaceFullPath", "replaceFullPath": "/new"}, "statusCode": 301})
+        );
+        assert!(redirect("https://a/", Some(&"418")).is_err());
+    }
+}

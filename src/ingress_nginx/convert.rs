@@ -1,0 +1,903 @@
+//! Ingresses (with their canaries) to HTTPRoutes, as ingress-nginx serves
+//! them. Pure: objects in, objects and a report out.
+//!
+//! ingress-nginx builds one nginx location per host, path and pathType of
+//! the main Ingresses (the oldest Ingress wins a location). A canary
+//! Ingress (`canary: "true"`) adds an alternative backend to a location
+//! with exactly its host, path and pathType, one per location, and its
+//! balancer (`route_to_alternative_balancer` in balancer.lua) decides per
+//! request:
+//!
+//! 1. `canary-by-header` present: with `canary-by-header-value`, that exact
+//!    value goes to the canary; else with `canary-by-header-pattern`, a
+//!    match anywhere in the value goes to the canary; else `always` goes to
+//!    the canary and `never` to the primary, with no further rule.
+//!    Anything else falls through.
+//! 2. `canary-by-cookie`: `always` to the canary, `never` to the primary.
+//! 3. `canary-weight` out of `canary-weight-total` (only above 100).
+//!
+//! Each location becomes the rules of one HTTPRoute in that order: header
+//! rules, then cookie rules (each one header condition), then the
+//! weighted rule with none. The Gateway API's precedence ranks rules with
+//! more header conditions first and keeps rule order among equals, so a
+//! request takes the first rule of the ladder it matches, as the balancer
+//! does. Cookie conditions are sluice's extension (the route annotation
+//! `sluice.dev/cookie-matches`, which makes exact the rule's portable
+//! `Cookie` header regex); the pattern is a standard
+//! `RegularExpression` header match, `.*(?:PATTERN).*`, which in sluice's
+//! whole-value semantics is the unanchored search nginx does.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
+use serde_json::{Value, json};
+
+use super::annotations::{
+    CANARY_KEYS, Canary, PREFIX, RuleSettings, is_canary, main_settings, nginx_annotations,
+};
+use super::report::{Report, Verdict};
+use crate::resources::{CONTROLLER_NAME, DEFAULT_NAMESPACE};
+
+/// What a conversion reads.
+#[derive(Debug, Clone, Default)]
+pub struct Input {
+    pub ingresses: Vec<Ingress>,
+    /// The Services the Ingresses name, to resolve named ports.
+    pub services: Vec<Service>,
+}
+
+/// How to convert.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Attach the routes to this Gateway (namespace, name); without it the
+    /// output also holds a GatewayClass and a Gateway for the class.
+    pub gateway: Option<(String, String)>,
+    /// Only Ingresses of this class (ingress-nginx's default is `nginx`).
+    pub ingress_class: String,
+    /// Add a RolloutPolicy for each canary's route.
+    pub rollout_policy: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            gateway: None,
+            ingress_class: "nginx".into(),
+            rollout_policy: false,
+        }
+    }
+}
+
+/// The Gateway API objects and the report.
+#[derive(Debug, Clone, Default)]
+pub struct Conversion {
+    pub objects: Vec<Value>,
+    pub report: Report,
+}
+
+/// The cookie-match annotation sluice reads on HTTPRoutes.
+pub const COOKIE_MATCHES: &str = crate::translate::COOKIE_MATCHES_ANNOTATION;
+
+/// The class an Ingress names (`spec.ingressClassName`, else the older
+/// `kubernetes.io/ingress.class` annotation).
+pub fn ingress_class(ing: &Ingress) -> Option<&str> {
+    ing.spec
+        .as_ref()
+        .and_then(|s| s.ingress_class_name.as_deref())
+        .or_else(|| {
+            ing.metadata
+                .annotations
+                .as_ref()?
+                .get("kubernetes.io/ingress.class")
+                .map(String::as_str)
+        })
+}
+
+/// One nginx location: a host, path and pathType of a main Ingress.
+struct Location {
+    /// Index of the main Ingress in `mains`.
+    main: usize,
+    host: String,
+    path: String,
+    path_type: String,
+    primary: Value,
+    canary: Option<CanaryBackend>,
+}
+
+struct CanaryBackend {
+    canary: Canary,
+    backend: Value,
+}
+
+fn object_name(ing: &Ingress) -> String {
+    format!("Ingress {}/{}", namespace(ing), name(ing))
+}
+
+fn namespace(ing: &Ingress) -> &str {
+    ing.metadata
+        .namespace
+        .as_deref()
+        .unwrap_or(DEFAULT_NAMESPACE)
+}
+
+fn name(ing: &Ingress) -> &str {
+    ing.metadata.name.as_deref().unwrap_or("")
+}
+
+/// Convert `input` by `options`.
+pub fn convert(input: &Input, options: &Options) -> Conversion {
+    let mut report = Report::default();
+    let mut ingresses: Vec<&Ingress> = input.ingresses.iter().collect();
+    // ingress-nginx: the oldest Ingress wins a location.
+    ingresses.sort_by(|a, b| {
+        let ts = |i: &Ingress| i.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        (ts(a), namespace(a), name(a)).cmp(&(ts(b), namespace(b), name(b)))
+    });
+    let mut mains: Vec<&Ingress> = Vec::new();
+    let mut canaries: Vec<&Ingress> = Vec::new();
+    for ing in ingresses {
+        let object = object_name(ing);
+        match ingress_class(ing) {
+            Some(class) if class != options.ingress_class => {
+                report.push(
+                    &object,
+                    "spec.ingressClassName",
+                    Verdict::Skipped(format!("class {class:?}, not {:?}", options.ingress_class)),
+                );
+                continue;
+            }
+            _ => {}
+        }
+        if is_canary(&nginx_annotations(ing.metadata.annotations.as_ref())) {
+            canaries.push(ing);
+        } else {
+            mains.push(ing);
+        }
+    }
+
+    let mut settings: Vec<RuleSettings> = Vec::new();
+    let mut locations: Vec<Location> = Vec::new();
+    let mut at: BTreeMap<(String, String, String), usize> = BTreeMap::new();
+    for (m, ing) in mains.iter().enumerate() {
+        let object = object_name(ing);
+        let a = nginx_annotations(ing.metadata.annotations.as_ref());
+        let spec = ing.spec.clone().unwrap_or_default();
+        let tls = spec.tls.as_ref().is_some_and(|t| !t.is_empty());
+        settings.push(main_settings(&object, &a, tls, &mut report));
+        if spec.default_backend.is_some() {
+            report.push(
+                &object,
+                "spec.defaultBackend",
+                Verdict::Unsupported(
+                    "ingress-nginx serves it for the paths no rule takes on the default server; not converted".into(),
+                ),
+            );
+        }
+        for_each_path(
+            ing,
+            input,
+            &object,
+            &mut report,
+            |host, path, path_type, backend, _| {
+                let key = (host.clone(), path.clone(), path_type.clone());
+                if let Some(&first) = at.get(&key) {
+                    return Err(format!(
+                        "{} already serves host {host:?} path {path:?} ({path_type}): ingress-nginx keeps the oldest",
+                        object_name(mains[locations[first].main])
+                    ));
+                }
+                at.insert(key, locations.len());
+                locations.push(Location {
+                    main: m,
+                    host,
+                    path,
+                    path_type,
+                    primary: backend,
+                    canary: None,
+                });
+                Ok(())
+            },
+        );
+    }
+
+    let mut grants: BTreeSet<(String, String, String)> = BTreeSet::new();
+    for ing in &canaries {
+        let object = object_name(ing);
+        let a = nginx_annotations(ing.metadata.annotations.as_ref());
+        let canary = Canary::of(&a);
+        report_canary(&object, &a, &canary, &mut report);
+        for_each_path(
+            ing,
+            input,
+            &object,
+            &mut report,
+            |host, path, path_type, backend, _| {
+                let key = (host.clone(), path.clone(), path_type.clone());
+                let Some(&i) = at.get(&key) else {
+                    return Err(format!(
+                        "no main Ingress serves host {host:?} path {path:?} ({path_type}): ingress-nginx drops this canary (\"unable to find real backend for alternative backend\")"
+                    ));
+                };
+                let loc = &mut locations[i];
+                if loc.canary.is_some() {
+                    return Err(format!(
+                        "the location host {host:?} path {path:?} already has a canary: ingress-nginx uses only the first"
+                    ));
+                }
+                let main_ns = namespace(mains[loc.main]);
+                let mut backend = backend;
+                if namespace(ing) != main_ns {
+                    backend["namespace"] = json!(namespace(ing));
+                    grants.insert((
+                        namespace(ing).to_string(),
+                        main_ns.to_string(),
+                        backend["name"].as_str().unwrap_or_default().to_string(),
+                    ));
+                }
+                loc.canary = Some(CanaryBackend {
+                    canary: canary.clone(),
+                    backend,
+                });
+                Ok(())
+            },
+        );
+    }
+
+    let (gateway_ns, gateway_name) = options
+        .gateway
+        .clone()
+        .unwrap_or_else(|| (DEFAULT_NAMESPACE.to_string(), options.ingress_class.clone()));
+    let mut objects = Vec::new();
+    if options.gateway.is_none() {
+        objects.extend(gateway_objects(
+            &mains,
+            &gateway_ns,
+            &gateway_name,
+            &options.ingress_class,
+        ));
+    }
+    for (m, ing) in mains.iter().enumerate() {
+        let hosts: Vec<&str> = {
+            let mut seen: Vec<&str> = Vec::new();
+            for l in locations.iter().filter(|l| l.main == m) {
+                if !seen.contains(&l.host.as_str()) {
+                    seen.push(&l.host);
+                }
+            }
+            seen
+        };
+        for host in &hosts {
+            let route_name = if hosts.len() == 1 {
+                name(ing).to_string()
+            } else {
+                format!("{}-{}", name(ing), slug(host))
+            };
+            let locs: Vec<&Location> = locations
+                .iter()
+                .filter(|l| l.main == m && l.host == *host)
+                .collect();
+            let route = http_route(
+                ing,
+                &route_name,
+                host,
+                &locs,
+                &settings[m],
+                (&gateway_ns, &gateway_name),
+            );
+            let has_canary = locs.iter().any(|l| l.canary.is_some());
+            objects.push(route);
+            if has_canary && options.rollout_policy {
+                objects.push(json!({
+                    "apiVersion": crate::resources::ROLLOUT_POLICY_API_VERSION,
+                    "kind": "RolloutPolicy",
+                    "metadata": {"name": route_name, "namespace": namespace(ing)},
+                    "spec": {
+                        "targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": route_name}],
+                        "steps": ["1%", "5%", "25%", "50%", "100%"],
+                        "interval": "5m",
+                        "analysis": {"minRequests": 100, "maxErrorRate": "1%"},
+                    }
+                }));
+            }
+        }
+    }
+    for (from_ns, to_ns, service) in grants {
+        objects.push(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1beta1",
+            "kind": "ReferenceGrant",
+            "metadata": {"name": format!("canary-from-{to_ns}-{service}"), "namespace": from_ns},
+            "spec": {
+                "from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": to_ns}],
+                "to": [{"group": "", "kind": "Service", "name": service}],
+            }
+        }));
+    }
+    Conversion { objects, report }
+}
+
+/// The report lines of a canary's annotations.
+fn report_canary(object: &str, a: &BTreeMap<&str, &str>, c: &Canary, report: &mut Report) {
+    for (&k, &v) in a {
+        let verdict = match k {
+            "canary-by-cookie" => Verdict::Extension(format!(
+                "a cookie condition in the HTTPRoute annotation {COOKIE_MATCHES}"
+            )),
+            "canary-by-header-pattern" if !c.header_value.is_empty() => Verdict::Converted,
+            "canary-by-header-pattern" => match crate::route::ValueMatch::regex(&unanchored(v)) {
+                Err(e) => Verdict::Error(format!(
+                    "sluice's regular expressions (Rust regex syntax) cannot read it: {e}"
+                )),
+                Ok(_) if pcre_specific(v) => Verdict::Approximated(
+                    "\\d, \\w, \\s and \\b are Unicode-aware in sluice, ASCII in PCRE".into(),
+                ),
+                Ok(_) => Verdict::Converted,
+            },
+            k if CANARY_KEYS.contains(&k) => Verdict::Converted,
+            // ingress-nginx reads a canary's location settings from the
+            // main Ingress, and so does the conversion.
+            _ => Verdict::Converted,
+        };
+        report.push(object, format!("{PREFIX}{k}"), verdict);
+    }
+}
+
+/// Escapes whose meaning differs between PCRE (ASCII) and Rust's regex
+/// (Unicode).
+fn pcre_specific(pattern: &str) -> bool {
+    ["\\d", "\\w", "\\s", "\\b", "\\D", "\\W", "\\S", "\\B"]
+        .iter()
+        .any(|e| pattern.contains(e))
+}
+
+/// The portable stand-in of a cookie condition: a `Cookie` header holding
+/// the pair. sluice replaces it with the exact condition (the first cookie
+/// of the name, across every `Cookie` header); elsewhere it also takes a
+/// later cookie of the same name.
+pub fn cookie_regex(name: &str, value: &str) -> String {
+    format!(
+        "(?:.*[;,])? *(?i:{}) *= *{} *(?:;.*)?",
+        regex_syntax::escape(name),
+        regex_syntax::escape(value)
+    )
+}
+
+/// A pattern searched anywhere in a value, as a whole-value expression.
+pub fn unanchored(pattern: &str) -> String {
+    format!(".*(?:{pattern}).*")
+}
+
+/// Call `f(host, path, pathType, backendRef, field)` for every path of
+/// the Ingress; an error it returns, or a backend that does not resolve,
+/// is an `error` line naming the path's field.
+fn for_each_path(
+    ing: &Ingress,
+    input: &Input,
+    object: &str,
+    report: &mut Report,
+    mut f: impl FnMut(String, String, String, Value, &str) -> Result<(), String>,
+) {
+    let rules = ing.spec.as_ref().and_then(|s| s.rules.as_ref());
+    for (i, rule) in rules.into_iter().flatten().enumerate() {
+        let host = rule.host.clone().unwrap_or_default();
+        let paths = rule
+            .http
+            .as_ref()
+            .map(|h| h.paths.as_slice())
+            .unwrap_or_default();
+        for (j, p) in paths.iter().enumerate() {
+            let field = format!("spec.rules[{i}].http.paths[{j}]");
+            let path = p
+                .path
+                .clone()
+                .filter(|p| !p.is_empty())
+                .unwrap_or_else(|| "/".into());
+            let result = backend_ref(ing, &p.backend, input)
+                .and_then(|b| f(host.clone(), path, p.path_type.clone(), b, &field));
+            if let Err(e) = result {
+                report.push(object, field, Verdict::Error(e));
+            }
+        }
+    }
+}
+
+/// The backendRef of an Ingress backend (a named port resolved through
+/// the Service).
+fn backend_ref(ing: &Ingress, b: &IngressBackend, input: &Input) -> Result<Value, String> {
+    let Some(svc) = &b.service else {
+        return Err("a resource backend has no Gateway API equivalent".into());
+    };
+    let port = svc.port.as_ref().ok_or("backend.service.port is missing")?;
+    let number = match (port.number, port.name.as_deref()) {
+        (Some(n), _) => n,
+        (None, Some(port_name)) => {
+            let service = input
+                .services
+                .iter()
+                .find(|s| {
+                    s.metadata.name.as_deref() == Some(svc.name.as_str())
+                        && s.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE)
+                            == namespace(ing)
+                })
+                .ok_or_else(|| {
+                    format!(
+                        "backend.service.port.name {port_name:?}: Service {}/{} is not in the input, so the named port cannot be resolved",
+                        namespace(ing),
+                        svc.name
+                    )
+                })?;
+            service
+                .spec
+                .as_ref()
+                .and_then(|s| s.ports.as_ref())
+                .into_iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(port_name))
+                .map(|p| p.port)
+                .ok_or_else(|| {
+                    format!(
+                        "backend.service.port.name {port_name:?}: Service {}/{} has no port of that name",
+                        namespace(ing),
+                        svc.name
+                    )
+                })?
+        }
+        (None, None) => return Err("backend.service.port has neither number nor name".into()),
+    };
+    Ok(json!({"name": svc.name, "port": number}))
+}
+
+/// A DNS-label form of a host for route names.
+fn slug(host: &str) -> String {
+    if host.is_empty() {
+        return "any".into();
+    }
+    host.replace('*', "wildcard")
+        .replace('.', "-")
+        .to_ascii_lowercase()
+}
+
+/// The path match of a location.
+fn path_match(l: &Location, use_regex: bool) -> Value {
+    if use_regex {
+        // nginx: `location ~* "^PATH"`, case-insensitive, open at the end.
+        return json!({"type": "RegularExpression", "value": format!("(?i)(?:{}).*", l.path)});
+    }
+    match l.path_type.as_str() {
+        "Exact" => json!({"type": "Exact", "value": l.path}),
+        _ => json!({"type": "PathPrefix", "value": l.path}),
+    }
+}
+
+fn http_route(
+    ing: &Ingress,
+    route_name: &str,
+    host: &str,
+    locs: &[&Location],
+    s: &RuleSettings,
+    gateway: (&str, &str),
+) -> Value {
+    let mut rules: Vec<Value> = Vec::new();
+    let mut cookies = serde_json::Map::new();
+    let rule = |name: String, path: &Value, header: Option<Value>, backends: Vec<Value>| {
+        let mut m = json!({"path": path});
+        if let Some(h) = header {
+            m["headers"] = json!([h]);
+        }
+        let mut r = json!({"name": name, "matches": [m], "backendRefs": backends});
+        if !s.filters.is_empty() {
+            r["filters"] = json!(s.filters);
+        }
+        if let Some(t) = &s.timeouts {
+            r["timeouts"] = t.clone();
+        }
+        r
+    };
+    if let Some(root) = &s.app_root {
+        rules.push(json!({
+            "name": "app-root",
+            "matches": [{"path": {"type": "Exact", "value": "/"}}],
+            "filters": [{"type": "RequestRedirect", "requestRedirect": {
+                "path": {"type": "ReplaceFullPath", "replaceFullPath": root}, "statusCode": 302}}],
+        }));
+    }
+    for (n, l) in locs.iter().enumerate() {
+        let path = path_match(l, s.use_regex);
+        let base = format!("path-{n}");
+        let Some(c) = &l.canary else {
+            rules.push(rule(base, &path, None, vec![l.primary.clone()]));
+            continue;
+        };
+        let canary = || vec![c.backend.clone()];
+        let primary = || vec![l.primary.clone()];
+        let cfg = &c.canary;
+        if !cfg.header.is_empty() {
+            let exact = |v: &str| json!({"type": "Exact", "name": cfg.header, "value": v});
+            if !cfg.header_value.is_empty() {
+                rules.push(rule(
+                    format!("{base}-header-value"),
+                    &path,
+                    Some(exact(&cfg.header_value)),
+                    canary(),
+                ));
+            } else if !cfg.header_pattern.is_empty() {
+                let re = json!({"type": "RegularExpression", "name": cfg.header, "value": unanchored(&cfg.header_pattern)});
+                rules.push(rule(
+                    format!("{base}-header-pattern"),
+                    &path,
+                    Some(re),
+                    canary(),
+                ));
+            } else {
+                rules.push(rule(
+                    format!("{base}-header-always"),
+                    &path,
+                    Some(exact("always")),
+                    canary(),
+                ));
+                rules.push(rule(
+                    format!("{base}-header-never"),
+                    &path,
+                    Some(exact("never")),
+                    primary(),
+                ));
+            }
+        }
+        if !cfg.cookie.is_empty() {
+            for (value, backends) in [("always", canary()), ("never", primary())] {
+                let rule_name = format!("{base}-cookie-{value}");
+                cookies.insert(
+                    rule_name.clone(),
+                    json!({"name": cfg.cookie, "value": value}),
+                );
+                let approx = json!({"type": "RegularExpression", "name": "Cookie", "value": cookie_regex(&cfg.cookie, value)});
+                rules.push(rule(rule_name, &path, Some(approx), backends));
+            }
+        }
+        let (pw, cw) = cfg.weights();
+        let mut p = l.primary.clone();
+        p["weight"] = json!(pw);
+        let mut k = c.backend.clone();
+        k["weight"] = json!(cw);
+        rules.push(rule(base, &path, None, vec![p, k]));
+    }
+    let mut metadata = json!({"name": route_name, "namespace": namespace(ing)});
+    if !cookies.is_empty() {
+        metadata["annotations"] = json!({COOKIE_MATCHES: Value::Object(cookies).to_string()});
+    }
+    let mut spec = json!({
+        "parentRefs": [{"name": gateway.1, "namespace": gateway.0}],
+        "rules": rules,
+    });
+    if !host.is_empty() {
+        spec["hostnames"] = json!([host]);
+    }
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": metadata,
+        "spec": spec,
+    })
+}
+
+/// A GatewayClass for sluice and a Gateway for the class: an HTTP listener
+/// on 80 and an HTTPS one on 443 per TLS host of the Ingresses.
+fn gateway_objects(mains: &[&Ingress], ns: &str, name: &str, class: &str) -> Vec<Value> {
+    let mut listeners = vec![json!({
+        "name": "http", "protocol": "HTTP", "port": 80,
+        "allowedRoutes": {"namespaces": {"from": "All"}},
+    })];
+    let mut grants: BTreeSet<String> = BTreeSet::new();
+    let mut seen: BTreeSet<String> = BTreeSet::new();
+    for ing in mains {
+        for tls in ing
+            .spec
+            .as_ref()
+            .and_then(|s| s.tls.as_ref())
+            .into_iter()
+            .flatten()
+        {
+            let Some(secret) = &tls.secret_name else {
+                continue;
+            };
+            for host in tls.hosts.iter().flatten() {
+                if !seen.insert(host.clone()) {
+                    continue;
+                }
+                let mut cert = json!({"kind": "Secret", "name": secret});
+                if namespace(ing) != ns {
+                    cert["namespace"] = json!(namespace(ing));
+                    grants.insert(namespace(ing).to_string());
+                }
+                listeners.push(json!({
+                    "name": format!("https-{}", slug(host)), "protocol": "HTTPS", "port": 443,
+                    "hostname": host,
+                    "tls": {"mode": "Terminate", "certificateRefs": [cert]},
+                    "allowedRoutes": {"namespaces": {"from": "All"}},
+                }));
+            }
+        }
+    }
+    let mut out = vec![
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "GatewayClass",
+            "metadata": {"name": "sluice"},
+            "spec": {"controllerName": CONTROLLER_NAME},
+        }),
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "Gateway",
+            "metadata": {"name": name, "namespace": ns, "annotations": {"sluice.dev/ingress-class": class}},
+            "spec": {"gatewayClassName": "sluice", "listeners": listeners},
+        }),
+    ];
+    for from in grants {
+        out.push(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1beta1",
+            "kind": "ReferenceGrant",
+            "metadata": {"name": format!("gateway-{ns}-{name}-certificates"), "namespace": from},
+            "spec": {
+                "from": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": ns}],
+                "to": [{"group": "", "kind": "Secret"}],
+            }
+        }));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(yaml: &str) -> Input {
+        let mut input = Input::default();
+        for doc in crate::yaml::documents(yaml).expect("test YAML parses") {
+            match doc.value["kind"].as_str() {
+                Some("Ingress") => input
+                    .ingresses
+                    .push(serde_json::from_value(doc.value).expect("an Ingress")),
+                Some("Service") => input
+                    .services
+                    .push(serde_json::from_value(doc.value).expect("a Service")),
+                _ => panic!("unexpected document"),
+            }
+        }
+        input
+    }
+
+    fn ingress(name: &str, annotations: &str, paths: &str) -> String {
+        format!(
+            "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, annotations: {{{annotations}}}}}\nspec:\n  rules:\n  - host: a.example\n    http:\n      paths: [{paths}]\n"
+        )
+    }
+
+    fn path(p: &str, t: &str, svc: &str) -> String {
+        format!(
+            "{{path: {p}, pathType: {t}, backend: {{service: {{name: {svc}, port: {{number: 80}}}}}}}}"
+        )
+    }
+
+    const CANARY: &str = "nginx.ingress.kubernetes.io/canary: 'true'";
+
+    /// (rule name, header condition as `name type value`, backends as
+    /// `service:weight`) of every rule of the first HTTPRoute.
+    fn rules(c: &Conversion) -> Vec<(String, String, String)> {
+        let route = c
+            .objects
+            .iter()
+            .find(|o| o["kind"] == "HTTPRoute")
+            .expect("a route");
+        route["spec"]["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let h = &r["matches"][0]["headers"][0];
+                let header = if h.is_null() {
+                    String::new()
+                } else {
+                    format!(
+                        "{} {} {}",
+                        h["name"].as_str().unwrap(),
+                        h["type"].as_str().unwrap(),
+                        h["value"].as_str().unwrap()
+                    )
+                };
+                let backends: Vec<String> = r["backendRefs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|b| match b["weight"].as_i64() {
+                        Some(w) => format!("{}:{w}", b["name"].as_str().unwrap()),
+                        None => b["name"].as_str().unwrap().to_string(),
+                    })
+                    .collect();
+                (
+                    r["name"].as_str().unwrap().to_string(),
+                    header,
+                    backends.join(","),
+                )
+            })
+            .collect()
+    }
+
+    fn owned(rows: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+        rows.iter()
+            .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn canary_ladders() {
+        type Rows<'a> = &'a [(&'a str, &'a str, &'a str)];
+        let table: &[(&str, Rows<'_>)] = &[
+            (
+                "nginx.ingress.kubernetes.io/canary-weight: '10'",
+                &[("path-0", "", "main:90,canary:10")],
+            ),
+            (
+                "nginx.ingress.kubernetes.io/canary-by-header: X-C",
+                &[
+                    ("path-0-header-always", "X-C Exact always", "canary"),
+                    ("path-0-header-never", "X-C Exact never", "main"),
+                    ("path-0", "", "main:100,canary:0"),
+                ],
+            ),
+            (
+                "nginx.ingress.kubernetes.io/canary-by-header: X-C, nginx.ingress.kubernetes.io/canary-by-header-value: v1, nginx.ingress.kubernetes.io/canary-by-header-pattern: x",
+                &[
+                    ("path-0-header-value", "X-C Exact v1", "canary"),
+                    ("path-0", "", "main:100,canary:0"),
+                ],
+            ),
+            (
+                "nginx.ingress.kubernetes.io/canary-by-header: X-C, nginx.ingress.kubernetes.io/canary-by-header-pattern: 'v[12]'",
+                &[
+                    (
+                        "path-0-header-pattern",
+                        "X-C RegularExpression .*(?:v[12]).*",
+                        "canary",
+                    ),
+                    ("path-0", "", "main:100,canary:0"),
+                ],
+            ),
+            (
+                "nginx.ingress.kubernetes.io/canary-by-cookie: beta, nginx.ingress.kubernetes.io/canary-weight: '5', nginx.ingress.kubernetes.io/canary-weight-total: '1000'",
+                &[
+                    (
+                        "path-0-cookie-always",
+                        "Cookie RegularExpression (?:.*[;,])? *(?i:beta) *= *always *(?:;.*)?",
+                        "canary",
+                    ),
+                    (
+                        "path-0-cookie-never",
+                        "Cookie RegularExpression (?:.*[;,])? *(?i:beta) *= *never *(?:;.*)?",
+                        "main",
+                    ),
+                    ("path-0", "", "main:995,canary:5"),
+                ],
+            ),
+        ];
+        for (annotations, want) in table {
+            let yaml = ingress("main", "", &path("/", "Prefix", "main"))
+                + &ingress(
+                    "canary",
+                    &format!("{CANARY}, {annotations}"),
+                    &path("/", "Prefix", "canary"),
+                );
+            let c = convert(&input(&yaml), &Options::default());
+            assert_eq!(rules(&c), owned(want), "{annotations}");
+        }
+    }
+
+    #[test]
+    fn cookie_rules_are_named_in_the_route_annotation() {
+        let yaml = ingress("main", "", &path("/", "Prefix", "main"))
+            + &ingress(
+                "canary",
+                &format!("{CANARY}, nginx.ingress.kubernetes.io/canary-by-cookie: beta"),
+                &path("/", "Prefix", "canary"),
+            );
+        let c = convert(&input(&yaml), &Options::default());
+        let route = c.objects.iter().find(|o| o["kind"] == "HTTPRoute").unwrap();
+        let ann: Value = serde_json::from_str(
+            route["metadata"]["annotations"][COOKIE_MATCHES]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            ann,
+            json!({"path-0-cookie-always": {"name": "beta", "value": "always"},
+                   "path-0-cookie-never": {"name": "beta", "value": "never"}})
+        );
+        assert!(c.report.is_exact(), "{:?}", c.report);
+    }
+
+    #[test]
+    fn a_canary_merges_only_on_equal_host_path_and_path_type_once() {
+        let yaml = ingress(
+            "main",
+            "",
+            &[path("/a", "Prefix", "main"), path("/b", "Exact", "main")].join(", "),
+        ) + &ingress(
+            "c1",
+            CANARY,
+            &[path("/a", "Exact", "c1"), path("/b", "Exact", "c1")].join(", "),
+        ) + &ingress("c2", CANARY, &path("/b", "Exact", "c2"));
+        let c = convert(&input(&yaml), &Options::default());
+        let err = |o: &str, f: &str| match c.report.find(o, f) {
+            Some(Verdict::Error(e)) => e.clone(),
+            other => panic!("{o} {f}: {other:?}"),
+        };
+        assert!(
+            err("Ingress default/c1", "spec.rules[0].http.paths[0]")
+                .contains("no main Ingress serves host \"a.example\" path \"/a\" (Exact)")
+        );
+        assert!(
+            err("Ingress default/c2", "spec.rules[0].http.paths[0]")
+                .contains("already has a canary")
+        );
+        assert!(!c.report.is_exact());
+        let names: Vec<String> = rules(&c).into_iter().map(|r| r.2).collect();
+        assert_eq!(names, ["main", "main:100,c1:0"]);
+    }
+
+    #[test]
+    fn classes_named_ports_and_oldest_main() {
+        let yaml = "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: other}\nspec: {ingressClassName: traefik}\n".to_string()
+            + &ingress("main", "", "{path: /, pathType: Prefix, backend: {service: {name: web, port: {name: http}}}}")
+            + "---\napiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {ports: [{name: http, port: 8080}]}\n"
+            + &ingress("nope", "", "{path: /x, pathType: Prefix, backend: {service: {name: gone, port: {name: http}}}}");
+        let c = convert(&input(&yaml), &Options::default());
+        assert!(matches!(
+            c.report
+                .find("Ingress default/other", "spec.ingressClassName"),
+            Some(Verdict::Skipped(_))
+        ));
+        assert_eq!(rules(&c)[0].2, "web");
+        let route = c.objects.iter().find(|o| o["kind"] == "HTTPRoute").unwrap();
+        assert_eq!(route["spec"]["rules"][0]["backendRefs"][0]["port"], 8080);
+        assert!(
+            matches!(c.report.find("Ingress default/nope", "spec.rules[0].http.paths[0]"), Some(Verdict::Error(e)) if e.contains("Service default/gone is not in the input"))
+        );
+    }
+
+    #[test]
+    fn common_annotations_become_filters() {
+        let yaml = ingress(
+            "main",
+            "nginx.ingress.kubernetes.io/rewrite-target: /new, nginx.ingress.kubernetes.io/upstream-vhost: inner.local, nginx.ingress.kubernetes.io/x-forwarded-prefix: /p, nginx.ingress.kubernetes.io/rewrite-target-typo: x",
+            &path("/", "Prefix", "main"),
+        );
+        let c = convert(&input(&yaml), &Options::default());
+        let route = c.objects.iter().find(|o| o["kind"] == "HTTPRoute").unwrap();
+        assert_eq!(
+            route["spec"]["rules"][0]["filters"],
+            json!([
+                {"type": "RequestHeaderModifier", "requestHeaderModifier": {"set": [{"name": "X-Forwarded-Prefix", "value": "/p"}]}},
+                {"type": "URLRewrite", "urlRewrite": {"hostname": "inner.local", "path": {"type": "ReplaceFullPath", "replaceFullPath": "/new"}}}
+            ])
+        );
+        assert_eq!(
+            c.report.find(
+                "Ingress default/main",
+                "nginx.ingress.kubernetes.io/rewrite-target"
+            ),
+            Some(&Verdict::Converted)
+        );
+        assert!(matches!(
+            c.report.find(
+                "Ingress default/main",
+                "nginx.ingress.kubernetes.io/rewrite-target-typo"
+            ),
+            Some(Verdict::Unsupported(_))
+        ));
+        assert!(matches!(
+            c.report
+                .find("Ingress default/main", "default proxy-body-size"),
+            Some(Verdict::Default(_))
+        ));
+    }
+}

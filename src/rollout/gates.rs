@@ -1,0 +1,650 @@
+//! The gates a rollout's steps are judged by, in one shape: a [`Gate`] is
+//! a signal (5xx, or responses slower than `maxLatency`) held to a bound
+//! (an absolute rate, or the stable traffic's rate times a tolerance).
+//! [`Judge`] keeps one rollout's evidence and says, at any look, whether a
+//! gate is breached at the policy's confidence ([`Verdict`]) and what the
+//! counts so far could have caught ([`GateReport`]). Adding a gate is a
+//! variant here and its tests; the machine, status and the admin views
+//! only carry what this module says.
+//!
+//! The error budget: a rollout within its limits is rolled back with
+//! probability at most `1 - confidence` over its whole life, however
+//! often it is looked at. Each of the `k` gates gets `(1 - confidence) /
+//! k` (Bonferroni); a gate against the stable spends half of its share on
+//! the steps that serve both sides and half on the steps that serve no
+//! stable traffic (the last step of a full promotion), where it is judged
+//! against the stable's rate recorded during the rollout: an upper
+//! confidence bound of that rate (a quarter) and an absolute test against
+//! `r0` times that bound (a quarter). See `docs/rollouts.md`.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::evidence::{
+    DETECTABLE, Sequential, absolute, detectable_ratio, lower_bound, odds, rate_text, ratio_text,
+    relative_odds, upper_bound,
+};
+use super::machine::duration_text;
+use crate::metrics::BackendTotals;
+use crate::resources::Percent;
+
+/// What a gate counts as an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// A 5xx response (including those sluice answers for the backend).
+    Errors,
+    /// A response slower than this (`maxLatency`).
+    SlowerThan(Duration),
+}
+
+/// What the canary's event rate is held to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    /// At most this share of its responses (`maxErrorRate`; a p99 at most
+    /// `maxLatency` is at most 1% slower than it).
+    Limit(Percent),
+    /// At most `1 + degradation` times the stable's rate over the same
+    /// time (`baseline: Stable`, `maxDegradation`), in thousandths of a
+    /// percent (25% is 25,000).
+    Stable { degradation: u32 },
+}
+
+/// One gate: a signal held to a bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gate {
+    pub signal: Signal,
+    pub bound: Bound,
+}
+
+/// The policy's confidence: `"99%"` is 99,000 thousandths of a percent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Confidence(pub Percent);
+
+impl Confidence {
+    /// The default: 99%.
+    pub const DEFAULT: Confidence = Confidence(Percent::from_thousandths_const(99_000));
+
+    /// The whole rollout's error budget: `1 - confidence`.
+    pub fn alpha(self) -> f64 {
+        1.0 - f64::from(self.0.thousandths()) / f64::from(Percent::SCALE)
+    }
+}
+
+impl Default for Confidence {
+    fn default() -> Self {
+        Confidence::DEFAULT
+    }
+}
+
+impl Gate {
+    /// The gate's events in `t`.
+    pub fn events(&self, t: &BackendTotals) -> u64 {
+        match self.signal {
+            Signal::Errors => t.errors,
+            Signal::SlowerThan(_) => t.slow,
+        }
+    }
+
+    /// The tolerance against the stable, `1 + maxDegradation`.
+    fn r0(degradation: u32) -> f64 {
+        1.0 + f64::from(degradation) / f64::from(Percent::SCALE)
+    }
+
+    fn what(&self) -> String {
+        match self.signal {
+            Signal::Errors => "5xx".into(),
+            Signal::SlowerThan(d) => format!("slower than {}", duration_text(d)),
+        }
+    }
+
+    /// `5xx <= 1%`, `5xx <= 1.25x stable`, `p99 <= 500ms`.
+    pub fn describe(&self) -> String {
+        match (self.signal, self.bound) {
+            (Signal::Errors, Bound::Limit(p)) => format!("5xx <= {p}"),
+            (Signal::SlowerThan(d), Bound::Limit(p)) if p == Percent::from_thousandths(1_000) => {
+                format!("p99 <= {}", duration_text(d))
+            }
+            (Signal::SlowerThan(d), Bound::Limit(p)) => {
+                format!("slower than {} <= {p}", duration_text(d))
+            }
+            (_, Bound::Stable { degradation }) => {
+                format!(
+                    "{} <= {} stable",
+                    self.what(),
+                    ratio_text(Gate::r0(degradation))
+                )
+            }
+        }
+    }
+
+    /// The field of the policy this gate comes from, for messages.
+    fn field(&self) -> String {
+        match (self.signal, self.bound) {
+            (Signal::Errors, Bound::Limit(p)) => format!("maxErrorRate {p}"),
+            (Signal::SlowerThan(d), Bound::Limit(p)) => {
+                format!("{p} (maxLatency {} is a p99)", duration_text(d))
+            }
+            (_, Bound::Stable { degradation }) => format!(
+                "{} the stable's rate (maxDegradation {})",
+                ratio_text(Gate::r0(degradation)),
+                degradation_text(degradation)
+            ),
+        }
+    }
+}
+
+/// `25%`, `150%`, `2.5%`: thousandths of a percent, any size.
+pub fn degradation_text(thousandths: u32) -> String {
+    let (whole, fraction) = (thousandths / 1000, thousandths % 1000);
+    if fraction == 0 {
+        format!("{whole}%")
+    } else {
+        let digits = format!("{fraction:03}");
+        format!("{whole}.{}%", digits.trim_end_matches('0'))
+    }
+}
+
+/// `12 of 4,000 (0.3%)`.
+fn counts(events: u64, requests: u64) -> String {
+    let rate = if requests == 0 {
+        "no requests".to_string()
+    } else {
+        rate_text(events as f64 / requests as f64)
+    };
+    format!("{events} of {} ({rate})", thousands(requests))
+}
+
+fn thousands(n: u64) -> String {
+    let text = n.to_string();
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i > 0 && (text.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn confidence_text(c: Confidence) -> String {
+    c.0.to_string()
+}
+
+/// What a look at the gates decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// No gate is breached.
+    Holds,
+    /// A gate is breached: the message names the evidence.
+    Breached(String),
+    /// An absolute limit is breached but the stable fails alike (a shared
+    /// outage): the canary is not blamed.
+    Excused(String),
+}
+
+/// One gate as the status shows it: its counts, its evidence and what
+/// the current step's counts could have caught.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GateReport {
+    /// `5xx <= 1%`, `5xx <= 1.25x stable`.
+    pub gate: String,
+    /// The incoming backends' events and requests the test judged.
+    pub canary: String,
+    /// The outgoing backends' over the same time.
+    pub stable: String,
+    /// The test's likelihood ratio; the gate fails when it reaches
+    /// `needed`.
+    pub evidence: f64,
+    pub needed: f64,
+    /// What this step's counts would catch: `a 3x 5xx rate (3%) would be
+    /// caught at 99%`.
+    pub detects: String,
+    /// Whether the step's counts could catch a canary at twice the gate's
+    /// bound (for a gate against the stable: twice `1 + maxDegradation`).
+    #[serde(default)]
+    pub powered: bool,
+}
+
+/// The counts of a step as the judge sees them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepView {
+    /// The incoming backends' counts in this step.
+    pub canary: BackendTotals,
+    /// The outgoing backends' counts in this step.
+    pub stable: BackendTotals,
+    /// Whether this step serves the outgoing backends at all (the last
+    /// step of a full promotion does not).
+    pub concurrent: bool,
+}
+
+/// One rollout's evidence, from its first step (or from when this
+/// process resumed it).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Judge {
+    /// Per gate against the stable: the test of the events' split.
+    relative: Vec<Sequential>,
+    /// The incoming backends' counts since the first step.
+    canary: BackendTotals,
+    /// The outgoing backends' counts since the first step: what the steps
+    /// without stable traffic are judged against.
+    stable: BackendTotals,
+}
+
+impl Judge {
+    /// Add what happened since the last look: `canary` of the incoming
+    /// backends, `stable` of the outgoing ones.
+    pub fn observe(&mut self, gates: &[Gate], canary: &BackendTotals, stable: &BackendTotals) {
+        self.relative.resize(gates.len(), Sequential::default());
+        self.canary.merge(canary);
+        self.stable.merge(stable);
+        for (gate, test) in gates.iter().zip(self.relative.iter_mut()) {
+            if let Bound::Stable { degradation } = gate.bound {
+                let o = relative_odds(
+                    canary.requests as f64,
+                    stable.requests as f64,
+                    Gate::r0(degradation),
+                );
+                let (c, s) = (gate.events(canary), gate.events(stable));
+                test.observe(c as f64, (c + s) as f64, o);
+            }
+        }
+    }
+
+    /// The incoming and outgoing backends' counts since the first step.
+    pub fn totals(&self) -> (BackendTotals, BackendTotals) {
+        (self.canary, self.stable)
+    }
+
+    /// Judge every gate now. `who` names the incoming backends.
+    pub fn verdict(
+        &self,
+        gates: &[Gate],
+        confidence: Confidence,
+        step: &StepView,
+        who: &str,
+    ) -> Verdict {
+        let mut excused = None;
+        for (i, gate) in gates.iter().enumerate() {
+            match self.judge(i, gate, gates, confidence, step, who) {
+                Verdict::Holds => {}
+                Verdict::Breached(m) => return Verdict::Breached(m),
+                Verdict::Excused(m) => excused = excused.or(Some(m)),
+            }
+        }
+        excused.map_or(Verdict::Holds, Verdict::Excused)
+    }
+
+    fn alpha(gates: &[Gate], confidence: Confidence) -> f64 {
+        confidence.alpha() / gates.len().max(1) as f64
+    }
+
+    fn judge(
+        &self,
+        i: usize,
+        gate: &Gate,
+        gates: &[Gate],
+        confidence: Confidence,
+        step: &StepView,
+        who: &str,
+    ) -> Verdict {
+        let alpha = Judge::alpha(gates, confidence);
+        let conf = confidence_text(confidence);
+        let (c_events, c_requests) = (gate.events(&self.canary), self.canary.requests);
+        let (s_events, s_requests) = (gate.events(&self.stable), self.stable.requests);
+        match gate.bound {
+            Bound::Limit(limit) => {
+                let p = f64::from(limit.thousandths()) / f64::from(Percent::SCALE);
+                if !absolute(c_events, c_requests, p).rejects(alpha) {
+                    return Verdict::Holds;
+                }
+                let stable = counts(s_events, s_requests);
+                let canary = format!("{who} {} {}", gate.what(), counts(c_events, c_requests));
+                // Judged against the stable too: a limit the stable breaks
+                // alike is a shared outage, not the canary's doing.
+                let tolerance = gates.iter().find_map(|g| match g.bound {
+                    Bound::Stable { degradation } if g.signal == gate.signal => {
+                        Some(Gate::r0(degradation))
+                    }
+                    _ => None,
+                });
+                if let Some(r0) = tolerance
+                    && s_requests > 0
+                    && s_events as f64 / s_requests as f64 * r0 >= p
+                {
+                    return Verdict::Excused(format!(
+                        "{canary} is above {} at {conf} confidence, but the stable fails too ({stable} over the same time): not the canary's doing",
+                        gate.field()
+                    ));
+                }
+                Verdict::Breached(format!(
+                    "{canary} is above {} at {conf} confidence (its rate is above {} at that confidence); the stable: {stable} over the same time",
+                    gate.field(),
+                    rate_text(lower_bound(c_events, c_requests, alpha))
+                ))
+            }
+            Bound::Stable { degradation } => {
+                let r0 = Gate::r0(degradation);
+                let canary = format!("{who} {} {}", gate.what(), counts(c_events, c_requests));
+                let stable = counts(s_events, s_requests);
+                if step.concurrent {
+                    let test = self.relative.get(i).copied().unwrap_or_default();
+                    if !test.rejects(alpha / 2.0) {
+                        return Verdict::Holds;
+                    }
+                    return Verdict::Breached(format!(
+                        "{canary} against the stable's {stable} over the same time: worse than {} at {conf} confidence (evidence {:.0} against {:.0} needed)",
+                        gate.field(),
+                        test.evidence(),
+                        2.0 / alpha
+                    ));
+                }
+                // No stable traffic in this step: against the stable's
+                // rate recorded during the rollout.
+                let bound = upper_bound(s_events, s_requests, alpha / 4.0);
+                let limit = r0 * bound;
+                if limit >= 1.0 {
+                    return Verdict::Holds;
+                }
+                let (x, n) = (gate.events(&step.canary), step.canary.requests);
+                if !absolute(x, n, limit).rejects(alpha / 4.0) {
+                    return Verdict::Holds;
+                }
+                Verdict::Breached(format!(
+                    "{who} {} {} in this step, with no stable traffic left to compare with, is above {} times the stable's rate recorded during the rollout ({stable}, at most {} at {conf} confidence): worse than {} at {conf} confidence",
+                    gate.what(),
+                    counts(x, n),
+                    ratio_text(r0),
+                    rate_text(bound),
+                    gate.field()
+                ))
+            }
+        }
+    }
+
+    /// Every gate's counts, evidence and power at this step's counts.
+    pub fn reports(
+        &self,
+        gates: &[Gate],
+        confidence: Confidence,
+        step: &StepView,
+    ) -> Vec<GateReport> {
+        let alpha = Judge::alpha(gates, confidence);
+        let conf = confidence_text(confidence);
+        gates
+            .iter()
+            .enumerate()
+            .map(|(i, gate)| {
+                let canary = counts(gate.events(&self.canary), self.canary.requests);
+                let stable = counts(gate.events(&self.stable), self.stable.requests);
+                let (evidence, needed, detects, powered) = match gate.bound {
+                    Bound::Limit(limit) => {
+                        let p = f64::from(limit.thousandths()) / f64::from(Percent::SCALE);
+                        let test = absolute(gate.events(&self.canary), self.canary.requests, p);
+                        let r = detectable_ratio(step.canary.requests as f64, odds(p), alpha);
+                        let detects = match r {
+                            Some(r) => format!(
+                                "at this step's {} requests, a {} {} rate ({}) would be caught at {conf}",
+                                thousands(step.canary.requests),
+                                ratio_text(r),
+                                gate.what(),
+                                rate_text((r * p).min(1.0))
+                            ),
+                            None => format!(
+                                "at this step's {} requests, not even a canary failing everything would be caught yet",
+                                thousands(step.canary.requests)
+                            ),
+                        };
+                        (test.evidence(), 1.0 / alpha, detects, r.is_some_and(|r| r <= 2.0))
+                    }
+                    Bound::Stable { degradation } => {
+                        let r0 = Gate::r0(degradation);
+                        let test = self.relative.get(i).copied().unwrap_or_default();
+                        let r = if step.concurrent {
+                            relative_power(gate, step, r0, alpha / 2.0)
+                        } else {
+                            let bound = upper_bound(
+                                gate.events(&self.stable),
+                                self.stable.requests,
+                                alpha / 4.0,
+                            );
+                            let limit = r0 * bound;
+                            (limit < 1.0)
+                                .then(|| {
+                                    detectable_ratio(
+                                        step.canary.requests as f64,
+                                        odds(limit),
+                                        alpha / 4.0,
+                                    )
+                                    .map(|x| x * r0 * bound
+                                        / (gate.events(&self.stable).max(1) as f64
+                                            / self.stable.requests.max(1) as f64))
+                                })
+                                .flatten()
+                        };
+                        let detects = match r {
+                            Some(r) => format!(
+                                "at this step's counts, a canary at {} the stable's {} rate would be caught at {conf}{}",
+                                ratio_text(r),
+                                gate.what(),
+                                if r > 2.0 * r0 {
+                                    format!(
+                                        "; too little traffic to catch a regression near {}",
+                                        gate.field()
+                                    )
+                                } else {
+                                    String::new()
+                                }
+                            ),
+                            None => format!(
+                                "at this step's counts, no regression against the stable's {} rate would be caught yet{}",
+                                gate.what(),
+                                if step.concurrent {
+                                    ""
+                                } else {
+                                    " (no stable traffic left to compare with, and too little recorded)"
+                                }
+                            ),
+                        };
+                        (test.evidence(), 2.0 / alpha, detects, r.is_some_and(|r| r <= 2.0 * r0))
+                    }
+                };
+                GateReport {
+                    gate: gate.describe(),
+                    canary,
+                    stable,
+                    evidence,
+                    needed,
+                    detects,
+                    powered,
+                }
+            })
+            .collect()
+    }
+}
+
+/// The smallest ratio to the stable's rate that the relative test would
+/// catch at `alpha` on this step's expected counts (the stable's rate
+/// taken as observed, at least one event).
+fn relative_power(gate: &Gate, step: &StepView, r0: f64, alpha: f64) -> Option<f64> {
+    let (nc, ns) = (step.canary.requests as f64, step.stable.requests as f64);
+    if nc <= 0.0 || ns <= 0.0 {
+        return None;
+    }
+    let rate = gate.events(&step.stable).max(1) as f64 / ns;
+    let o = relative_odds(nc, ns, r0);
+    DETECTABLE.into_iter().filter(|r| *r > r0).find(|r| {
+        let hits = (nc * r * rate).min(nc);
+        let trials = hits + ns * rate;
+        let mut s = Sequential::default();
+        s.observe(hits, trials, o);
+        s.rejects(alpha)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn totals(requests: u64, errors: u64) -> BackendTotals {
+        BackendTotals {
+            requests,
+            errors,
+            ..BackendTotals::default()
+        }
+    }
+
+    fn limit(p: &str) -> Gate {
+        Gate {
+            signal: Signal::Errors,
+            bound: Bound::Limit(Percent::parse(p).expect("percent")),
+        }
+    }
+
+    const STABLE: Gate = Gate {
+        signal: Signal::Errors,
+        bound: Bound::Stable {
+            degradation: 25_000,
+        },
+    };
+
+    fn concurrent(canary: BackendTotals, stable: BackendTotals) -> StepView {
+        StepView {
+            canary,
+            stable,
+            concurrent: true,
+        }
+    }
+
+    #[test]
+    fn a_canary_failing_everything_breaches_after_a_few_errors_naming_the_evidence() {
+        let gates = [limit("1%")];
+        let mut j = Judge::default();
+        let mut served = 0;
+        let verdict = loop {
+            served += 1;
+            j.observe(&gates, &totals(1, 1), &totals(199, 1));
+            let (c, s) = j.totals();
+            let v = j.verdict(&gates, Confidence::DEFAULT, &concurrent(c, s), "canary");
+            if v != Verdict::Holds || served > 20 {
+                break v;
+            }
+        };
+        assert!(served <= 3, "{served}");
+        let Verdict::Breached(m) = verdict else {
+            panic!("{verdict:?}")
+        };
+        assert!(
+            m.starts_with(&format!(
+                "canary 5xx {served} of {served} (100%) is above maxErrorRate 1% at 99% confidence"
+            )),
+            "{m}"
+        );
+        assert!(
+            m.contains(&format!("the stable: {served} of {} (0.5%)", 199 * served)),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_shared_outage_does_not_blame_the_canary() {
+        let gates = [limit("1%"), STABLE];
+        let mut j = Judge::default();
+        for _ in 0..100 {
+            j.observe(&gates, &totals(50, 2), &totals(950, 29));
+        }
+        let (c, s) = j.totals();
+        let v = j.verdict(&gates, Confidence::DEFAULT, &concurrent(c, s), "canary");
+        let Verdict::Excused(m) = v else {
+            panic!("{v:?}")
+        };
+        assert!(
+            m.contains("but the stable fails too (2900 of 95,000 (3.05%)"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_worse_canary_breaches_the_relative_gate_with_both_sides_counts() {
+        let gates = [STABLE];
+        let mut j = Judge::default();
+        let mut verdict = Verdict::Holds;
+        for _ in 0..200 {
+            // 5% step, stable 0.5%, canary at 10x: 5% errors.
+            j.observe(&gates, &totals(50, 2), &totals(950, 5));
+            let (c, s) = j.totals();
+            verdict = j.verdict(&gates, Confidence::DEFAULT, &concurrent(c, s), "canary");
+            if verdict != Verdict::Holds {
+                break;
+            }
+        }
+        let Verdict::Breached(m) = verdict else {
+            panic!("{verdict:?}")
+        };
+        assert!(m.contains("against the stable's"), "{m}");
+        assert!(
+            m.contains("worse than 1.25x the stable's rate (maxDegradation 25%) at 99% confidence"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn the_last_step_is_judged_against_the_recorded_stable_rate() {
+        let gates = [STABLE];
+        let mut j = Judge::default();
+        // Earlier steps: both sides at 0.5%.
+        j.observe(&gates, &totals(10_000, 50), &totals(90_000, 450));
+        let healthy = StepView {
+            canary: totals(20_000, 100),
+            ..StepView::default()
+        };
+        assert_eq!(
+            j.verdict(&gates, Confidence::DEFAULT, &healthy, "canary"),
+            Verdict::Holds
+        );
+        let worse = StepView {
+            canary: totals(20_000, 400),
+            ..StepView::default()
+        };
+        let v = j.verdict(&gates, Confidence::DEFAULT, &worse, "canary");
+        assert!(
+            matches!(&v, Verdict::Breached(m) if m.contains("no stable traffic left")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn reports_say_what_the_step_could_catch() {
+        let gates = [limit("1%"), STABLE];
+        let mut j = Judge::default();
+        j.observe(&gates, &totals(1_000, 5), &totals(19_000, 95));
+        let step = concurrent(totals(1_000, 5), totals(19_000, 95));
+        let reports = j.reports(&gates, Confidence::DEFAULT, &step);
+        assert_eq!(reports[0].gate, "5xx <= 1%");
+        assert!(
+            reports[0].detects.contains("would be caught at 99%"),
+            "{:?}",
+            reports[0]
+        );
+        assert_eq!(reports[1].gate, "5xx <= 1.25x stable");
+        assert!(
+            reports[1].detects.contains("too little traffic"),
+            "{:?}",
+            reports[1]
+        );
+        assert!(!reports[1].powered);
+        let few = j.reports(
+            &gates,
+            Confidence::DEFAULT,
+            &concurrent(totals(1, 0), totals(19, 0)),
+        );
+        assert!(
+            few[0]
+                .detects
+                .contains("not even a canary failing everything"),
+            "{:?}",
+            few[0]
+        );
+    }
+}

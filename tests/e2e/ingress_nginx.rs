@@ -1,0 +1,390 @@
+//! `sluice convert ingress-nginx`, end to end: Ingress sets converted by
+//! the real binary, the output served by the real binary to echo
+//! backends, and every request answered by the backend ingress-nginx's
+//! balancer (balancer.lua, `route_to_alternative_balancer`) picks for it.
+//! The expected backends are written out by hand from that code, not
+//! computed by the conversion.
+
+use std::process::Command;
+
+use crate::support::*;
+
+/// A main Ingress on host `shop.example.com` with paths `/` and `/api`
+/// (both Prefix) to Service `primary`, and a canary Ingress on `/api` to
+/// `canary` with these annotations (without the prefix).
+fn ingress_pair(canary_annotations: &[(&str, &str)]) -> String {
+    let annotations: String = canary_annotations
+        .iter()
+        .map(|(k, v)| format!("    nginx.ingress.kubernetes.io/{k}: {v:?}\n"))
+        .collect();
+    format!(
+        r#"apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {{name: shop, namespace: default, creationTimestamp: "2026-01-01T00:00:00Z"}}
+spec:
+  ingressClassName: nginx
+  rules:
+  - host: shop.example.com
+    http:
+      paths:
+      - {{path: /, pathType: Prefix, backend: {{service: {{name: primary, port: {{name: http}}}}}}}}
+      - {{path: /api, pathType: Prefix, backend: {{service: {{name: primary, port: {{number: 8080}}}}}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: shop-canary
+  namespace: default
+  annotations:
+    nginx.ingress.kubernetes.io/canary: "true"
+{annotations}spec:
+  ingressClassName: nginx
+  rules:
+  - host: shop.example.com
+    http:
+      paths:
+      - {{path: /api, pathType: Prefix, backend: {{service: {{name: canary, port: {{number: 8080}}}}}}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: primary, namespace: default}}
+spec:
+  ports:
+  - {{name: http, port: 8080}}
+"#
+    )
+}
+
+/// Run `sluice convert ingress-nginx` on `yaml`: (exit code, stdout, stderr).
+fn convert(yaml: &str, args: &[&str]) -> (i32, String, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("ingresses.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["convert", "ingress-nginx", "-f"])
+        .arg(&file)
+        .args(args)
+        .output()
+        .expect("sluice runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// A request and the Service ingress-nginx sends it to.
+struct Case {
+    path: &'static str,
+    headers: &'static [(&'static str, &'static str)],
+    backend: &'static str,
+}
+
+const fn case(
+    path: &'static str,
+    headers: &'static [(&'static str, &'static str)],
+    backend: &'static str,
+) -> Case {
+    Case {
+        path,
+        headers,
+        backend,
+    }
+}
+
+/// Convert the pair, serve the output, and check every case.
+async fn replay(canary_annotations: &[(&str, &str)], cases: &[Case]) {
+    let (code, routes, report) = convert(
+        &ingress_pair(canary_annotations),
+        &["--gateway", "default/gw"],
+    );
+    assert!(code == 0 || code == 1, "exit {code}: {report}");
+    let primary = Pods::start("default", "primary", 1).await;
+    let canary = Pods::start("default", "canary", 1).await;
+    // The converted output names the Service `primary` already; the pods'
+    // manifests bring it again with its EndpointSlices (same spec).
+    let manifests = gateway() + &primary.manifests() + &canary.manifests();
+    let gw = Sluice::start(&[("base.yaml", manifests), ("routes.yaml", routes.clone())]).await;
+    let mut conn = gw.connect().await;
+    for c in cases {
+        let got = conn
+            .get_with("shop.example.com", c.path, c.headers)
+            .await
+            .pod();
+        let service = got.rsplit_once('-').map_or(got.as_str(), |(s, _)| s);
+        assert_eq!(
+            service, c.backend,
+            "{canary_annotations:?}: GET {} {:?}\n{routes}",
+            c.path, c.headers
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_always_never_then_cookie_then_weight() {
+    replay(
+        &[
+            ("canary-by-header", "X-Canary"),
+            ("canary-by-cookie", "beta"),
+            ("canary-weight", "0"),
+        ],
+        &[
+            case("/api", &[], "primary"),
+            case("/api/x", &[("x-canary", "always")], "canary"),
+            // The canary is only on /api: / stays on the primary.
+            case("/", &[("x-canary", "always")], "primary"),
+            // "never" ends the ladder: the cookie is not read.
+            case(
+                "/api",
+                &[("x-canary", "never"), ("cookie", "beta=always")],
+                "primary",
+            ),
+            // Any other value falls through to the cookie.
+            case(
+                "/api",
+                &[("x-canary", "other"), ("cookie", "beta=always")],
+                "canary",
+            ),
+            // Case-sensitive: "Always" is another value, then weight 0.
+            case("/api", &[("x-canary", "Always")], "primary"),
+            case("/api", &[("cookie", "beta=always")], "canary"),
+            case("/api", &[("cookie", "a=1; beta=always; b=2")], "canary"),
+            case("/api", &[("cookie", "beta=never")], "primary"),
+            // nginx's $cookie_beta is the first cookie of that name.
+            case("/api", &[("cookie", "beta=never; beta=always")], "primary"),
+            case("/api", &[("cookie", "beta=maybe")], "primary"),
+            case("/api", &[("cookie", "xbeta=always")], "primary"),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_value_makes_always_and_never_plain_values() {
+    replay(
+        &[
+            ("canary-by-header", "X-Canary"),
+            ("canary-by-header-value", "blue"),
+            ("canary-by-cookie", "beta"),
+        ],
+        &[
+            case("/api", &[("x-canary", "blue")], "canary"),
+            case("/api", &[("x-canary", "Blue")], "primary"),
+            case("/api", &[("x-canary", "always")], "primary"),
+            // "never" is a plain value now: it falls through to the cookie.
+            case(
+                "/api",
+                &[("x-canary", "never"), ("cookie", "beta=always")],
+                "canary",
+            ),
+            case(
+                "/api",
+                &[("x-canary", "blue"), ("cookie", "beta=never")],
+                "canary",
+            ),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_pattern_is_unanchored_and_ignored_beside_a_value() {
+    replay(
+        &[
+            ("canary-by-header", "X-Canary"),
+            ("canary-by-header-pattern", "b[0-9]+"),
+        ],
+        &[
+            case("/api", &[("x-canary", "b12")], "canary"),
+            case("/api", &[("x-canary", "xxb7yy")], "canary"),
+            case("/api", &[("x-canary", "b")], "primary"),
+            // With a pattern, "always" is matched against it like any value.
+            case("/api", &[("x-canary", "always")], "primary"),
+        ],
+    )
+    .await;
+    replay(
+        &[
+            ("canary-by-header", "X-Canary"),
+            ("canary-by-header-value", "exact"),
+            ("canary-by-header-pattern", ".*"),
+        ],
+        &[
+            case("/api", &[("x-canary", "exact")], "canary"),
+            case("/api", &[("x-canary", "other")], "primary"),
+        ],
+    )
+    .await;
+}
+
+/// Requests to /api answered by the canary, out of `n`.
+async fn canary_share(canary_annotations: &[(&str, &str)], n: usize) -> usize {
+    let (code, routes, report) = convert(
+        &ingress_pair(canary_annotations),
+        &["--gateway", "default/gw"],
+    );
+    assert_eq!(code, 0, "{report}");
+    let primary = Pods::start("default", "primary", 1).await;
+    let canary = Pods::start("default", "canary", 1).await;
+    let manifests = gateway() + &primary.manifests() + &canary.manifests();
+    let gw = Sluice::start(&[("base.yaml", manifests), ("routes.yaml", routes)]).await;
+    let mut conn = gw.connect().await;
+    let tally = by_service(&conn.tally(n, "shop.example.com", "/api", &[]).await);
+    assert_eq!(
+        tally.values().sum::<usize>(),
+        n,
+        "only the two backends answer: {tally:?}"
+    );
+    tally.get("canary").copied().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_by_share_with_and_without_weight_total() {
+    // (annotations, ingress-nginx's canary share in percent:
+    // math.random(total) <= weight, total only when above 100)
+    type Pairs<'a> = &'a [(&'a str, &'a str)];
+    let table: &[(Pairs<'_>, usize)] = &[
+        (&[("canary-weight", "30")], 30),
+        // ingress2gateway gives this one 50%; nginx ignores a total <= 100.
+        (
+            &[("canary-weight", "25"), ("canary-weight-total", "50")],
+            25,
+        ),
+        (
+            &[("canary-weight", "250"), ("canary-weight-total", "1000")],
+            25,
+        ),
+        (&[("canary-weight", "100")], 100),
+        (&[("canary-weight", "150")], 100),
+    ];
+    let n = 400;
+    for (annotations, percent) in table {
+        let got = canary_share(annotations, n).await;
+        let want = n * percent / 100;
+        // The balancer draws at random; sluice's split is exact per
+        // request: 5 points either side is far beyond either's error.
+        assert!(
+            got.abs_diff(want) <= n / 20,
+            "{annotations:?}: canary got {got} of {n}, ingress-nginx gives {want}"
+        );
+    }
+}
+
+#[test]
+fn the_report_names_each_annotation_and_the_exit_code_says_how_exact() {
+    let (code, out, err) = convert(
+        &ingress_pair(&[
+            ("canary-by-header", "X-Canary"),
+            ("canary-by-cookie", "beta"),
+        ]),
+        &["--gateway", "default/gw"],
+    );
+    assert_eq!(
+        code, 0,
+        "cookie canaries are exact through sluice's extension: {err}"
+    );
+    assert!(out.contains("kind: HTTPRoute"), "{out}");
+    assert!(
+        err.contains(
+            "Ingress default/shop-canary: nginx.ingress.kubernetes.io/canary-by-cookie: extension ("
+        ) && err.contains(
+            "Ingress default/shop-canary: nginx.ingress.kubernetes.io/canary-by-header: converted"
+        ),
+        "{err}"
+    );
+
+    // A canary on a path no main Ingress serves: named, and exit 1.
+    let unmatched = ingress_pair(&[("canary-weight", "10")]).replace(
+        "{path: /api, pathType: Prefix, backend: {service: {name: canary",
+        "{path: /other, pathType: Prefix, backend: {service: {name: canary",
+    );
+    let (code, out, err) = convert(&unmatched, &[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("Ingress default/shop-canary: spec.rules[0].http.paths[0]: error (no main Ingress serves host \"shop.example.com\" path \"/other\" (Prefix)"),
+        "{err}"
+    );
+    // Without --gateway the output brings its GatewayClass and Gateway.
+    assert!(
+        out.contains("kind: GatewayClass") && out.contains("kind: Gateway\n"),
+        "{out}"
+    );
+
+    // An unsupported annotation is named, and exit 1.
+    let snippet = ingress_pair(&[]).replace(
+        "metadata: {name: shop, namespace: default, creationTimestamp: \"2026-01-01T00:00:00Z\"}",
+        "metadata:\n  name: shop\n  annotations: {nginx.ingress.kubernetes.io/configuration-snippet: \"more_set_headers x;\"}",
+    );
+    let (code, _, err) = convert(&snippet, &[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(
+            "Ingress default/shop: nginx.ingress.kubernetes.io/configuration-snippet: unsupported ("
+        ),
+        "{err}"
+    );
+
+    // Input that cannot be read: exit 2, naming the file.
+    let (code, out, err) = convert("kind: [unclosed", &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(out.is_empty() && err.contains("ingresses.yaml"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_ingress_class_serves_the_ingresses_as_converted() {
+    let primary = Pods::start("default", "primary", 1).await;
+    let canary = Pods::start("default", "canary", 1).await;
+    // The pods' manifests bring Service `primary` with an unnamed port, and
+    // the first manifest of a Service wins: name the port by number here.
+    let pair = ingress_pair(&[
+        ("canary-by-header", "X-Canary"),
+        ("canary-by-cookie", "beta"),
+    ])
+    .replace("port: {name: http}", "port: {number: 8080}");
+    // Another class, not served.
+    let other = "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: other}\nspec:\n  ingressClassName: traefik\n  rules:\n  - host: other.example.com\n    http:\n      paths:\n      - {path: /, pathType: Prefix, backend: {service: {name: canary, port: {number: 8080}}}}\n";
+    let manifests = gateway() + &primary.manifests() + &canary.manifests();
+    let gw = Sluice::start_with(
+        &[("base.yaml", manifests), ("ingresses.yaml", pair + other)],
+        &[
+            "--ingress-class",
+            "nginx",
+            "--ingress-gateway",
+            "default/gw",
+        ],
+    )
+    .await;
+    let mut conn = gw.connect().await;
+    for (path, headers, backend) in [
+        ("/api", &[("x-canary", "always")][..], "canary"),
+        (
+            "/api",
+            &[("x-canary", "never"), ("cookie", "beta=always")][..],
+            "primary",
+        ),
+        ("/api", &[("cookie", "beta=always")][..], "canary"),
+        ("/api", &[][..], "primary"),
+        ("/", &[("x-canary", "always")][..], "primary"),
+    ] {
+        let pod = conn.get_with("shop.example.com", path, headers).await.pod();
+        assert!(
+            pod.starts_with(&format!("{backend}-")),
+            "{path} {headers:?}: {pod}"
+        );
+    }
+    assert_eq!(
+        conn.get("other.example.com", "/").await.status.as_u16(),
+        404
+    );
+    let status = gw.status().await;
+    let route = status
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["kind"] == "HTTPRoute" && o["metadata"]["name"] == "shop")
+        .expect("the converted route is in /status");
+    assert_eq!(
+        route["status"]["parents"][0]["conditions"][0]["status"], "True",
+        "{route}"
+    );
+}
