@@ -27,9 +27,16 @@ def main():
     p.add_argument("--flips", type=int, default=10, help="flips per run")
     p.add_argument("--sizes", default="0,100,10000", help="more routes than the flipped one")
     p.add_argument("--modes", default="file,kubernetes")
+    p.add_argument("--start-deadline", type=float, default=20.0,
+                   help="seconds a proxy may take to answer after it starts (a loaded "
+                        "machine needs more than 20 for 10,000 routes)")
     p.add_argument("sluices", nargs="+", metavar="LABEL=PATH")
     a = p.parse_args()
 
+    if a.start_deadline != 20.0:
+        wait_until = d.wait_until
+        d.wait_until = lambda check, what, deadline_s=20.0: wait_until(
+            check, what, max(deadline_s, a.start_deadline))
     tools = json.loads(a.tools)
     binaries = [s.split("=", 1) for s in a.sluices]
     backends = d.Backends(tools["backend"])
