@@ -13,20 +13,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::anyhow;
 use http::StatusCode;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::{
-    AUTOCOMPLETE_HOST, CHECKOUT_HOST, SEARCH_HOST, TempDir, find_route, request_raw,
-    write_documents,
-};
+use super::{AUTOCOMPLETE_HOST, CHECKOUT_HOST, SEARCH_HOST, TempDir, request_raw};
 use crate::echo::EchoServer;
-use crate::rollout::{Phase, PolicyKey, RolloutStatus};
+use crate::rollout::Phase;
 use crate::serve::RunningGateway;
 
-const ROLLOUT_FILE: &str = "rollout.yaml";
 const RECOMMEND_HOST: &str = "recommend.example.com";
 const PAYMENTS_HOST: &str = "payments.example.com";
 /// Longest wait for a rollout to end before the loop moves on (it says so).
@@ -191,7 +186,7 @@ async fn rollouts(live: &mut Live<'_>) -> anyhow::Result<()> {
 /// The spec shares of `policy`'s rollout as shown now, to tell a new
 /// rollout from the one before.
 fn target(live: &Live<'_>, policy: &str) -> String {
-    rollout(live.running, policy)
+    super::rollouts::rollout_status(live.running, policy)
         .map(|r| serde_json::to_string(&r.to).unwrap_or_default())
         .unwrap_or_default()
 }
@@ -205,10 +200,10 @@ async fn roll(
     expected: Option<Phase>,
 ) -> anyhow::Result<()> {
     let before = target(live, route);
-    set_weights(live, route, weights)?;
+    super::rollouts::set_rollout_weights(live.files, live.dir, route, weights)?;
     let started = Instant::now();
     let ended = loop {
-        if let Some(r) = rollout(live.running, route)
+        if let Some(r) = super::rollouts::rollout_status(live.running, route)
             && serde_json::to_string(&r.to).unwrap_or_default() != before
             && expected.is_none_or(|phase| r.phase == phase)
         {
@@ -235,34 +230,9 @@ async fn roll(
             "  not {} within {} s ({:?}); going on",
             expected.as_str(),
             ROLLOUT_DEADLINE.as_secs(),
-            rollout(live.running, route).map(|r| r.phase.as_str())
+            super::rollouts::rollout_status(live.running, route).map(|r| r.phase.as_str())
         )?,
     }
     live.out.flush()?;
     Ok(())
-}
-
-fn rollout(running: &RunningGateway, policy: &str) -> Option<RolloutStatus> {
-    let key = PolicyKey {
-        namespace: "default".into(),
-        name: policy.into(),
-    };
-    running.rollouts().policies.get(&key)?.first().cloned()
-}
-
-/// Set the weights of a route of rollout.yaml and write the file.
-fn set_weights(live: &mut Live<'_>, route: &str, weights: [u64; 2]) -> anyhow::Result<()> {
-    let (name, documents) = live
-        .files
-        .iter_mut()
-        .find(|(name, _)| name == ROLLOUT_FILE)
-        .ok_or_else(|| anyhow!("examples/{ROLLOUT_FILE} is missing"))?;
-    let route = find_route(documents, route)?;
-    let refs = super::backend_refs_mut(route)?;
-    for (backend, weight) in refs.iter_mut().zip(weights) {
-        if let Some(backend) = backend.as_object_mut() {
-            backend.insert("weight".into(), weight.into());
-        }
-    }
-    write_documents(&live.dir.path.join(name.as_str()), documents)
 }

@@ -136,27 +136,11 @@ pub(super) struct Stage<'a> {
 impl Stage<'_> {
     /// Set the weights of a route of rollout.yaml and write the file.
     fn set_weights(&mut self, route: &str, weights: [u64; 2]) -> anyhow::Result<()> {
-        let (name, documents) = self
-            .files
-            .iter_mut()
-            .find(|(name, _)| name == ROLLOUT_FILE)
-            .ok_or_else(|| anyhow!("examples/{ROLLOUT_FILE} is missing"))?;
-        let route = find_route(documents, route)?;
-        let refs = super::backend_refs_mut(route)?;
-        for (backend, weight) in refs.iter_mut().zip(weights) {
-            if let Some(backend) = backend.as_object_mut() {
-                backend.insert("weight".into(), weight.into());
-            }
-        }
-        write_documents(&self.dir.path.join(name.as_str()), documents)
+        set_rollout_weights(self.files, self.dir, route, weights)
     }
 
     fn rollout(&self, policy: &str) -> Option<RolloutStatus> {
-        let key = PolicyKey {
-            namespace: "default".into(),
-            name: policy.into(),
-        };
-        self.running.rollouts().policies.get(&key)?.first().cloned()
+        rollout_status(self.running, policy)
     }
 
     async fn wait(
@@ -283,6 +267,37 @@ impl Stage<'_> {
         }
         Ok((sent, failed))
     }
+}
+
+/// Set the weights of a route of rollout.yaml and write the file (the
+/// acts and the live demo both).
+pub(super) fn set_rollout_weights(
+    files: &mut [(String, Vec<Value>)],
+    dir: &TempDir,
+    route: &str,
+    weights: [u64; 2],
+) -> anyhow::Result<()> {
+    let (name, documents) = files
+        .iter_mut()
+        .find(|(name, _)| name == ROLLOUT_FILE)
+        .ok_or_else(|| anyhow!("examples/{ROLLOUT_FILE} is missing"))?;
+    let route = find_route(documents, route)?;
+    let refs = super::backend_refs_mut(route)?;
+    for (backend, weight) in refs.iter_mut().zip(weights) {
+        if let Some(backend) = backend.as_object_mut() {
+            backend.insert("weight".into(), weight.into());
+        }
+    }
+    write_documents(&dir.path.join(name.as_str()), documents)
+}
+
+/// The status of the first rollout of RolloutPolicy `default/{policy}`.
+pub(super) fn rollout_status(running: &RunningGateway, policy: &str) -> Option<RolloutStatus> {
+    let key = PolicyKey {
+        namespace: "default".into(),
+        name: policy.into(),
+    };
+    running.rollouts().policies.get(&key)?.first().cloned()
 }
 
 /// The served shares over the spec's backends: `99.5/0.5`, `100/0`.
