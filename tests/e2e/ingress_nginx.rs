@@ -388,3 +388,92 @@ async fn serve_with_ingress_class_serves_the_ingresses_as_converted() {
         "{route}"
     );
 }
+
+/// `enable-cors` with one origin listed and the other settings at
+/// ingress-nginx's defaults, converted and served: a preflight from the
+/// origin is answered by the gateway with ingress-nginx's lists (written
+/// out by the conversion), one from another origin gets no CORS headers,
+/// and a plain request from the origin reaches the backend and carries the
+/// origin back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enable_cors_is_served_with_ingress_nginx_s_defaults() {
+    let ingress = r#"apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: app
+  namespace: default
+  annotations:
+    nginx.ingress.kubernetes.io/enable-cors: "true"
+    nginx.ingress.kubernetes.io/cors-allow-origin: "https://web.example"
+spec:
+  ingressClassName: nginx
+  rules:
+  - host: app.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: app, port: {number: 8080}}}}
+"#;
+    let (code, routes, report) = convert(ingress, &["--gateway", "default/gw"]);
+    assert_eq!(code, 0, "every CORS annotation converts exactly: {report}");
+    assert!(
+        report.contains("nginx.ingress.kubernetes.io/enable-cors: converted"),
+        "{report}"
+    );
+    let app = Pods::start("default", "app", 1).await;
+    let gw = Sluice::start(&[
+        ("base.yaml", gateway() + &app.manifests()),
+        ("routes.yaml", routes.clone()),
+    ])
+    .await;
+    let mut conn = gw.connect().await;
+    let options = |origin: &str| {
+        hyper::Request::options("/cart")
+            .header("host", "app.example.com")
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .expect("request")
+    };
+    let header = |r: &Resp, name: &str| {
+        r.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from)
+    };
+    let r = conn.send(options("https://web.example")).await;
+    assert!(r.status.is_success(), "{}: {routes}", r.status);
+    assert_eq!(
+        header(&r, "access-control-allow-origin").as_deref(),
+        Some("https://web.example")
+    );
+    assert_eq!(
+        header(&r, "access-control-allow-methods").as_deref(),
+        Some("GET, PUT, POST, DELETE, PATCH, OPTIONS")
+    );
+    assert_eq!(
+        header(&r, "access-control-max-age").as_deref(),
+        Some("1728000")
+    );
+    assert_eq!(
+        header(&r, "access-control-allow-credentials").as_deref(),
+        Some("true")
+    );
+    assert_eq!(app.requests(), 0, "the gateway answers preflights itself");
+
+    let r = conn.send(options("https://elsewhere.example")).await;
+    assert_eq!(header(&r, "access-control-allow-origin"), None);
+
+    let r = conn
+        .get_with(
+            "app.example.com",
+            "/cart",
+            &[("origin", "https://web.example")],
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.pod(), "app-0");
+    assert_eq!(
+        header(&r, "access-control-allow-origin").as_deref(),
+        Some("https://web.example")
+    );
+}
