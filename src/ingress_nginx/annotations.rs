@@ -107,6 +107,9 @@ pub struct RuleSettings {
     pub use_regex: bool,
     /// `app-root`: a redirect of `/` to this path.
     pub app_root: Option<String>,
+    /// `backend-protocol: GRPC`: the rules become a GRPCRoute's, each path
+    /// a gRPC service or method.
+    pub grpc: bool,
 }
 
 /// The implicit defaults of ingress-nginx that change behaviour, reported
@@ -139,6 +142,9 @@ pub fn main_settings(
     let key = |k: &str| format!("{PREFIX}{k}");
     let mut rewrite: serde_json::Map<String, Value> = serde_json::Map::new();
     s.use_regex = a.get("use-regex").and_then(|v| parse_bool(v)) == Some(true);
+    s.grpc = a
+        .get("backend-protocol")
+        .is_some_and(|v| v.eq_ignore_ascii_case("GRPC"));
     let mut cors_verdicts = match cors(a) {
         Ok(Some((filter, verdicts))) => {
             s.filters.push(filter);
@@ -210,9 +216,9 @@ pub fn main_settings(
                 None => Verdict::Error(format!("{v:?} is not a boolean")),
             },
             "backend-protocol" => match v.to_ascii_uppercase().as_str() {
-                "HTTP" => Verdict::Converted,
-                "GRPC" | "GRPCS" => Verdict::Unsupported(
-                    "gRPC backends need a GRPCRoute; not converted yet".into(),
+                "HTTP" | "GRPC" => Verdict::Converted,
+                "GRPCS" => Verdict::Unsupported(
+                    "gRPC over TLS to the backend needs a BackendTLSPolicy naming its CA; not converted yet".into(),
                 ),
                 "HTTPS" => Verdict::Unsupported(
                     "TLS to the backend needs a BackendTLSPolicy naming its CA; not converted yet".into(),
@@ -262,7 +268,30 @@ pub fn main_settings(
             }
             _ => Verdict::Unsupported("no Gateway API equivalent".into()),
         };
+        let verdict = match verdict {
+            Verdict::Converted | Verdict::Approximated(_) | Verdict::Extension(_)
+                if s.grpc && HTTP_ONLY.contains(&k) && !is_off(k, v) =>
+            {
+                Verdict::Error(
+                    "backend-protocol GRPC makes the rules a GRPCRoute's, which has no such filter or match; left out".into(),
+                )
+            }
+            verdict => verdict,
+        };
         report.push(object, key(k), verdict);
+    }
+    if s.grpc {
+        // What a GRPCRoute rule has: header modifiers and mirrors.
+        s.filters.retain(|f| {
+            matches!(
+                f["type"].as_str(),
+                Some("RequestHeaderModifier" | "ResponseHeaderModifier" | "RequestMirror")
+            )
+        });
+        rewrite.clear();
+        s.app_root = None;
+        s.use_regex = false;
+        s.timeouts = None;
     }
     if !rewrite.is_empty() {
         s.filters
@@ -287,6 +316,24 @@ pub fn main_settings(
         );
     }
     s
+}
+
+/// Annotations that make HTTPRoute filters or matches a GRPCRoute does
+/// not have.
+const HTTP_ONLY: [&str; 7] = [
+    "rewrite-target",
+    "upstream-vhost",
+    "permanent-redirect",
+    "permanent-redirect-code",
+    "app-root",
+    "use-regex",
+    "enable-cors",
+];
+
+/// Whether annotation `k` is switched off by its value (`use-regex:
+/// "false"`), so that it asks for nothing.
+fn is_off(k: &str, v: &str) -> bool {
+    matches!(k, "use-regex" | "enable-cors") && parse_bool(v) == Some(false)
 }
 
 /// The annotations of ingress-nginx's CORS (`enable-cors` and its
