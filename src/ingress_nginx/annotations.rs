@@ -110,6 +110,41 @@ pub struct RuleSettings {
     /// `backend-protocol: GRPC`: the rules become a GRPCRoute's, each path
     /// a gRPC service or method.
     pub grpc: bool,
+    /// `rewrite-target: T/$2` on paths `PREFIX(/|$)(.*)` (ingress-nginx's
+    /// prefix-stripping idiom): each path becomes a PathPrefix `PREFIX`
+    /// whose matched prefix is replaced by this (`T`, or `/`).
+    pub replace_prefix: Option<String>,
+}
+
+/// The suffix of ingress-nginx's prefix-stripping paths: `PREFIX(/|$)(.*)`.
+pub const STRIP_SUFFIX: &str = "(/|$)(.*)";
+
+/// The prefix of a path written as ingress-nginx's prefix-stripping
+/// idiom (`/api(/|$)(.*)`), when it is one: a plain path, no regular
+/// expression syntax in it.
+pub fn stripped_prefix(path: &str) -> Option<&str> {
+    let prefix = path.strip_suffix(STRIP_SUFFIX)?;
+    let plain = prefix.len() > 1
+        && prefix.starts_with('/')
+        && !prefix.ends_with('/')
+        && prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-._~/%".contains(c));
+    plain.then_some(prefix)
+}
+
+/// The replacement of the prefix-stripping idiom's `rewrite-target`
+/// (`/$2` is `/`, `/v2/$2` is `/v2`), when it is one.
+fn prefix_replacement(target: &str) -> Option<String> {
+    let rest = target.strip_suffix("/$2")?;
+    if rest.contains('$') || !(rest.is_empty() || rest.starts_with('/')) {
+        return None;
+    }
+    Some(if rest.is_empty() {
+        "/".into()
+    } else {
+        rest.into()
+    })
 }
 
 /// The implicit defaults of ingress-nginx that change behaviour, reported
@@ -136,12 +171,20 @@ pub fn main_settings(
     object: &str,
     a: &BTreeMap<&str, &str>,
     tls_hosts: bool,
+    paths: &[String],
     report: &mut Report,
 ) -> RuleSettings {
     let mut s = RuleSettings::default();
     let key = |k: &str| format!("{PREFIX}{k}");
     let mut rewrite: serde_json::Map<String, Value> = serde_json::Map::new();
     s.use_regex = a.get("use-regex").and_then(|v| parse_bool(v)) == Some(true);
+    let idiom = a
+        .get("rewrite-target")
+        .and_then(|v| prefix_replacement(v))
+        .filter(|_| !paths.is_empty() && paths.iter().all(|p| stripped_prefix(p).is_some()));
+    if idiom.is_some() {
+        s.use_regex = false;
+    }
     s.grpc = a
         .get("backend-protocol")
         .is_some_and(|v| v.eq_ignore_ascii_case("GRPC"));
@@ -166,6 +209,9 @@ pub fn main_settings(
                 }
             }
             "use-regex" => match parse_bool(v) {
+                // The regex locations of the prefix-stripping idiom are
+                // the PathPrefix matches rewrite-target's line describes.
+                Some(true) if idiom.is_some() => Verdict::Converted,
                 Some(true) => Verdict::Approximated(
                     "paths become RegularExpression matches (case-insensitive, anchored at the start as nginx's ~* location); nginx tries regex locations in order of path length, sluice ranks them after Exact and PathPrefix of the same route set, and PCRE syntax sluice's regex engine lacks is refused".into(),
                 ),
@@ -173,7 +219,19 @@ pub fn main_settings(
                 None => Verdict::Error(format!("{v:?} is not a boolean")),
             },
             "rewrite-target" => {
-                if v.contains('$') {
+                if let Some(replacement) = idiom.clone() {
+                    let slash = if replacement == "/" {
+                        String::new()
+                    } else {
+                        format!(
+                            "; the prefix alone (no slash after it) becomes {replacement:?} where nginx gives \"{replacement}/\""
+                        )
+                    };
+                    s.replace_prefix = Some(replacement);
+                    Verdict::Approximated(format!(
+                        "paths PREFIX{STRIP_SUFFIX} with {v:?} strip the prefix: each becomes a PathPrefix with an URLRewrite ReplacePrefixMatch; nginx matches the prefix case-insensitively (~*), the PathPrefix match is case-sensitive{slash}"
+                    ))
+                } else if v.contains('$') {
                     Verdict::Unsupported(
                         "a target with capture groups ($1...) has no Gateway API equivalent; write an URLRewrite ReplacePrefixMatch by hand when the groups only keep the rest of the path".into(),
                     )
@@ -289,6 +347,7 @@ pub fn main_settings(
             )
         });
         rewrite.clear();
+        s.replace_prefix = None;
         s.app_root = None;
         s.use_regex = false;
         s.timeouts = None;
@@ -613,6 +672,26 @@ mod tests {
             .into_iter()
             .collect();
         assert!(cors(&off).unwrap().is_none());
+    }
+
+    #[test]
+    fn the_prefix_stripping_idiom_is_recognised_and_nothing_else() {
+        assert_eq!(stripped_prefix("/api(/|$)(.*)"), Some("/api"));
+        assert_eq!(stripped_prefix("/a/b-c.d(/|$)(.*)"), Some("/a/b-c.d"));
+        for path in [
+            "/(/|$)(.*)",
+            "/api/(/|$)(.*)",
+            "/ap[i](/|$)(.*)",
+            "/api(/.*)",
+            "/api",
+        ] {
+            assert_eq!(stripped_prefix(path), None, "{path}");
+        }
+        assert_eq!(prefix_replacement("/$2").as_deref(), Some("/"));
+        assert_eq!(prefix_replacement("/v2/$2").as_deref(), Some("/v2"));
+        for target in ["/$1", "$2", "/x/$1/$2", "v2/$2", "/new"] {
+            assert_eq!(prefix_replacement(target), None, "{target}");
+        }
     }
 
     #[test]

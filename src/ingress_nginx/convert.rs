@@ -35,6 +35,7 @@ use serde_json::{Value, json};
 
 use super::annotations::{
     CANARY_KEYS, Canary, PREFIX, RuleSettings, is_canary, main_settings, nginx_annotations,
+    stripped_prefix,
 };
 use super::report::{Report, Verdict};
 use crate::resources::{CONTROLLER_NAME, DEFAULT_NAMESPACE};
@@ -164,7 +165,14 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
         let a = nginx_annotations(ing.metadata.annotations.as_ref());
         let spec = ing.spec.clone().unwrap_or_default();
         let tls = spec.tls.as_ref().is_some_and(|t| !t.is_empty());
-        settings.push(main_settings(&object, &a, tls, &mut report));
+        let paths: Vec<String> = spec
+            .rules
+            .iter()
+            .flatten()
+            .flat_map(|r| r.http.iter().flat_map(|h| &h.paths))
+            .map(|p| p.path.clone().unwrap_or_else(|| "/".into()))
+            .collect();
+        settings.push(main_settings(&object, &a, tls, &paths, &mut report));
         if spec.default_backend.is_some() {
             report.push(
                 &object,
@@ -512,8 +520,16 @@ fn http_route(
             m["headers"] = json!([h]);
         }
         let mut r = json!({"name": name, "matches": [m], "backendRefs": backends});
-        if !s.filters.is_empty() {
-            r["filters"] = json!(s.filters);
+        let mut filters = s.filters.clone();
+        // The prefix-stripping idiom: every path of the Ingress is one.
+        if let Some(replacement) = &s.replace_prefix
+            && path["type"] == "PathPrefix"
+        {
+            filters.push(json!({"type": "URLRewrite", "urlRewrite": {
+                "path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": replacement}}}));
+        }
+        if !filters.is_empty() {
+            r["filters"] = json!(filters);
         }
         if let Some(t) = &s.timeouts {
             r["timeouts"] = t.clone();
@@ -535,6 +551,10 @@ fn http_route(
                 .ok()
                 .flatten()
                 .unwrap_or(Value::Null)
+        } else if s.replace_prefix.is_some()
+            && let Some(prefix) = stripped_prefix(&l.path)
+        {
+            json!({"type": "PathPrefix", "value": prefix})
         } else {
             path_match(l, s.use_regex)
         };

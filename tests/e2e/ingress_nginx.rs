@@ -585,3 +585,63 @@ spec:
         assert_eq!(pod(&reply), backend, "{md:?}\n{routes}");
     }
 }
+
+/// ingress-nginx's prefix-stripping idiom (path `/api(/|$)(.*)`,
+/// `rewrite-target: /$2`, and `/v2/$2` for a new prefix), converted and
+/// served: the backend sees the path with the prefix stripped (or
+/// replaced), and a path that only starts with the same letters is not
+/// taken. Reported approximated (nginx's regex location is
+/// case-insensitive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewrite_target_prefix_stripping_becomes_replace_prefix_match() {
+    let ingress = |name: &str, prefix: &str, target: &str| {
+        format!(
+            r#"apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: {name}
+  namespace: default
+  annotations:
+    nginx.ingress.kubernetes.io/use-regex: "true"
+    nginx.ingress.kubernetes.io/rewrite-target: "{target}"
+spec:
+  ingressClassName: nginx
+  rules:
+  - host: app.example.com
+    http:
+      paths:
+      - {{path: "{prefix}(/|$)(.*)", pathType: ImplementationSpecific, backend: {{service: {{name: app, port: {{number: 8080}}}}}}}}
+"#
+        )
+    };
+    let input = ingress("strip", "/api", "/$2") + "---\n" + &ingress("moved", "/old", "/v2/$2");
+    let (code, routes, report) = convert(&input, &["--gateway", "default/gw"]);
+    assert_eq!(code, 1, "approximated: {report}");
+    assert!(
+        report.contains("nginx.ingress.kubernetes.io/rewrite-target: approximated"),
+        "{report}"
+    );
+    assert!(routes.contains("ReplacePrefixMatch"), "{routes}");
+    let app = Pods::start("default", "app", 1).await;
+    let gw = Sluice::start(&[
+        ("base.yaml", gateway() + &app.manifests()),
+        ("routes.yaml", routes.clone()),
+    ])
+    .await;
+    let mut conn = gw.connect().await;
+    for (path, seen) in [
+        ("/api/cart/1?x=1", "/cart/1?x=1"),
+        ("/api", "/"),
+        ("/api/", "/"),
+        ("/old/items", "/v2/items"),
+    ] {
+        let r = conn.get("app.example.com", path).await;
+        assert_eq!(r.status, 200, "{path}\n{routes}");
+        assert_eq!(r.echo().path, seen, "{path}\n{routes}");
+    }
+    assert_eq!(
+        conn.get("app.example.com", "/apis").await.status,
+        404,
+        "/apis is not under /api\n{routes}"
+    );
+}
