@@ -16,8 +16,8 @@
 //!   explain` prints it, in JSON (`header` repeatable, `gateway=ns/name`);
 //! - `GET /`: the dashboard, one page built into the binary (no external
 //!   assets), polling `GET /overview` (JSON: Gateways and listeners,
-//!   rules with spec, served and observed shares per backend, rollouts,
-//!   errors; bounded, see [`overview`]);
+//!   rules with spec, served and observed shares per backend, rollouts
+//!   with their evidence over time, errors; bounded, see [`overview`]);
 //! - `GET /healthz`: `ok` while the process serves;
 //! - `GET /readyz`: 200 once the first configuration is applied, 503 before;
 //!   a line more for each thing an operator should know (the rollout state

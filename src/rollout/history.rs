@@ -357,15 +357,15 @@ fn signal(
             Bound::Stable { degradation } => {
                 let r0 = 1.0 + f64::from(degradation) / f64::from(Percent::SCALE);
                 let (x, n) = (events(&look.stable), look.stable.requests);
-                let rate = if look.concurrent {
-                    (n > 0).then(|| x as f64 / n as f64)
+                let limit = if look.concurrent {
+                    (n > 0).then(|| (r0 * x as f64 / n as f64).min(1.0))
                 } else {
                     // As the judge: the stable's rate recorded during the
                     // rollout, at most this (a quarter of the gate's
-                    // budget).
-                    Some(upper_bound(x, n, alpha / 4.0))
+                    // budget); no limit (nothing judged) at 100% or more.
+                    Some(r0 * upper_bound(x, n, alpha / 4.0)).filter(|l| *l < 1.0)
                 };
-                stable_limit = stable_limit.or(rate.map(|r| (r0 * r).min(1.0)));
+                stable_limit = stable_limit.or(limit);
             }
         }
     }
@@ -689,6 +689,11 @@ mod tests {
         let want = 1.25 * upper_bound(10, 9_000, alpha / 4.0);
         assert!((p.errors.stable_limit.expect("a limit") - want).abs() < 1e-12);
         assert!(want > 1.25 * 10.0 / 9_000.0);
+        // Too little recorded to bound the stable's rate below 80%: the
+        // judge judges nothing, and there is no limit to draw.
+        let mut l = look(&gates, Phase::Progressing, "100%", 0, 0);
+        l.concurrent = false;
+        assert_eq!(point(&l, 0.0).errors.stable_limit, None);
     }
 
     #[test]
