@@ -159,7 +159,8 @@ pub enum Outcome {
     /// The first step began.
     Started,
     /// This process took the rollout over at a step begun before (a
-    /// restart, or a new leader): its counts start from here.
+    /// restart, or a new leader), or the policy changed after a failed
+    /// gate held the step: the counts start from here.
     Resumed,
     /// The step before passed; this one began.
     Passed,
@@ -230,11 +231,14 @@ impl History {
                 Outcome::Resumed
             }),
             Some(before) if before == mark => None,
-            Some((was, step, _)) => Some(match look.phase {
+            Some((was, step, held)) => Some(match look.phase {
                 Phase::RolledBack => Outcome::RolledBack,
                 Phase::Complete => Outcome::Complete,
                 Phase::Paused => Outcome::Paused,
                 _ if step.is_none() => Outcome::Started,
+                // The policy changed after a failed gate: the evidence
+                // starts anew.
+                _ if held => Outcome::Resumed,
                 _ if look.step != step => Outcome::Passed,
                 _ if was == Phase::Paused => Outcome::Unpaused,
                 _ => Outcome::Resumed,
@@ -754,6 +758,16 @@ mod tests {
             h.boundaries().last().map(|b| b.outcome),
             Some(Outcome::Paused)
         );
+        // The policy changed: judged again, counting anew.
+        l.phase = Phase::Progressing;
+        l.held = false;
+        l.canary = totals(0, 0, 0);
+        h.record(&l, at(9.0));
+        assert_eq!(
+            h.boundaries().last().map(|b| b.outcome),
+            Some(Outcome::Resumed)
+        );
+        assert_eq!(h.points().len(), 3);
     }
 
     #[test]

@@ -1561,7 +1561,7 @@ async fn overview_carries_the_evidence_over_time_of_a_rollout_in_flight() {
     let stable_limit = column(rates, "stableLimit");
     let last = *stable_limit.last().expect("a point");
     assert!(last > 0.0 && last < 1.0, "{stable_limit:?}");
-    assert!(stable_limit.iter().any(|l| *l == 0.0), "{stable_limit:?}");
+    assert!(stable_limit.contains(&0.0), "{stable_limit:?}");
     let steps = history["steps"].as_array().expect("steps");
     assert_eq!(steps.len(), 2, "{history:#}");
     assert_eq!(
