@@ -1453,8 +1453,9 @@ async fn a_canary_failing_everything_is_rolled_back_after_a_handful_of_errors() 
 /// `/overview` carries a rollout's evidence over time while it is in
 /// flight (what the dashboard charts): the counts the gates judged on
 /// both sides since the first step, each side's bounds around its rate,
-/// the limits, and the step boundaries, through a step that passes. The
-/// persisted status does not carry it.
+/// the limits, and the step boundaries, through a step that passes; then
+/// the rollback, its point showing the canary's lower bound past the
+/// limit. The persisted status does not carry it.
 #[tokio::test]
 async fn overview_carries_the_evidence_over_time_of_a_rollout_in_flight() {
     let spec = "  steps: ['50%', '100%']
@@ -1595,5 +1596,39 @@ async fn overview_carries_the_evidence_over_time_of_a_rollout_in_flight() {
     assert!(
         status["rollouts"][0].get("history").is_none(),
         "the status is persisted; the history is not: {status:#}"
+    );
+
+    // The canary fails everything: rolled back when its lower bound
+    // passes the limit, which the history's last point shows, with the
+    // boundary; the chart stays.
+    shop.canary.servers[0].fail_with(Some(StatusCode::INTERNAL_SERVER_ERROR));
+    shop.errors_until_rolled_back(30).await;
+    let r = wait_rollout(&shop.sluice, "shop", "rolled back", phase("RolledBack")).await;
+    assert!(
+        r["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("is above maxErrorRate 5% at 99% confidence"),
+        "{r:#}"
+    );
+    let (_, body) = admin_get(shop.sluice.admin, "/overview")
+        .await
+        .expect("admin answers");
+    let o: Value = serde_json::from_slice(&body).expect("JSON");
+    let history = &o["rollouts"][0]["history"];
+    let steps = history["steps"].as_array().expect("steps");
+    assert_eq!(
+        (&steps[2]["step"], &steps[2]["outcome"]),
+        (&serde_json::json!("100%"), &serde_json::json!("rolledBack")),
+        "{history:#}"
+    );
+    let low = *column(&history["errorRate"], "canaryLow")
+        .last()
+        .expect("a point");
+    assert!(low >= 0.05, "the lower bound passed the limit: {history:#}");
+    assert_eq!(
+        column(history, "t").last(),
+        steps[2]["t"].as_f64().as_ref(),
+        "the last point is the rollback's"
     );
 }
