@@ -31,7 +31,7 @@ spec:
   targetRefs: [{group: gateway.networking.k8s.io, kind: HTTPRoute, name: web}]
   steps: ['50%', '100%']
   interval: 1h
-  analysis: {minRequests: 1000000, maxErrorRate: '5%'}
+  analysis: {minRequests: 1000000, maxErrorRate: '5%', maxLatency: 10s}
 ";
 
 /// The browser: `$SLUICE_CHROMIUM`, else the first chromium on `PATH`;
@@ -188,7 +188,8 @@ fn attribute(dom: &str, marker: &str, name: &str) -> String {
 /// The 5xx chart of the rollout in flight: the canary's rate line with a
 /// point for each of the series' with requests (at least `points`: the
 /// page polled later), left to right; its band; the limit (5%) drawn flat on the
-/// axis's 5% line; the first step's boundary labelled 50%; the legend.
+/// axis's 5% line; the first step's boundary labelled 50%; the legend;
+/// and the chart of slow responses.
 fn check_chart(dom: &str, points: usize) {
     let chart = &dom[dom
         .find("<svg class=\"chart\" data-chart=\"errorRate\"")
@@ -235,6 +236,16 @@ fn check_chart(dom: &str, points: usize) {
     assert!(chart.contains(">50%</text>"), "{chart}");
     assert!(dom.contains("<b>5xx rate</b>"), "{dom}");
     assert!(dom.contains("limit 5%"), "{dom}");
+    // maxLatency is set: the slow responses' chart too, its limit 1% (a
+    // p99).
+    let slow = &dom[dom
+        .find("<svg class=\"chart\" data-chart=\"slowRate\"")
+        .unwrap_or_else(|| panic!("no chart of slow responses in\n{dom}"))..];
+    let slow = &slow[..slow.find("</svg>").expect("chart ends")];
+    assert!(slow.contains("data-series=\"canary\""), "{slow}");
+    assert!(slow.contains("data-series=\"limit\""), "{slow}");
+    assert!(dom.contains("<b>slower than maxLatency</b>"), "{dom}");
+    assert!(dom.contains("limit 1%"), "{dom}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
