@@ -346,6 +346,7 @@ fn overview(args: &[String]) -> Result<(), String> {
             &published,
             &rollouts,
             &Default::default(),
+            &Default::default(),
             &metrics,
             Limits::default(),
         ))

@@ -16,8 +16,8 @@
 //!   explain` prints it, in JSON (`header` repeatable, `gateway=ns/name`);
 //! - `GET /`: the dashboard, one page built into the binary (no external
 //!   assets), polling `GET /overview` (JSON: Gateways and listeners,
-//!   rules with spec, served and observed shares per backend, rollouts,
-//!   errors; bounded, see [`overview`]);
+//!   rules with spec, served and observed shares per backend, rollouts
+//!   with their evidence over time, errors; bounded, see [`overview`]);
 //! - `GET /healthz`: `ok` while the process serves;
 //! - `GET /readyz`: 200 once the first configuration is applied, 503 before;
 //!   a line more for each thing an operator should know (the rollout state
@@ -79,6 +79,7 @@ pub struct AdminState {
     published: ArcSwap<Published>,
     rollouts: ArcSwap<RolloutReport>,
     gates: ArcSwap<overview::GateLimits>,
+    histories: ArcSwap<overview::Histories>,
     ready: AtomicBool,
     metrics: Arc<Metrics>,
     /// The proxy in service: its route table for `/explain`, its endpoints
@@ -92,6 +93,7 @@ impl AdminState {
             published: ArcSwap::from_pointee(Published::default()),
             rollouts: ArcSwap::from_pointee(RolloutReport::default()),
             gates: ArcSwap::from_pointee(overview::GateLimits::default()),
+            histories: ArcSwap::from_pointee(overview::Histories::default()),
             ready: AtomicBool::new(false),
             metrics,
             proxy: OnceLock::new(),
@@ -113,6 +115,12 @@ impl AdminState {
     /// their gate values with).
     pub fn publish_gates(&self, gates: overview::GateLimits) {
         self.gates.store(Arc::new(gates));
+    }
+
+    /// Show `histories` as the rollouts' evidence over time (the
+    /// dashboard's charts).
+    pub fn publish_histories(&self, histories: overview::Histories) {
+        self.histories.store(Arc::new(histories));
     }
 
     /// The rollouts' status currently shown.
@@ -161,6 +169,7 @@ impl AdminState {
                 &self.published.load(),
                 &self.rollouts.load(),
                 &self.gates.load(),
+                &self.histories.load(),
                 &self.metrics,
                 overview::Limits::from_query(query),
             )),

@@ -380,6 +380,8 @@ impl Server {
             })
             .collect();
         self.state.publish_gates(gates);
+        self.state
+            .publish_histories(crate::admin::overview::histories(self.rollouts.machine()));
         self.state.publish_rollouts(report);
     }
 

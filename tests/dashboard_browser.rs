@@ -2,7 +2,8 @@
 //! listener's `/` from a gateway with traffic flowing and a rollout, runs
 //! the page's polling, and the DOM it renders is checked for what a
 //! person would see: route names, shares written as percentages, the
-//! rollout's phase; then again after a weight change.
+//! rollout's phase; then again after a weight change, with the chart of
+//! the rollout's evidence drawn from `/overview`'s series.
 //!
 //! Skipped, with the reason on stderr, when no chromium is installed, and
 //! a failure then with `SLUICE_REQUIRE_ALL=1` (`.ci/run` sets it and
@@ -30,7 +31,7 @@ spec:
   targetRefs: [{group: gateway.networking.k8s.io, kind: HTTPRoute, name: web}]
   steps: ['50%', '100%']
   interval: 1h
-  analysis: {minRequests: 1000000}
+  analysis: {minRequests: 1000000, maxErrorRate: '5%', maxLatency: 10s}
 ";
 
 /// The browser: `$SLUICE_CHROMIUM`, else the first chromium on `PATH`;
@@ -132,6 +133,121 @@ async fn wait_for_phase(fx: &Fixture, phase: &str) {
     }
 }
 
+/// Poll `/overview` until the rollout's history has at least two points
+/// with requests, the newest counting `sent` requests on both sides; the
+/// number of points with requests to the incoming backend then (a rate
+/// to draw).
+async fn wait_for_history(fx: &Fixture, sent: u64) -> usize {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let o = overview(fx).await;
+        let h = &o["rollouts"][0]["history"];
+        let points = h["t"].as_array().map_or(0, Vec::len);
+        let newest = |column: &str| h[column][points.max(1) - 1].as_u64().unwrap_or(0);
+        let with_requests = (0..points)
+            .filter(|i| h["requests"][i].as_u64() > Some(0))
+            .count();
+        if with_requests >= 2 && newest("requests") + newest("stableRequests") == sent {
+            return with_requests;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no history of {sent} requests: {o:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The `(x, y)` pairs of an SVG `points` attribute.
+fn coordinates(points: &str) -> Vec<(f64, f64)> {
+    points
+        .split_whitespace()
+        .map(|p| {
+            let (x, y) = p.split_once(',').expect("x,y");
+            (x.parse().expect("x"), y.parse().expect("y"))
+        })
+        .collect()
+}
+
+/// The value of attribute `name` in the first element of `dom` that has
+/// `marker`.
+fn attribute(dom: &str, marker: &str, name: &str) -> String {
+    let at = dom
+        .find(marker)
+        .unwrap_or_else(|| panic!("no {marker} in\n{dom}"));
+    let start = dom[..at + 1].rfind('<').expect("element start");
+    let element = &dom[start..start + dom[start..].find('>').expect("element end")];
+    let key = format!(" {name}=\"");
+    let value = &element[element
+        .find(&key)
+        .unwrap_or_else(|| panic!("no {name} in {element}"))
+        + key.len()..];
+    value[..value.find('"').expect("value end")].to_string()
+}
+
+/// The 5xx chart of the rollout in flight: the canary's rate line with a
+/// point for each of the series' with requests (at least `points`: the
+/// page polled later), left to right; its band; the limit (5%) drawn flat on the
+/// axis's 5% line; the first step's boundary labelled 50%; the legend;
+/// and the chart of slow responses.
+fn check_chart(dom: &str, points: usize) {
+    let chart = &dom[dom
+        .find("<svg class=\"chart\" data-chart=\"errorRate\"")
+        .unwrap_or_else(|| panic!("no 5xx chart in\n{dom}"))..];
+    let chart = &chart[..chart.find("</svg>").expect("chart ends")];
+    let drawn: usize = attribute(chart, "data-chart=", "data-points")
+        .parse()
+        .expect("a count");
+    assert!(
+        drawn >= points,
+        "{drawn} points drawn, {points} in the series"
+    );
+    let canary = coordinates(&attribute(chart, "data-series=\"canary\"", "points"));
+    assert!(
+        canary.len() >= points && canary.len() <= drawn,
+        "{points} to {drawn} points: {chart}"
+    );
+    assert_eq!(
+        attribute(chart, "data-series=\"canary\"", "data-points"),
+        canary.len().to_string()
+    );
+    assert!(canary.windows(2).all(|w| w[0].0 < w[1].0), "{canary:?}");
+    assert!(chart.contains("data-series=\"canaryBand\""), "{chart}");
+    assert!(chart.contains("data-series=\"stable\""), "{chart}");
+    let limit = coordinates(&attribute(chart, "data-series=\"limit\"", "points"));
+    assert_eq!(limit.len(), drawn);
+    // The axis's 5% label sits 3 px below its grid line.
+    let label = chart
+        .find("text-anchor=\"end\">5%</text>")
+        .unwrap_or_else(|| panic!("no 5% on the axis: {chart}"));
+    let text = chart[..label].rfind("<text ").expect("the label's element");
+    let y = attribute(&chart[text..], "<text", "y")
+        .parse::<f64>()
+        .expect("y")
+        - 3.0;
+    assert!(
+        limit.iter().all(|p| (p.1 - y).abs() < 0.05),
+        "the limit is drawn at 5% (y {y}): {limit:?}"
+    );
+    assert_eq!(
+        attribute(chart, "data-boundary=\"started\"", "data-step"),
+        "50%"
+    );
+    assert!(chart.contains(">50%</text>"), "{chart}");
+    assert!(dom.contains("<b>5xx rate</b>"), "{dom}");
+    assert!(dom.contains("limit 5%"), "{dom}");
+    // maxLatency is set: the slow responses' chart too, its limit 1% (a
+    // p99).
+    let slow = &dom[dom
+        .find("<svg class=\"chart\" data-chart=\"slowRate\"")
+        .unwrap_or_else(|| panic!("no chart of slow responses in\n{dom}"))..];
+    let slow = &slow[..slow.find("</svg>").expect("chart ends")];
+    assert!(slow.contains("data-series=\"canary\""), "{slow}");
+    assert!(slow.contains("data-series=\"limit\""), "{slow}");
+    assert!(dom.contains("<b>slower than maxLatency</b>"), "{dom}");
+    assert!(dom.contains("limit 1%"), "{dom}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_shares_and_rollouts_in_a_browser() {
     let Some(chromium) = sluice::testdata::or_skip(chromium()) else {
@@ -177,6 +293,14 @@ async fn the_dashboard_shows_shares_and_rollouts_in_a_browser() {
     // Gate values against the policy's limits.
     assert!(dom.contains("(needs 1000000 req"), "{dom}");
     assert!(dom.contains("1h per step)"), "{dom}");
+
+    // Traffic at the step: the chart of its evidence.
+    for _ in 0..20 {
+        assert_eq!(fx.request("/").await.0, StatusCode::OK);
+    }
+    let points = wait_for_history(&fx, 20).await;
+    let dom = render(&chromium, url.clone(), None).await;
+    check_chart(&dom, points);
 
     fx.gateway.shutdown().await;
 }

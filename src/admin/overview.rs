@@ -7,18 +7,23 @@
 //! types (the same serializers): a backend is a [`BackendSummary`] with
 //! its live figures ([`BackendView`]) next to it.
 //!
+//! A rollout in flight carries `history`: what its gates judged over time
+//! ([`crate::rollout::history`]: counts, each side's rate bounds, the
+//! limits, the step boundaries), in columns of numbers, at most 600
+//! points; what the dashboard charts.
+//!
 //! Bounded: at most `rules` rules (default 100, at most 1,000; rules a
 //! rollout governs first, then the busiest over the last minute) and 100
 //! errors, so that a page left open on a gateway of 10,000 routes reads a
 //! few hundred KB every poll, not the whole configuration.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
 use super::Published;
 use crate::metrics::{BackendStatsKey, BackendView, Metrics, OBSERVED_WINDOW};
-use crate::rollout::{RolloutReport, RolloutStatus};
+use crate::rollout::{History, RolloutReport, RolloutStatus, Rollouts};
 use crate::source::ConfigError;
 use crate::translate::{BackendSummary, ObjectStatus, RuleRollout, RuleSummary};
 
@@ -103,6 +108,11 @@ pub struct RolloutView<'a> {
     /// What each step is judged by.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gates: Option<&'a Gates>,
+    /// What the gates judged over time, while this process judges the
+    /// rollout (the leader, or a standalone gateway) and since its first
+    /// step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history: Option<&'a History>,
 }
 
 /// A RolloutPolicy's gates, as the machine judges them.
@@ -120,13 +130,31 @@ pub struct Gates {
 }
 
 /// The gates of every RolloutPolicy, by `<namespace>/<name>`.
-pub type GateLimits = std::collections::BTreeMap<String, Gates>;
+pub type GateLimits = BTreeMap<String, Gates>;
+
+/// Each rollout's history, by the policy's `<namespace>/<name>`, the
+/// route and the rule index (as its status names it).
+pub type Histories = BTreeMap<(String, String, usize), History>;
+
+/// The histories of the rollouts `machine` judges (none for a follower's,
+/// which judges nothing).
+pub fn histories(machine: &Rollouts) -> Histories {
+    machine
+        .histories()
+        .filter(|(_, h)| !h.is_empty())
+        .map(|(r, h)| {
+            let key = (r.policy.to_string(), r.rule.route.clone(), r.rule.rule);
+            (key, h.clone())
+        })
+        .collect()
+}
 
 impl<'a> Overview<'a> {
     pub fn build(
         published: &'a Published,
         rollouts: &'a RolloutReport,
         gates: &'a GateLimits,
+        histories: &'a Histories,
         metrics: &Metrics,
         limits: Limits,
     ) -> Self {
@@ -187,6 +215,7 @@ impl<'a> Overview<'a> {
                 let name = policy.to_string();
                 let gates = gates.get(&name);
                 list.iter().map(move |status| RolloutView {
+                    history: histories.get(&(name.clone(), status.route.clone(), status.rule)),
                     policy: name.clone(),
                     status,
                     gates,

@@ -248,6 +248,12 @@ impl RolloutDriver {
         }
     }
 
+    /// The state machine: what the dashboard charts of each rollout is
+    /// its [`Rollouts::histories`] (a follower's judges nothing: none).
+    pub fn machine(&self) -> &Rollouts {
+        &self.machine
+    }
+
     /// Set the rollout gauges of `metrics` (phase, step, served shares)
     /// and drop those of rollouts no longer known.
     pub fn publish_metrics(&self, metrics: &Metrics) {

@@ -26,6 +26,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::gates::{GateReport, Judge, StepView, Verdict};
+use super::history::{History, Look};
 use super::shares::{BackendKey, Weights, share_text};
 use crate::metrics::BackendTotals;
 use crate::resources::{ConsistentKey, OnFailure, Percent, RolloutSettings};
@@ -183,6 +184,8 @@ struct Live {
     /// The gates as the last look reported them.
     reports: Vec<GateReport>,
     step_index: Option<usize>,
+    /// What the gates judged, look by look (the dashboard's chart).
+    history: History,
 }
 
 impl Default for Rollout {
@@ -330,6 +333,12 @@ impl Rollouts {
             .collect()
     }
 
+    /// Every rollout with what its gates judged over time, in (policy,
+    /// rule) order.
+    pub fn histories(&self) -> impl Iterator<Item = (&Rollout, &History)> {
+        self.live.values().map(|l| (&l.rollout, &l.history))
+    }
+
     /// Whether a rollout is at a step (its gates and clock need judging).
     pub fn in_flight(&self) -> bool {
         self.live.values().any(|l| {
@@ -418,6 +427,15 @@ impl Rollouts {
                 },
             };
             advance(&mut live, g, totals, now, &mut out.transitions);
+            let look = Look::of(
+                &live.rollout,
+                live.step_index,
+                &live.judge,
+                &live.step,
+                &g.settings,
+                now,
+            );
+            live.history.record(&look, now);
             out.next = earliest(out.next, deadline(&live, g, now));
             out.changed |= recorded.as_ref() != Some(&live.rollout);
             out.served

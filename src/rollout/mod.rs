@@ -13,6 +13,8 @@
 //!   on counts (a mixture SPRT);
 //! - [`gates`]: the [`Gate`] type and one rollout's evidence ([`Judge`]):
 //!   what breaches a step, said with its counts;
+//! - [`history`]: a rollout's evidence over time (counts, bounds, limits,
+//!   step boundaries), bounded, for the dashboard;
 //! - [`machine`]: the state machine, pure (configuration, counters and
 //!   clock in; served shares, transitions and records out);
 //! - [`status`]: the status shape of a rollout (`status.rollouts[]` of
@@ -39,12 +41,14 @@ pub mod driver;
 pub mod evidence;
 pub mod fleet;
 pub mod gates;
+pub mod history;
 pub mod machine;
 pub mod shares;
 pub mod status;
 pub mod store;
 
 pub use gates::{Bound, Confidence, Gate, GateReport, Judge, Signal, StepView, Verdict};
+pub use history::History;
 pub use machine::{
     Evaluation, GovernedRule, Phase, PolicyKey, Readiness, Rollout, RolloutInputs, Rollouts,
     RuleKey, ServedRule, ServedShares, StepCounts, Transition, duration_text,

@@ -1449,3 +1449,186 @@ async fn a_canary_failing_everything_is_rolled_back_after_a_handful_of_errors() 
         "{r:#}"
     );
 }
+
+/// `/overview` carries a rollout's evidence over time while it is in
+/// flight (what the dashboard charts): the counts the gates judged on
+/// both sides since the first step, each side's bounds around its rate,
+/// the limits, and the step boundaries, through a step that passes; then
+/// the rollback, its point showing the canary's lower bound past the
+/// limit. The persisted status does not carry it.
+#[tokio::test]
+async fn overview_carries_the_evidence_over_time_of_a_rollout_in_flight() {
+    let spec = "  steps: ['50%', '100%']
+  interval: 300ms
+  analysis: {minRequests: 20, maxErrorRate: '5%', maxLatency: 5s, baseline: Stable, maxDegradation: '25%'}
+";
+    let (shop, first) = Shop::promoting(spec, (1, 0), (0, 1), "50%").await;
+    // The canary fails 1 in 25 (4%, under the limit), the stable nothing:
+    // every error the client sees is the canary's (its 25th request
+    // fails).
+    shop.canary.servers[0].fail_every(25, StatusCode::INTERNAL_SERVER_ERROR);
+    let mut conn = shop.sluice.connect().await;
+    let mut errors = 0u64;
+    while shop.canary.requests() < 25 {
+        if conn.get(HOST, "/").await.status != StatusCode::OK {
+            errors += 1;
+        }
+    }
+    past_step_start(&first, 300).await;
+    wait_rollout(
+        &shop.sluice,
+        "shop",
+        "second step",
+        at("Progressing", "100%"),
+    )
+    .await;
+    // Fewer than minRequests at the last step: it stays in flight.
+    for _ in 0..5 {
+        if conn.get(HOST, "/").await.status != StatusCode::OK {
+            errors += 1;
+        }
+    }
+    let (canary, stable) = (shop.canary.requests(), shop.stable.requests());
+    let column = |h: &Value, name: &str| -> Vec<f64> {
+        h[name]
+            .as_array()
+            .unwrap_or_else(|| panic!("history.{name} is an array: {h:#}"))
+            .iter()
+            .map(|v| v.as_f64().unwrap_or(f64::NAN))
+            .collect()
+    };
+    // The history takes the last counts at the next look (a second at
+    // most).
+    let deadline = Instant::now() + DEADLINE;
+    let history = loop {
+        let (code, body) = admin_get(shop.sluice.admin, "/overview")
+            .await
+            .expect("admin answers");
+        assert_eq!(code, StatusCode::OK);
+        let o: Value = serde_json::from_slice(&body).expect("JSON");
+        let h = o["rollouts"][0]["history"].clone();
+        if h.is_object()
+            && column(&h, "requests").last() == Some(&(canary as f64))
+            && column(&h, "stableRequests").last() == Some(&(stable as f64))
+        {
+            break h;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the history never caught up with {canary} canary and {stable} stable requests: {o:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let t = column(&history, "t");
+    assert!(t.len() >= 2, "{history:#}");
+    assert_eq!(t[0], 0.0);
+    assert!(t.windows(2).all(|w| w[0] <= w[1]), "{t:?}");
+    assert!(history["since"].is_string(), "{history:#}");
+    assert_eq!(column(&history, "errors").last(), Some(&(errors as f64)));
+    assert_eq!(column(&history, "stableErrors").last(), Some(&0.0));
+    assert!(errors >= 1, "1 in 25 of at least 25 canary requests");
+    let (requests, failed) = (column(&history, "requests"), column(&history, "errors"));
+    let rates = &history["errorRate"];
+    let (low, high) = (column(rates, "canaryLow"), column(rates, "canaryHigh"));
+    for i in 0..t.len() {
+        for name in ["stableRequests", "slow", "stableSlow", "stableErrors"] {
+            assert_eq!(column(&history, name).len(), t.len(), "{name}");
+        }
+        if requests[i] > 0.0 {
+            // Bounds are given to 4 significant digits.
+            let rate = failed[i] / requests[i];
+            assert!(
+                low[i] <= rate * 1.001 && rate * 0.999 <= high[i] && high[i] <= 1.0,
+                "point {i}: {rate} in [{}, {}]",
+                low[i],
+                high[i]
+            );
+        }
+    }
+    assert!(
+        high.last() < high.get(1),
+        "the band narrows with the counts: {high:?}"
+    );
+    assert!(column(rates, "limit").iter().all(|l| *l == 0.05), "{rates}");
+    assert!(
+        column(&history["slowRate"], "limit")
+            .iter()
+            .all(|l| *l == 0.01),
+        "maxLatency is a p99: {history:#}"
+    );
+    // Against the stable: 1.25 times its rate (0) while both sides serve;
+    // at the last step, 1.25 times the bound on its rate the judge uses
+    // (above 0, below 1).
+    let stable_limit = column(rates, "stableLimit");
+    let last = *stable_limit.last().expect("a point");
+    assert!(last > 0.0 && last < 1.0, "{stable_limit:?}");
+    assert!(stable_limit.contains(&0.0), "{stable_limit:?}");
+    let steps = history["steps"].as_array().expect("steps");
+    assert_eq!(steps.len(), 2, "{history:#}");
+    assert_eq!(
+        (
+            &steps[0]["t"],
+            &steps[0]["step"],
+            &steps[0]["stepIndex"],
+            &steps[0]["outcome"]
+        ),
+        (
+            &serde_json::json!(0.0),
+            &serde_json::json!("50%"),
+            &serde_json::json!(0),
+            &serde_json::json!("started")
+        )
+    );
+    assert_eq!(
+        (
+            &steps[1]["step"],
+            &steps[1]["stepIndex"],
+            &steps[1]["outcome"]
+        ),
+        (
+            &serde_json::json!("100%"),
+            &serde_json::json!(1),
+            &serde_json::json!("passed")
+        )
+    );
+    assert!(steps[1]["t"].as_f64() > Some(0.0), "{history:#}");
+    let status = policy_status(&shop.sluice, "shop").await;
+    assert!(
+        status["rollouts"][0].get("history").is_none(),
+        "the status is persisted; the history is not: {status:#}"
+    );
+
+    // The canary fails everything: rolled back when its lower bound
+    // passes the limit, which the history's last point shows, with the
+    // boundary; the chart stays.
+    shop.canary.servers[0].fail_with(Some(StatusCode::INTERNAL_SERVER_ERROR));
+    shop.errors_until_rolled_back(30).await;
+    let r = wait_rollout(&shop.sluice, "shop", "rolled back", phase("RolledBack")).await;
+    assert!(
+        r["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("is above maxErrorRate 5% at 99% confidence"),
+        "{r:#}"
+    );
+    let (_, body) = admin_get(shop.sluice.admin, "/overview")
+        .await
+        .expect("admin answers");
+    let o: Value = serde_json::from_slice(&body).expect("JSON");
+    let history = &o["rollouts"][0]["history"];
+    let steps = history["steps"].as_array().expect("steps");
+    assert_eq!(
+        (&steps[2]["step"], &steps[2]["outcome"]),
+        (&serde_json::json!("100%"), &serde_json::json!("rolledBack")),
+        "{history:#}"
+    );
+    let low = *column(&history["errorRate"], "canaryLow")
+        .last()
+        .expect("a point");
+    assert!(low >= 0.05, "the lower bound passed the limit: {history:#}");
+    assert_eq!(
+        column(history, "t").last(),
+        steps[2]["t"].as_f64().as_ref(),
+        "the last point is the rollback's"
+    );
+}
