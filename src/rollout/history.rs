@@ -45,6 +45,9 @@ use crate::resources::{Percent, RolloutSettings};
 /// The least time between two points (the newest aside).
 pub const CADENCE: Duration = Duration::from_secs(1);
 
+/// How stale the newest point may get between two points a cadence apart.
+pub const REFRESH: Duration = Duration::from_millis(200);
+
 /// The most points kept per rollout.
 pub const CAPACITY: usize = 600;
 
@@ -263,7 +266,6 @@ impl History {
         if !look.judged() && !ending {
             return;
         }
-        let point = point(look, at);
         // The newest point is replaced until it is a cadence after the one
         // before it (a boundary's point never is): every point but the
         // newest is at least a cadence after the one before.
@@ -275,6 +277,13 @@ impl History {
                 .boundaries
                 .last()
                 .is_some_and(|b| b.at == self.points[n - 1].at);
+        // A point costs a few bisections and a failing canary wakes the
+        // judge every few milliseconds: the newest is replaced at most
+        // every REFRESH (a boundary's point is always taken).
+        if crowded && at - self.points[n - 1].at < REFRESH.as_secs_f64() {
+            return;
+        }
+        let point = point(look, at);
         if crowded {
             self.points[n - 1] = point;
         } else {
