@@ -24,11 +24,15 @@
 //!   does; the cache keeps only their `ca.crt` (see [`cache`]).
 //! - The other replicas' rollout counts (Leases) are not configuration:
 //!   [`counts`] watches them apart, into the leader's sums.
-//! - The other replicas' rollout counts (Leases) are not configuration:
-//!   [`counts`] watches them apart, into the leader's sums.
+//! - With `--ingress-class`, Ingresses and IngressClasses are watched too
+//!   ([`ingresses::INGRESS_KINDS`], mandatory) and the Ingresses of the
+//!   class converted into every snapshot ([`ingresses`]); the conversion
+//!   report is logged when it changes, and the Ingresses served are handed
+//!   to the status writer (their `status.loadBalancer`).
 
 pub mod cache;
 pub mod counts;
+pub mod ingresses;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,9 +46,11 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 pub use cache::{ClusterCache, WATCHED_KINDS, WatchedKind};
+pub use ingresses::{INGRESS_KINDS, ServedIngress, ServedIngresses};
 
 use crate::resources::crd::Crds;
 use crate::source::SourceUpdate;
+use crate::source::files::IngressServing;
 
 /// How updates are paced.
 #[derive(Debug, Clone)]
@@ -55,6 +61,9 @@ pub struct SourceOptions {
     pub max_delay: Duration,
     /// CRDs that validate the objects of the kinds they define (`--crds`).
     pub crds: Arc<Crds>,
+    /// `--ingress-class`: serve the Ingresses of the class. The watches
+    /// must then be those of [`kinds`]`(true)`.
+    pub ingresses: Option<IngressServing>,
 }
 
 impl Default for SourceOptions {
@@ -67,6 +76,7 @@ impl Default for SourceOptions {
             debounce: Duration::from_millis(5),
             max_delay: Duration::from_secs(1),
             crds: Arc::default(),
+            ingresses: None,
         }
     }
 }
@@ -74,10 +84,26 @@ impl Default for SourceOptions {
 /// The events of one watched kind, tagged with its index in the kinds list.
 type KindEvents = BoxStream<'static, (usize, Result<Event<DynamicObject>, watcher::Error>)>;
 
+/// The kinds watched: [`WATCHED_KINDS`], and when Ingresses are served,
+/// [`INGRESS_KINDS`] after them.
+pub fn kinds(ingresses: bool) -> Vec<WatchedKind> {
+    let mut kinds = WATCHED_KINDS.to_vec();
+    if ingresses {
+        kinds.extend(INGRESS_KINDS);
+    }
+    kinds
+}
+
 /// Watch every kind in [`WATCHED_KINDS`] cluster-wide.
 pub fn watch_all(client: &Client) -> Vec<KindEvents> {
-    WATCHED_KINDS
+    watch_kinds(client, &WATCHED_KINDS)
+}
+
+/// Watch each of `kinds` cluster-wide, tagged with its index in `kinds`.
+pub fn watch_kinds(client: &Client, kinds: &[WatchedKind]) -> Vec<KindEvents> {
+    kinds
         .iter()
+        .copied()
         .enumerate()
         .map(|(i, kind)| {
             let resource = ApiResource {
@@ -103,16 +129,23 @@ pub fn watch_all(client: &Client) -> Vec<KindEvents> {
 /// Run the source until `shutdown` turns true or `updates` is closed:
 /// apply the watchers' events to a cache and send each complete snapshot.
 ///
-/// `watches[i]` must carry the events of `WATCHED_KINDS[i]` (tests pass
-/// synthetic streams here). Sending waits for the serve loop to take the
-/// previous update; events that arrive meanwhile are coalesced into the next.
+/// `watches[i]` must carry the events of `kinds(options.ingresses.is_some())[i]`
+/// (tests pass synthetic streams here). Sending waits for the serve loop to
+/// take the previous update; events that arrive meanwhile are coalesced
+/// into the next. When Ingresses are served, `served` gets the Ingresses
+/// of each snapshot (for their status).
 pub async fn run(
     watches: Vec<KindEvents>,
     options: SourceOptions,
     updates: mpsc::Sender<SourceUpdate>,
+    served: Option<watch::Sender<Arc<ServedIngresses>>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut cache = ClusterCache::default().with_crds(Arc::clone(&options.crds));
+    let mut cache = ClusterCache::new(&kinds(options.ingresses.is_some()))
+        .with_crds(Arc::clone(&options.crds))
+        .with_ingresses(options.ingresses.clone());
+    // The last conversion report logged: logged again only when it changes.
+    let mut logged_report: Option<Vec<String>> = None;
     let mut events = stream::select_all(watches);
     // (first unsent change, last change)
     let mut pending: Option<(Instant, Instant)> = None;
@@ -138,7 +171,22 @@ pub async fn run(
                     // The last first list to complete is itself a change.
                     continue;
                 }
-                let update = cache.update();
+                let (update, ingresses) = cache.update_with_ingresses();
+                if let Some(ingresses) = ingresses {
+                    if logged_report.as_ref() != Some(&ingresses.report) {
+                        log_report(&ingresses);
+                        logged_report = Some(ingresses.report.clone());
+                    }
+                    if let Some(served) = &served {
+                        served.send_if_modified(|current| {
+                            let changed = **current != ingresses;
+                            if changed {
+                                *current = Arc::new(ingresses);
+                            }
+                            changed
+                        });
+                    }
+                }
                 tracing::debug!(objects = update.objects, "cluster configuration changed");
                 tokio::select! {
                     sent = updates.send(update) => if sent.is_err() { return },
@@ -150,6 +198,23 @@ pub async fn run(
     }
 }
 
+/// Log the conversion report of the served Ingresses, a line per
+/// annotation per object, as `sluice convert ingress-nginx` prints it.
+fn log_report(ingresses: &ServedIngresses) {
+    tracing::info!(
+        ingresses = ingresses.ingresses.len(),
+        routes = ingresses.converted.len(),
+        "Ingresses converted"
+    );
+    for (line, inexact) in ingresses.report.iter().zip(&ingresses.inexact) {
+        if *inexact {
+            tracing::warn!("ingress-nginx conversion: {line}");
+        } else {
+            tracing::info!("ingress-nginx conversion: {line}");
+        }
+    }
+}
+
 /// Apply one watcher event or error of kind number `kind` to the cache, and
 /// log what deserves it. Returns whether the snapshot changed.
 fn apply(
@@ -157,7 +222,8 @@ fn apply(
     kind: usize,
     event: Result<Event<DynamicObject>, watcher::Error>,
 ) -> bool {
-    let watched = WATCHED_KINDS.get(kind);
+    let watched = cache.kind(kind).copied();
+    let watched = watched.as_ref();
     let name = watched.map_or("?", |k| k.kind);
     let was_missing = cache.is_not_installed(kind);
     match event {
@@ -267,7 +333,7 @@ mod tests {
             max_delay: Duration::from_millis(500),
             ..SourceOptions::default()
         };
-        let task = tokio::spawn(run(watches, options, tx, stop_rx));
+        let task = tokio::spawn(run(watches, options, tx, None, stop_rx));
         let svc = service_index();
 
         for (i, feed) in feeds.iter().enumerate() {
@@ -338,7 +404,7 @@ mod tests {
         let (feeds, watches) = feeds();
         let (tx, mut rx) = mpsc::channel(1);
         let (_stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(run(watches, SourceOptions::default(), tx, stop_rx));
+        let task = tokio::spawn(run(watches, SourceOptions::default(), tx, None, stop_rx));
         let svc = service_index();
         let gateways = WATCHED_KINDS
             .iter()
