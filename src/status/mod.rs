@@ -504,7 +504,11 @@ pub fn ingress_plan(
             kind: "Ingress",
             namespace: Some(i.namespace.clone()),
             name: i.name.clone(),
-            resource_version: None,
+            // Not a precondition (the body does not carry it): the field
+            // is ours alone. It makes the write memo forget a patch once
+            // the Ingress changed, so a status overwritten since is
+            // written again.
+            resource_version: i.resource_version.clone(),
             body: json!({
                 "apiVersion": api_version("Ingress"),
                 "kind": "Ingress",

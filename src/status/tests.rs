@@ -777,6 +777,7 @@ fn served_ingress(name: &str, load_balancer: Value) -> ServedIngress {
     ServedIngress {
         namespace: "shop".into(),
         name: name.into(),
+        resource_version: Some("7".into()),
         load_balancer,
     }
 }
@@ -812,7 +813,11 @@ fn ingresses_get_the_gateway_addresses_as_ips_and_hostnames_only_when_they_diffe
                "metadata": {"name": "new", "namespace": "shop"},
                "status": {"loadBalancer": desired}})
     );
-    assert_eq!(patches[0].resource_version, None);
+    assert_eq!(
+        patches[0].resource_version.as_deref(),
+        Some("7"),
+        "remembered, not a precondition"
+    );
 
     // A Gateway without addresses (or only named ones) leaves the
     // Ingresses' status as it is.

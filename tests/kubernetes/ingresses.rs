@@ -151,14 +151,6 @@ async fn ingresses_of_the_class_are_served_converted_and_get_the_gateway_address
     let status: Value = serde_json::from_slice(&body).expect("/status is JSON");
     assert!(holds(&status, "HTTPRoute", "web"), "{status}");
 
-    // The canary's header changes: routing follows.
-    api.apply(canary("X-Beta"));
-    answered(addr, SHOP, &[("X-Beta", "always")], "web-canary").await;
-    assert_eq!(
-        who(addr, SHOP, &[("X-Canary", "always")]).await.as_deref(),
-        Some("web")
-    );
-
     // The leader writes the Gateway's address (from the gateway's Service,
     // 203.0.113.7) to every served Ingress, main and canary.
     let expected = json!({"ingress": [{"ip": "203.0.113.7"}]});
@@ -169,6 +161,16 @@ async fn ingresses_of_the_class_are_served_converted_and_get_the_gateway_address
         })
         .await;
     }
+
+    // The canary's header changes: routing follows (and the status
+    // written stays: nothing is written again for it).
+    api.apply(canary("X-Beta"));
+    answered(addr, SHOP, &[("X-Beta", "always")], "web-canary").await;
+    assert_eq!(
+        who(addr, SHOP, &[("X-Canary", "always")]).await.as_deref(),
+        Some("web")
+    );
+
     let patches = api.patches();
     let of = |plural: &str, name: &str| {
         patches
@@ -197,6 +199,29 @@ async fn ingresses_of_the_class_are_served_converted_and_get_the_gateway_address
         of("httproutes", "web").is_empty(),
         "the converted route is not in the API server: no status for it"
     );
+    // Another writer (an ingress-nginx controller still running) puts its
+    // own address back: the leader writes the Gateway's again.
+    let mut web_ingress = api
+        .get("Ingress", Some("default"), "web")
+        .expect("the Ingress exists");
+    web_ingress["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.99"}]}});
+    api.apply(web_ingress);
+    eventually(
+        "Ingress web status.loadBalancer written again",
+        async || {
+            let ingress = api.get("Ingress", Some("default"), "web")?;
+            (ingress["status"]["loadBalancer"] == expected).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        api.patches()
+            .iter()
+            .filter(|p| p.plural == "ingresses" && p.name == "web")
+            .count(),
+        2
+    );
+
     let log = replica.log();
     assert!(
         log.contains("ingress-nginx conversion: Ingress default/web-canary"),

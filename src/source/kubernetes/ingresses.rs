@@ -61,6 +61,9 @@ pub fn is_ingress_kind(kind: &WatchedKind) -> bool {
 pub struct ServedIngress {
     pub namespace: String,
     pub name: String,
+    /// `metadata.resourceVersion`: a status write is sent again once the
+    /// Ingress changed since the last one.
+    pub resource_version: Option<String>,
     /// `status.loadBalancer` as the API server holds it (`Null` if none).
     pub load_balancer: Value,
 }
@@ -129,6 +132,7 @@ pub fn convert(
                 .clone()
                 .unwrap_or_else(|| crate::resources::DEFAULT_NAMESPACE.into()),
             name: ingress.metadata.name.clone().unwrap_or_default(),
+            resource_version: ingress.metadata.resource_version.clone(),
             load_balancer: value["status"]["loadBalancer"].clone(),
         });
         input.ingresses.push(ingress);
