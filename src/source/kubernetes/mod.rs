@@ -172,25 +172,27 @@ pub async fn run(
                     continue;
                 }
                 let (update, ingresses) = cache.update_with_ingresses();
-                if let Some(ingresses) = ingresses {
-                    if logged_report.as_ref() != Some(&ingresses.report) {
-                        log_report(&ingresses);
-                        logged_report = Some(ingresses.report.clone());
-                    }
-                    if let Some(served) = &served {
-                        served.send_if_modified(|current| {
-                            let changed = **current != ingresses;
-                            if changed {
-                                *current = Arc::new(ingresses);
-                            }
-                            changed
-                        });
-                    }
+                if let Some(ingresses) = &ingresses
+                    && logged_report.as_ref() != Some(&ingresses.report)
+                {
+                    log_report(ingresses);
+                    logged_report = Some(ingresses.report.clone());
                 }
                 tracing::debug!(objects = update.objects, "cluster configuration changed");
                 tokio::select! {
                     sent = updates.send(update) => if sent.is_err() { return },
                     _ = crate::shutdown::stopped(&mut shutdown) => return,
+                }
+                // The Ingresses' status follows the configuration that
+                // serves them, handed over just now.
+                if let (Some(ingresses), Some(served)) = (ingresses, &served) {
+                    served.send_if_modified(|current| {
+                        let changed = **current != ingresses;
+                        if changed {
+                            *current = Arc::new(ingresses);
+                        }
+                        changed
+                    });
                 }
             }
             _ = crate::shutdown::stopped(&mut shutdown) => return,
@@ -286,7 +288,12 @@ mod tests {
 
     /// One channel per watched kind, as the streams `run` reads.
     fn feeds() -> (Vec<Feed>, Vec<KindEvents>) {
-        WATCHED_KINDS
+        feeds_for(&WATCHED_KINDS)
+    }
+
+    /// One channel per kind of `kinds`.
+    fn feeds_for(kinds: &[WatchedKind]) -> (Vec<Feed>, Vec<KindEvents>) {
+        kinds
             .iter()
             .enumerate()
             .map(|(i, _)| {
@@ -452,6 +459,73 @@ mod tests {
         let update = next(&mut rx).await;
         assert_eq!(names(&update), ["a"]);
         assert!(update.snapshot.listener_sets.is_empty());
+
+        drop(feeds);
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the source stops when every watch ended")
+            .expect("the source task does not panic");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ingresses_of_the_class_reach_the_snapshot_and_the_status_writer() {
+        let kinds = kinds(true);
+        let (feeds, watches) = feeds_for(&kinds);
+        let (tx, mut rx) = mpsc::channel(1);
+        let (served_tx, mut served) = watch::channel(Arc::default());
+        let (_stop, stop_rx) = watch::channel(false);
+        let options = SourceOptions {
+            ingresses: Some(IngressServing {
+                class: "nginx".into(),
+                gateway: ("default".into(), "gw".into()),
+            }),
+            ..SourceOptions::default()
+        };
+        let task = tokio::spawn(run(watches, options, tx, Some(served_tx), stop_rx));
+        let ingress = |class: &str, host: &str| -> DynamicObject {
+            serde_json::from_value(json!({
+                "metadata": {"name": format!("web-{class}"), "namespace": "shop",
+                             "resourceVersion": "3"},
+                "spec": {"ingressClassName": class, "rules": [{"host": host, "http": {"paths": [
+                    {"path": "/", "pathType": "Prefix",
+                     "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]},
+            }))
+            .expect("a valid DynamicObject")
+        };
+        let ingresses = kinds
+            .iter()
+            .position(|k| k.kind == "Ingress")
+            .expect("Ingresses are watched");
+        for (i, feed) in feeds.iter().enumerate() {
+            feed.send(Ok(Event::Init)).expect("source running");
+            if i == ingresses {
+                for object in [
+                    ingress("nginx", "a.example"),
+                    ingress("traefik", "b.example"),
+                ] {
+                    feed.send(Ok(Event::InitApply(object)))
+                        .expect("source running");
+                }
+            }
+            feed.send(Ok(Event::InitDone)).expect("source running");
+        }
+        let update = next(&mut rx).await;
+        assert!(update.errors.is_empty(), "{:?}", update.errors);
+        let routes: Vec<_> = update
+            .snapshot
+            .http_routes
+            .iter()
+            .map(|r| (r.metadata.name.clone(), r.spec.hostnames.clone()))
+            .collect();
+        assert_eq!(
+            routes,
+            [(Some("web-nginx".into()), Some(vec!["a.example".into()]))]
+        );
+        served.changed().await.expect("the source is running");
+        let current = served.borrow_and_update().clone();
+        let names: Vec<&str> = current.ingresses.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["web-nginx"]);
+        assert_eq!(current.converted, ["HTTPRoute shop/web-nginx"]);
 
         drop(feeds);
         tokio::time::timeout(Duration::from_secs(10), task)
