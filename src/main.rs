@@ -59,11 +59,11 @@ enum Command {
         /// Seconds a leader lease lasts without renewal before another replica takes over.
         #[arg(long, default_value_t = 15, requires = "kubernetes", value_parser = clap::value_parser!(u64).range(1..))]
         lease_duration: u64,
-        /// Also serve the Ingresses of this class among the manifests, converted in process as `sluice convert ingress-nginx` converts them [default: nginx]. Files mode only for now.
-        #[arg(long, requires = "ingress_gateway", conflicts_with = "kubernetes")]
+        /// Also serve the Ingresses of this class among the manifests, converted in process as `sluice convert ingress-nginx` converts them [default: nginx]. With --kubernetes, Ingresses and IngressClasses are watched (class-less Ingresses are served when the IngressClass of this name is the default one) and the leader writes their status.loadBalancer from the Gateway's addresses.
+        #[arg(long, requires = "ingress_gateway")]
         ingress_class: Option<String>,
         /// The Gateway (NAMESPACE/NAME) the served Ingresses' routes attach to.
-        #[arg(long, value_parser = parse_namespaced_name, conflicts_with = "kubernetes")]
+        #[arg(long, value_parser = parse_namespaced_name)]
         ingress_gateway: Option<(String, String)>,
         #[command(flatten)]
         limits: Box<LimitArgs>,
@@ -337,6 +337,10 @@ fn main() -> ExitCode {
             let Some(runtime) = runtime() else {
                 return ExitCode::from(1);
             };
+            let ingresses = ingress_gateway.map(|gateway| sluice::source::files::IngressServing {
+                class: ingress_class.unwrap_or_else(|| "nginx".into()),
+                gateway,
+            });
             if kubernetes {
                 let config = sluice::serve::KubernetesConfig {
                     kubeconfig,
@@ -347,6 +351,7 @@ fn main() -> ExitCode {
                     lease_name,
                     lease_duration: std::time::Duration::from_secs(lease_duration),
                     crds,
+                    ingresses,
                 };
                 return runtime.block_on(serve(sluice::serve::start_kubernetes_with_limits(
                     config, limits,
@@ -364,10 +369,6 @@ fn main() -> ExitCode {
                 admin,
                 crds,
             };
-            let ingresses = ingress_gateway.map(|gateway| sluice::source::files::IngressServing {
-                class: ingress_class.unwrap_or_else(|| "nginx".into()),
-                gateway,
-            });
             runtime.block_on(serve(sluice::serve::start_with_ingresses(
                 config, limits, state_dir, ingresses,
             )))

@@ -644,6 +644,9 @@ pub struct KubernetesConfig {
     /// (the API server already did; this makes refusals the same in both
     /// modes).
     pub crds: Vec<PathBuf>,
+    /// `--ingress-class`: also watch Ingresses and serve those of the class
+    /// through the conversion; the leader writes their `status.loadBalancer`.
+    pub ingresses: Option<crate::source::files::IngressServing>,
 }
 
 /// What the serve loop last served: the snapshot and the status translate
@@ -691,13 +694,17 @@ pub async fn start_kubernetes_with_limits(
     for error in &crds.1 {
         tracing::warn!("--crds: {error}");
     }
+    let kinds = kube_source::kinds(config.ingresses.is_some());
+    let (ingresses_tx, ingresses_rx) = watch::channel(Arc::default());
     let source = tokio::spawn(kube_source::run(
-        kube_source::watch_all(&client),
+        kube_source::watch_kinds(&client, &kinds),
         SourceOptions {
             crds: crds.0,
+            ingresses: config.ingresses.clone(),
             ..SourceOptions::default()
         },
         updates_tx,
+        Some(ingresses_tx),
         shutdown_rx.clone(),
     ));
 
@@ -730,6 +737,10 @@ pub async fn start_kubernetes_with_limits(
         leader.clone(),
         served.clone(),
         config.gateway_service.clone(),
+        config
+            .ingresses
+            .as_ref()
+            .map(|i| (ingresses_rx, i.gateway.clone())),
         config.lease_duration,
         shutdown_rx.clone(),
     ));
@@ -836,6 +847,12 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kub
     kube::Client::try_from(config).context("cannot build the Kubernetes client")
 }
 
+/// The Ingresses served (`--ingress-class`) and their Gateway.
+type IngressStatus = (
+    watch::Receiver<Arc<crate::source::kubernetes::ServedIngresses>>,
+    (String, String),
+);
+
 /// Write the status of what is served, while leader. Failed writes are
 /// retried after a third of the lease duration.
 async fn status_loop(
@@ -843,6 +860,7 @@ async fn status_loop(
     mut leader: watch::Receiver<bool>,
     mut served: watch::Receiver<Option<Arc<Served>>>,
     gateway_service: Option<(String, String)>,
+    mut ingresses: Option<IngressStatus>,
     lease_duration: std::time::Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -858,6 +876,12 @@ async fn status_loop(
                 writer.forget();
             }
             changed = served.changed() => if changed.is_err() { return },
+            changed = async {
+                match &mut ingresses {
+                    Some((rx, _)) => rx.changed().await,
+                    None => std::future::pending().await,
+                }
+            } => if changed.is_err() { return },
             _ = async {
                 match retry {
                     Some(at) => tokio::time::sleep_until(at).await,
@@ -876,7 +900,12 @@ async fn status_loop(
         let addresses = gateway_service
             .as_ref()
             .and_then(|(ns, name)| crate::status::gateway_addresses(&current.snapshot, ns, name));
-        let outcome = writer
+        let served_ingresses = ingresses.as_mut().map(|(rx, gateway)| {
+            let served = rx.borrow_and_update().clone();
+            writer.set_not_in_cluster(served.converted.iter().cloned());
+            (served, gateway.clone())
+        });
+        let mut outcome = writer
             .sync(
                 &current.snapshot,
                 &current.published.status,
@@ -884,6 +913,19 @@ async fn status_loop(
                 &current.rollouts,
             )
             .await;
+        if let Some((served, (ns, name))) = served_ingresses {
+            // The Gateway's addresses: the ones written to it now, else
+            // the ones it holds.
+            let gateway = addresses
+                .clone()
+                .or_else(|| crate::status::gateway_status_addresses(&current.snapshot, &ns, &name));
+            let patches =
+                crate::status::ingress_plan(&served.ingresses, &gateway.unwrap_or_default());
+            let more = writer.send(patches).await;
+            outcome.written += more.written;
+            outcome.failed += more.failed;
+            outcome.conflicts += more.conflicts;
+        }
         if outcome.written > 0 {
             tracing::info!(written = outcome.written, "status written");
         }

@@ -100,8 +100,9 @@ fn rbac_grants_reads_status_patches_and_the_lease_only() {
             }
         }
     }
-    // Every kind the Kubernetes source watches, from the source itself.
-    for kind in sluice::source::kubernetes::WATCHED_KINDS {
+    // Every kind the Kubernetes source watches, from the source itself
+    // (with the Ingresses of `--ingress-class`).
+    for kind in sluice::source::kubernetes::kinds(true) {
         for verb in ["list", "watch"] {
             let grant = format!("{}:{verb}", kind.plural);
             assert!(grants.contains(&grant), "{grant}");
@@ -115,6 +116,7 @@ fn rbac_grants_reads_status_patches_and_the_lease_only() {
         "grpcroutes/status",
         "tlsroutes/status",
         "backendtlspolicies/status",
+        "ingresses/status",
     ] {
         assert!(grants.contains(&format!("{status}:patch")), "{status}");
     }

@@ -132,7 +132,7 @@ impl FileSource {
         let (mut loaded, mut specs, file_errors) = self.files.merged_with_specs();
         errors.extend(file_errors);
         if let (Some(serving), Some((input, read_errors))) = (&self.ingresses, ingress_input) {
-            let (objects, conversion_errors) =
+            let (objects, conversion_errors, _) =
                 converted_ingresses(serving, &input, &self.files.crds());
             // Converted at every reload: their specs are serialized here
             // (one per object, as for the files' own).
@@ -419,13 +419,18 @@ fn ingress_input(reads: &[FileRead]) -> (crate::ingress_nginx::Input, Vec<Config
     (input, errors)
 }
 
-/// The converted objects, loaded as manifests are, and the report's
-/// inexact lines as configuration errors.
-fn converted_ingresses(
+/// The converted objects, loaded as manifests are, the report's inexact
+/// lines as configuration errors, and the whole report. Kubernetes mode
+/// converts through here too (`source::kubernetes::ingresses`).
+pub(crate) fn converted_ingresses(
     serving: &IngressServing,
     input: &crate::ingress_nginx::Input,
     crds: &Crds,
-) -> (Vec<crate::resources::load::LoadedObject>, Vec<ConfigError>) {
+) -> (
+    Vec<crate::resources::load::LoadedObject>,
+    Vec<ConfigError>,
+    crate::ingress_nginx::Report,
+) {
     let options = crate::ingress_nginx::Options {
         gateway: Some(serving.gateway.clone()),
         ingress_class: serving.class.clone(),
@@ -457,7 +462,7 @@ fn converted_ingresses(
                 message: l.verdict.to_string(),
             }),
     );
-    (parsed.objects, errors)
+    (parsed.objects, errors, conversion.report)
 }
 
 /// The manifest files found under the configured paths, read.

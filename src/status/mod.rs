@@ -31,6 +31,11 @@
 //!   when another controller wrote in between, the API server refuses ours
 //!   (409 Conflict) instead of letting it drop their new entries, and it is
 //!   computed again from the object the watch delivers;
+//! - the Ingresses served as they are (`serve --ingress-class`) get
+//!   `status.loadBalancer.ingress` from their Gateway's `status.addresses`
+//!   ([`ingress_plan`]), IP addresses as `ip` and hostnames as `hostname`,
+//!   as ingress-nginx wrote it from its Service; the routes converted from
+//!   them are not in the API server and get no status written;
 //! - a condition whose status did not change keeps its
 //!   `lastTransitionTime`, which also makes an unchanged status compare
 //!   equal, so nothing is written for it.
@@ -38,7 +43,7 @@
 pub mod counts;
 pub mod lease;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use gateway_api::experimental::gateways::GatewayStatusAddresses;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -50,6 +55,7 @@ use crate::resources::{
     CONTROLLER_NAME, GATEWAY_GROUP, ROLLOUT_POLICY_API_VERSION, SLUICE_GROUP, Service, Snapshot,
 };
 use crate::rollout::{PolicyKey, RolloutReport};
+use crate::source::kubernetes::ServedIngress;
 use crate::translate::{ObjectStatus, StatusReport};
 
 /// Our field manager for server-side apply.
@@ -84,10 +90,12 @@ impl StatusPatch {
             "GRPCRoute" => "grpcroutes",
             "TLSRoute" => "tlsroutes",
             "RolloutPolicy" => "rolloutpolicies",
+            "Ingress" => "ingresses",
             _ => "httproutes",
         };
         let (group, version) = match self.kind {
             "RolloutPolicy" => (SLUICE_GROUP, "v1alpha1"),
+            "Ingress" => (INGRESS_GROUP, "v1"),
             _ => (GATEWAY_GROUP, "v1"),
         };
         let resource = ApiResource {
@@ -104,10 +112,14 @@ impl StatusPatch {
     }
 }
 
+/// The API group of Ingresses.
+const INGRESS_GROUP: &str = "networking.k8s.io";
+
 /// `apiVersion` of a kind sluice writes status to.
 fn api_version(kind: &str) -> String {
     match kind {
         "RolloutPolicy" => ROLLOUT_POLICY_API_VERSION.into(),
+        "Ingress" => format!("{INGRESS_GROUP}/v1"),
         _ => format!("{GATEWAY_GROUP}/v1"),
     }
 }
@@ -449,12 +461,73 @@ pub fn gateway_addresses(
     (!addresses.is_empty()).then_some(addresses)
 }
 
+/// The addresses a Gateway of the snapshot holds in `status.addresses`.
+pub fn gateway_status_addresses(
+    snapshot: &Snapshot,
+    namespace: &str,
+    name: &str,
+) -> Option<Vec<GatewayStatusAddresses>> {
+    let gateway = snapshot.gateways.iter().find(|g| {
+        g.metadata.name.as_deref() == Some(name)
+            && g.metadata.namespace.as_deref() == Some(namespace)
+    })?;
+    let addresses = gateway.status.as_ref()?.addresses.clone()?;
+    (!addresses.is_empty()).then_some(addresses)
+}
+
+/// The `status.loadBalancer` patches of the served Ingresses: each gets
+/// `addresses` (its Gateway's) as `ingress` entries, an `IPAddress` (or
+/// untyped) address as `ip`, a `Hostname` as `hostname`; other address
+/// types have no place there. Ingresses that already hold exactly that get
+/// none. No addresses (the Gateway has none yet): nothing is written, and
+/// what the Ingresses hold stays.
+pub fn ingress_plan(
+    ingresses: &[ServedIngress],
+    addresses: &[GatewayStatusAddresses],
+) -> Vec<StatusPatch> {
+    let entries: Vec<Value> = addresses
+        .iter()
+        .filter_map(|a| match a.r#type.as_deref() {
+            None | Some("IPAddress") => Some(json!({"ip": a.value})),
+            Some("Hostname") => Some(json!({"hostname": a.value})),
+            Some(_) => None,
+        })
+        .collect();
+    if entries.is_empty() {
+        return Vec::new();
+    }
+    let desired = json!({"ingress": entries});
+    ingresses
+        .iter()
+        .filter(|i| i.load_balancer != desired)
+        .map(|i| StatusPatch {
+            kind: "Ingress",
+            namespace: Some(i.namespace.clone()),
+            name: i.name.clone(),
+            // Not a precondition (the body does not carry it): the field
+            // is ours alone. It makes the write memo forget a patch once
+            // the Ingress changed, so a status overwritten since is
+            // written again.
+            resource_version: i.resource_version.clone(),
+            body: json!({
+                "apiVersion": api_version("Ingress"),
+                "kind": "Ingress",
+                "metadata": {"name": i.name, "namespace": i.namespace},
+                "status": {"loadBalancer": desired},
+            }),
+        })
+        .collect()
+}
+
 /// Sends status patches, remembering what it sent so that a patch is not
 /// repeated before the watch has delivered the object it produced.
 pub struct StatusWriter {
     client: Client,
     /// `Kind ns/name` -> (resourceVersion the patch was computed from, body).
     sent: HashMap<String, (Option<String>, Value)>,
+    /// `Kind ns/name` of objects served but not in the API server (the
+    /// routes converted from Ingresses): no status is written for them.
+    not_in_cluster: BTreeSet<String>,
 }
 
 /// What one [`StatusWriter::sync`] did.
@@ -472,7 +545,14 @@ impl StatusWriter {
         StatusWriter {
             client,
             sent: HashMap::new(),
+            not_in_cluster: BTreeSet::new(),
         }
+    }
+
+    /// The objects (`Kind ns/name`) served that are not in the API server,
+    /// whose status is not written.
+    pub fn set_not_in_cluster(&mut self, ids: impl IntoIterator<Item = String>) {
+        self.not_in_cluster = ids.into_iter().collect();
     }
 
     /// Forget what was sent (when leadership is gained again, the cluster
@@ -490,8 +570,18 @@ impl StatusWriter {
         addresses: Option<&[GatewayStatusAddresses]>,
         rollouts: &RolloutReport,
     ) -> SyncOutcome {
+        let patches = plan(snapshot, report, addresses, rollouts)
+            .into_iter()
+            .filter(|p| !self.not_in_cluster.contains(&p.id()))
+            .collect();
+        self.send(patches).await
+    }
+
+    /// Apply every patch not already sent (as [`sync`](Self::sync) does
+    /// with [`plan`]'s, e.g. [`ingress_plan`]'s).
+    pub async fn send(&mut self, patches: Vec<StatusPatch>) -> SyncOutcome {
         let mut outcome = SyncOutcome::default();
-        for patch in plan(snapshot, report, addresses, rollouts) {
+        for patch in patches {
             let id = patch.id();
             let memo = (patch.resource_version.clone(), patch.body.clone());
             if self.sent.get(&id) == Some(&memo) {

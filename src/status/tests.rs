@@ -772,3 +772,107 @@ async fn a_rollout_policy_status_is_applied_to_its_sluice_dev_status_subresource
     );
     assert_eq!(body, expected[0].body);
 }
+
+fn served_ingress(name: &str, load_balancer: Value) -> ServedIngress {
+    ServedIngress {
+        namespace: "shop".into(),
+        name: name.into(),
+        resource_version: Some("7".into()),
+        load_balancer,
+    }
+}
+
+fn address(ty: Option<&str>, value: &str) -> GatewayStatusAddresses {
+    GatewayStatusAddresses {
+        r#type: ty.map(str::to_string),
+        value: value.into(),
+    }
+}
+
+#[test]
+fn ingresses_get_the_gateway_addresses_as_ips_and_hostnames_only_when_they_differ() {
+    let addresses = [
+        address(Some("IPAddress"), "203.0.113.7"),
+        address(None, "2001:db8::7"),
+        address(Some("Hostname"), "lb.example.com"),
+        address(Some("example.com/named"), "internal-pool"),
+    ];
+    let desired = json!({"ingress": [
+        {"ip": "203.0.113.7"}, {"ip": "2001:db8::7"}, {"hostname": "lb.example.com"}]});
+    let ingresses = [
+        served_ingress("new", Value::Null),
+        served_ingress("old", json!({"ingress": [{"ip": "192.0.2.1"}]})),
+        served_ingress("done", desired.clone()),
+    ];
+    let patches = ingress_plan(&ingresses, &addresses);
+    let ids: Vec<String> = patches.iter().map(StatusPatch::id).collect();
+    assert_eq!(ids, ["Ingress shop/new", "Ingress shop/old"]);
+    assert_eq!(
+        patches[0].body,
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+               "metadata": {"name": "new", "namespace": "shop"},
+               "status": {"loadBalancer": desired}})
+    );
+    assert_eq!(
+        patches[0].resource_version.as_deref(),
+        Some("7"),
+        "remembered, not a precondition"
+    );
+
+    // A Gateway without addresses (or only named ones) leaves the
+    // Ingresses' status as it is.
+    assert!(ingress_plan(&ingresses, &[]).is_empty());
+    assert!(ingress_plan(&ingresses, &addresses[3..]).is_empty());
+}
+
+#[test]
+fn gateway_status_addresses_are_the_gateways_own() {
+    let s = snapshot(CLUSTER);
+    assert_eq!(gateway_status_addresses(&s, "default", "gw"), None);
+    let with_addresses = CLUSTER.replace(
+        "listeners: [{name: http, protocol: HTTP, port: 8080}]",
+        "listeners: [{name: http, protocol: HTTP, port: 8080}]\nstatus:\n  addresses: [{type: Hostname, value: lb.example.com}]",
+    );
+    let s = snapshot(&with_addresses);
+    assert_eq!(
+        gateway_status_addresses(&s, "default", "gw"),
+        Some(vec![address(Some("Hostname"), "lb.example.com")])
+    );
+    assert_eq!(gateway_status_addresses(&s, "other", "gw"), None);
+}
+
+#[tokio::test]
+async fn ingress_status_is_applied_to_its_subresource_and_objects_not_in_the_cluster_are_skipped() {
+    let (client, mut handle) = mock_client();
+    let s = snapshot(CLUSTER);
+    let report = report(&s, 1000);
+    let verifier = tokio::spawn(async move { answer_applies(&mut handle, 3).await });
+    let mut writer = StatusWriter::new(client);
+    // The route was converted from an Ingress: the API server has no such
+    // HTTPRoute.
+    writer.set_not_in_cluster(["HTTPRoute default/web".to_string()]);
+    let outcome = writer
+        .sync(&s, &report, None, &RolloutReport::default())
+        .await;
+    assert_eq!(outcome.written, 2);
+    let patches = ingress_plan(
+        &[served_ingress("web", Value::Null)],
+        &[address(None, "203.0.113.7")],
+    );
+    assert_eq!(writer.send(patches.clone()).await.written, 1);
+    assert_eq!(
+        writer.send(patches).await,
+        SyncOutcome::default(),
+        "sent already"
+    );
+    let seen = verifier.await.expect("the verifier does not panic");
+    let uris: Vec<&str> = seen.iter().map(|(u, _)| u.as_str()).collect();
+    assert_eq!(
+        uris,
+        [
+            "/apis/gateway.networking.k8s.io/v1/gatewayclasses/sluice/status?&force=true&fieldManager=sluice.dev%2Fgateway-controller",
+            "/apis/gateway.networking.k8s.io/v1/namespaces/default/gateways/gw/status?&force=true&fieldManager=sluice.dev%2Fgateway-controller",
+            "/apis/networking.k8s.io/v1/namespaces/shop/ingresses/web/status?&force=true&fieldManager=sluice.dev%2Fgateway-controller",
+        ]
+    );
+}

@@ -8,8 +8,8 @@
 //!   as the real server sends it) for versions older than the last
 //!   [`FakeApiServer::expire_watches`];
 //! - `PATCH .../status` with `application/apply-patch+yaml` for
-//!   GatewayClasses, Gateways, ListenerSets, HTTPRoutes, BackendTLSPolicies
-//!   and RolloutPolicies (`sluice.dev/v1alpha1`), recorded with the
+//!   GatewayClasses, Gateways, ListenerSets, HTTPRoutes, BackendTLSPolicies,
+//!   RolloutPolicies (`sluice.dev/v1alpha1`) and Ingresses, recorded with the
 //!   caller's bearer token so tests can tell replicas apart; the patch's
 //!   `status` replaces the object's (no field ownership is tracked); a
 //!   `metadata.resourceVersion` in the patch is a precondition, as the real
@@ -137,7 +137,7 @@ pub struct FakeApiServer {
     shared: Arc<Shared>,
 }
 
-const CLUSTER_SCOPED: [&str; 2] = ["gatewayclasses", "namespaces"];
+const CLUSTER_SCOPED: [&str; 3] = ["gatewayclasses", "namespaces", "ingressclasses"];
 
 /// `apiVersion` and `kind` of the plurals this fake knows.
 fn type_of(plural: &str) -> Option<(&'static str, &'static str)> {
@@ -157,6 +157,8 @@ fn type_of(plural: &str) -> Option<(&'static str, &'static str)> {
         "backendtlspolicies" => ("gateway.networking.k8s.io/v1", "BackendTLSPolicy"),
         "rolloutpolicies" => ("sluice.dev/v1alpha1", "RolloutPolicy"),
         "leases" => ("coordination.k8s.io/v1", "Lease"),
+        "ingresses" => ("networking.k8s.io/v1", "Ingress"),
+        "ingressclasses" => ("networking.k8s.io/v1", "IngressClass"),
         _ => return None,
     })
 }
@@ -177,6 +179,8 @@ fn plural_of(kind: &str) -> &'static str {
         "ListenerSet" => "listenersets",
         "BackendTLSPolicy" => "backendtlspolicies",
         "RolloutPolicy" => "rolloutpolicies",
+        "Ingress" => "ingresses",
+        "IngressClass" => "ingressclasses",
         other => panic!("the fake does not serve {other}"),
     }
 }
@@ -549,6 +553,7 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
                     | "tlsroutes"
                     | "backendtlspolicies"
                     | "rolloutpolicies"
+                    | "ingresses"
             ) =>
         {
             patch_status(shared, target, q, req).await

@@ -3,6 +3,7 @@
 
 mod fake_apiserver;
 mod fleet;
+mod ingresses;
 mod rollouts;
 
 use std::collections::BTreeMap;
@@ -122,6 +123,18 @@ impl Replica {
         port: u16,
         env: &[(&str, &str)],
     ) -> Replica {
+        Replica::start_with_args(api, token, bind, port, env, &[])
+    }
+
+    /// [`Replica::start_with`] with more arguments to `sluice serve`.
+    fn start_with_args(
+        api: &FakeApiServer,
+        token: &str,
+        bind: &str,
+        port: u16,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Replica {
         let dir = tempfile::tempdir().expect("a temp dir");
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, api.kubeconfig(token)).expect("write the kubeconfig");
@@ -139,6 +152,7 @@ impl Replica {
                 "--lease-duration",
                 "2",
             ])
+            .args(args)
             .env("RUST_LOG", "info")
             .env_remove("POD_NAME")
             .env_remove("POD_NAMESPACE")

@@ -38,7 +38,10 @@ use std::sync::Arc;
 
 use crate::resources::crd::Crds;
 use crate::resources::{DEFAULT_NAMESPACE, Gateway, Object, Snapshot, parse_manifests_with};
+use crate::source::files::IngressServing;
 use crate::source::{ConfigError, SourceUpdate};
+
+use super::ingresses::{self, ServedIngresses};
 
 /// A kind sluice watches: where it lives in the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,6 +196,9 @@ pub const WATCHED_KINDS: [WatchedKind; 14] = [
 struct Loaded {
     objects: Vec<Object>,
     errors: Vec<ConfigError>,
+    /// An Ingress or IngressClass as the API server sent it: not gateway
+    /// configuration itself, converted at each snapshot ([`ingresses`]).
+    raw: Option<serde_json::Value>,
 }
 
 /// `namespace/name` (or `name` for cluster-scoped kinds).
@@ -216,6 +222,8 @@ pub struct ClusterCache {
     kinds: Vec<(WatchedKind, KindCache)>,
     /// CRDs that validate the objects of the kinds they define.
     crds: Arc<Crds>,
+    /// `serve --ingress-class`: the Ingresses of the class are converted.
+    ingresses: Option<IngressServing>,
 }
 
 impl Default for ClusterCache {
@@ -229,7 +237,21 @@ impl ClusterCache {
         ClusterCache {
             kinds: kinds.iter().map(|k| (*k, KindCache::default())).collect(),
             crds: Arc::default(),
+            ingresses: None,
         }
+    }
+
+    /// Serve the Ingresses of a class through the conversion: the cache
+    /// must have been made with the [`INGRESS_KINDS`](ingresses::INGRESS_KINDS)
+    /// among its kinds.
+    pub fn with_ingresses(mut self, serving: Option<IngressServing>) -> Self {
+        self.ingresses = serving;
+        self
+    }
+
+    /// The kind number `kind` is.
+    pub fn kind(&self, kind: usize) -> Option<&WatchedKind> {
+        self.kinds.get(kind).map(|(k, _)| k)
     }
 
     /// Validate the objects of the kinds `crds` defines by their CRD.
@@ -342,15 +364,31 @@ impl ClusterCache {
     /// The snapshot the objects make, with the problems of the objects that
     /// could not be loaded.
     pub fn update(&self) -> SourceUpdate {
+        self.update_with_ingresses().0
+    }
+
+    /// [`update`](Self::update), and when Ingresses are served, what
+    /// serving them made (the Ingresses served, the report).
+    pub fn update_with_ingresses(&self) -> (SourceUpdate, Option<ServedIngresses>) {
         let mut objects = Vec::new();
         let mut errors = Vec::new();
         let mut secrets = Vec::new();
         let mut config_maps = Vec::new();
+        let mut ingress_objects = Vec::new();
+        let mut ingress_classes = Vec::new();
         for (watched, cache) in &self.kinds {
             for (key, loaded) in &cache.current {
                 match watched.kind {
                     "Secret" => secrets.push((key, loaded)),
                     "ConfigMap" => config_maps.push((key, loaded)),
+                    "Ingress" | "IngressClass" => {
+                        let raws = match watched.kind {
+                            "Ingress" => &mut ingress_objects,
+                            _ => &mut ingress_classes,
+                        };
+                        raws.extend(loaded.raw.as_ref());
+                        errors.extend(loaded.errors.iter().cloned());
+                    }
                     _ => {
                         objects.extend(loaded.objects.iter().cloned());
                         errors.extend(loaded.errors.iter().cloned());
@@ -374,12 +412,32 @@ impl ClusterCache {
                 errors.extend(loaded.errors.iter().cloned());
             }
         }
+        let served = self.ingresses.as_ref().map(|serving| {
+            let services: Vec<_> = objects
+                .iter()
+                .filter_map(|o| match o {
+                    Object::Service(s) => Some(s.clone()),
+                    _ => None,
+                })
+                .collect();
+            let (converted, conversion_errors, served) = ingresses::convert(
+                serving,
+                &ingress_objects,
+                &ingress_classes,
+                &services,
+                &self.crds,
+            );
+            objects.extend(converted);
+            errors.extend(conversion_errors);
+            served
+        });
         let count = objects.len();
-        SourceUpdate {
+        let update = SourceUpdate {
             snapshot: Snapshot::from_objects(objects),
             errors,
             objects: count,
-        }
+        };
+        (update, served)
     }
 }
 
@@ -541,6 +599,28 @@ fn load(watched: &WatchedKind, crds: &Crds, mut object: DynamicObject) -> (Key, 
     });
     // managedFields are noise for the loader and can be large.
     object.metadata.managed_fields = None;
+    if ingresses::is_ingress_kind(watched) {
+        let (objects, mut errors) = (Vec::new(), Vec::new());
+        let raw = match serde_json::to_value(&object) {
+            Ok(value) => Some(value),
+            Err(error) => {
+                errors.push(ConfigError {
+                    file: "kubernetes".into(),
+                    line: None,
+                    object: Some(id),
+                    field: None,
+                    message: format!("cannot read the object: {error}"),
+                });
+                None
+            }
+        };
+        let loaded = Loaded {
+            objects,
+            errors,
+            raw,
+        };
+        return (key, loaded);
+    }
     if watched.kind == "ConfigMap" {
         keep_only_ca_certificates(&mut object);
     }
@@ -557,6 +637,7 @@ fn load(watched: &WatchedKind, crds: &Crds, mut object: DynamicObject) -> (Key, 
                         ..ConfigError::from(e)
                     })
                     .collect(),
+                raw: None,
             }
         }
         Err(error) => Loaded {
@@ -568,6 +649,7 @@ fn load(watched: &WatchedKind, crds: &Crds, mut object: DynamicObject) -> (Key, 
                 field: None,
                 message: format!("cannot read the object: {error}"),
             }],
+            raw: None,
         },
     };
     (key, loaded)

@@ -24,11 +24,15 @@
 //!   does; the cache keeps only their `ca.crt` (see [`cache`]).
 //! - The other replicas' rollout counts (Leases) are not configuration:
 //!   [`counts`] watches them apart, into the leader's sums.
-//! - The other replicas' rollout counts (Leases) are not configuration:
-//!   [`counts`] watches them apart, into the leader's sums.
+//! - With `--ingress-class`, Ingresses and IngressClasses are watched too
+//!   ([`ingresses::INGRESS_KINDS`], mandatory) and the Ingresses of the
+//!   class converted into every snapshot ([`ingresses`]); the conversion
+//!   report is logged when it changes, and the Ingresses served are handed
+//!   to the status writer (their `status.loadBalancer`).
 
 pub mod cache;
 pub mod counts;
+pub mod ingresses;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,9 +46,11 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 pub use cache::{ClusterCache, WATCHED_KINDS, WatchedKind};
+pub use ingresses::{INGRESS_KINDS, ServedIngress, ServedIngresses};
 
 use crate::resources::crd::Crds;
 use crate::source::SourceUpdate;
+use crate::source::files::IngressServing;
 
 /// How updates are paced.
 #[derive(Debug, Clone)]
@@ -55,6 +61,9 @@ pub struct SourceOptions {
     pub max_delay: Duration,
     /// CRDs that validate the objects of the kinds they define (`--crds`).
     pub crds: Arc<Crds>,
+    /// `--ingress-class`: serve the Ingresses of the class. The watches
+    /// must then be those of [`kinds`]`(true)`.
+    pub ingresses: Option<IngressServing>,
 }
 
 impl Default for SourceOptions {
@@ -67,6 +76,7 @@ impl Default for SourceOptions {
             debounce: Duration::from_millis(5),
             max_delay: Duration::from_secs(1),
             crds: Arc::default(),
+            ingresses: None,
         }
     }
 }
@@ -74,10 +84,26 @@ impl Default for SourceOptions {
 /// The events of one watched kind, tagged with its index in the kinds list.
 type KindEvents = BoxStream<'static, (usize, Result<Event<DynamicObject>, watcher::Error>)>;
 
+/// The kinds watched: [`WATCHED_KINDS`], and when Ingresses are served,
+/// [`INGRESS_KINDS`] after them.
+pub fn kinds(ingresses: bool) -> Vec<WatchedKind> {
+    let mut kinds = WATCHED_KINDS.to_vec();
+    if ingresses {
+        kinds.extend(INGRESS_KINDS);
+    }
+    kinds
+}
+
 /// Watch every kind in [`WATCHED_KINDS`] cluster-wide.
 pub fn watch_all(client: &Client) -> Vec<KindEvents> {
-    WATCHED_KINDS
+    watch_kinds(client, &WATCHED_KINDS)
+}
+
+/// Watch each of `kinds` cluster-wide, tagged with its index in `kinds`.
+pub fn watch_kinds(client: &Client, kinds: &[WatchedKind]) -> Vec<KindEvents> {
+    kinds
         .iter()
+        .copied()
         .enumerate()
         .map(|(i, kind)| {
             let resource = ApiResource {
@@ -103,16 +129,23 @@ pub fn watch_all(client: &Client) -> Vec<KindEvents> {
 /// Run the source until `shutdown` turns true or `updates` is closed:
 /// apply the watchers' events to a cache and send each complete snapshot.
 ///
-/// `watches[i]` must carry the events of `WATCHED_KINDS[i]` (tests pass
-/// synthetic streams here). Sending waits for the serve loop to take the
-/// previous update; events that arrive meanwhile are coalesced into the next.
+/// `watches[i]` must carry the events of `kinds(options.ingresses.is_some())[i]`
+/// (tests pass synthetic streams here). Sending waits for the serve loop to
+/// take the previous update; events that arrive meanwhile are coalesced
+/// into the next. When Ingresses are served, `served` gets the Ingresses
+/// of each snapshot (for their status).
 pub async fn run(
     watches: Vec<KindEvents>,
     options: SourceOptions,
     updates: mpsc::Sender<SourceUpdate>,
+    served: Option<watch::Sender<Arc<ServedIngresses>>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut cache = ClusterCache::default().with_crds(Arc::clone(&options.crds));
+    let mut cache = ClusterCache::new(&kinds(options.ingresses.is_some()))
+        .with_crds(Arc::clone(&options.crds))
+        .with_ingresses(options.ingresses.clone());
+    // The last conversion report logged: logged again only when it changes.
+    let mut logged_report: Option<Vec<String>> = None;
     let mut events = stream::select_all(watches);
     // (first unsent change, last change)
     let mut pending: Option<(Instant, Instant)> = None;
@@ -138,14 +171,48 @@ pub async fn run(
                     // The last first list to complete is itself a change.
                     continue;
                 }
-                let update = cache.update();
+                let (update, ingresses) = cache.update_with_ingresses();
+                if let Some(ingresses) = &ingresses
+                    && logged_report.as_ref() != Some(&ingresses.report)
+                {
+                    log_report(ingresses);
+                    logged_report = Some(ingresses.report.clone());
+                }
                 tracing::debug!(objects = update.objects, "cluster configuration changed");
                 tokio::select! {
                     sent = updates.send(update) => if sent.is_err() { return },
                     _ = crate::shutdown::stopped(&mut shutdown) => return,
                 }
+                // The Ingresses' status follows the configuration that
+                // serves them, handed over just now.
+                if let (Some(ingresses), Some(served)) = (ingresses, &served) {
+                    served.send_if_modified(|current| {
+                        let changed = **current != ingresses;
+                        if changed {
+                            *current = Arc::new(ingresses);
+                        }
+                        changed
+                    });
+                }
             }
             _ = crate::shutdown::stopped(&mut shutdown) => return,
+        }
+    }
+}
+
+/// Log the conversion report of the served Ingresses, a line per
+/// annotation per object, as `sluice convert ingress-nginx` prints it.
+fn log_report(ingresses: &ServedIngresses) {
+    tracing::info!(
+        ingresses = ingresses.ingresses.len(),
+        routes = ingresses.converted.len(),
+        "Ingresses converted"
+    );
+    for (line, inexact) in ingresses.report.iter().zip(&ingresses.inexact) {
+        if *inexact {
+            tracing::warn!("ingress-nginx conversion: {line}");
+        } else {
+            tracing::info!("ingress-nginx conversion: {line}");
         }
     }
 }
@@ -157,7 +224,8 @@ fn apply(
     kind: usize,
     event: Result<Event<DynamicObject>, watcher::Error>,
 ) -> bool {
-    let watched = WATCHED_KINDS.get(kind);
+    let watched = cache.kind(kind).copied();
+    let watched = watched.as_ref();
     let name = watched.map_or("?", |k| k.kind);
     let was_missing = cache.is_not_installed(kind);
     match event {
@@ -220,7 +288,12 @@ mod tests {
 
     /// One channel per watched kind, as the streams `run` reads.
     fn feeds() -> (Vec<Feed>, Vec<KindEvents>) {
-        WATCHED_KINDS
+        feeds_for(&WATCHED_KINDS)
+    }
+
+    /// One channel per kind of `kinds`.
+    fn feeds_for(kinds: &[WatchedKind]) -> (Vec<Feed>, Vec<KindEvents>) {
+        kinds
             .iter()
             .enumerate()
             .map(|(i, _)| {
@@ -267,7 +340,7 @@ mod tests {
             max_delay: Duration::from_millis(500),
             ..SourceOptions::default()
         };
-        let task = tokio::spawn(run(watches, options, tx, stop_rx));
+        let task = tokio::spawn(run(watches, options, tx, None, stop_rx));
         let svc = service_index();
 
         for (i, feed) in feeds.iter().enumerate() {
@@ -338,7 +411,7 @@ mod tests {
         let (feeds, watches) = feeds();
         let (tx, mut rx) = mpsc::channel(1);
         let (_stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(run(watches, SourceOptions::default(), tx, stop_rx));
+        let task = tokio::spawn(run(watches, SourceOptions::default(), tx, None, stop_rx));
         let svc = service_index();
         let gateways = WATCHED_KINDS
             .iter()
@@ -386,6 +459,73 @@ mod tests {
         let update = next(&mut rx).await;
         assert_eq!(names(&update), ["a"]);
         assert!(update.snapshot.listener_sets.is_empty());
+
+        drop(feeds);
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the source stops when every watch ended")
+            .expect("the source task does not panic");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ingresses_of_the_class_reach_the_snapshot_and_the_status_writer() {
+        let kinds = kinds(true);
+        let (feeds, watches) = feeds_for(&kinds);
+        let (tx, mut rx) = mpsc::channel(1);
+        let (served_tx, mut served) = watch::channel(Arc::default());
+        let (_stop, stop_rx) = watch::channel(false);
+        let options = SourceOptions {
+            ingresses: Some(IngressServing {
+                class: "nginx".into(),
+                gateway: ("default".into(), "gw".into()),
+            }),
+            ..SourceOptions::default()
+        };
+        let task = tokio::spawn(run(watches, options, tx, Some(served_tx), stop_rx));
+        let ingress = |class: &str, host: &str| -> DynamicObject {
+            serde_json::from_value(json!({
+                "metadata": {"name": format!("web-{class}"), "namespace": "shop",
+                             "resourceVersion": "3"},
+                "spec": {"ingressClassName": class, "rules": [{"host": host, "http": {"paths": [
+                    {"path": "/", "pathType": "Prefix",
+                     "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]},
+            }))
+            .expect("a valid DynamicObject")
+        };
+        let ingresses = kinds
+            .iter()
+            .position(|k| k.kind == "Ingress")
+            .expect("Ingresses are watched");
+        for (i, feed) in feeds.iter().enumerate() {
+            feed.send(Ok(Event::Init)).expect("source running");
+            if i == ingresses {
+                for object in [
+                    ingress("nginx", "a.example"),
+                    ingress("traefik", "b.example"),
+                ] {
+                    feed.send(Ok(Event::InitApply(object)))
+                        .expect("source running");
+                }
+            }
+            feed.send(Ok(Event::InitDone)).expect("source running");
+        }
+        let update = next(&mut rx).await;
+        assert!(update.errors.is_empty(), "{:?}", update.errors);
+        let routes: Vec<_> = update
+            .snapshot
+            .http_routes
+            .iter()
+            .map(|r| (r.metadata.name.clone(), r.spec.hostnames.clone()))
+            .collect();
+        assert_eq!(
+            routes,
+            [(Some("web-nginx".into()), Some(vec!["a.example".into()]))]
+        );
+        served.changed().await.expect("the source is running");
+        let current = served.borrow_and_update().clone();
+        let names: Vec<&str> = current.ingresses.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["web-nginx"]);
+        assert_eq!(current.converted, ["HTTPRoute shop/web-nginx"]);
 
         drop(feeds);
         tokio::time::timeout(Duration::from_secs(10), task)
