@@ -495,6 +495,9 @@ impl Server {
                 self.rollouts.served = self.rollouts.machine.served(&self.rollouts.inputs);
             }
         }
+        // consistentBy: count each step's users afresh (every replica).
+        let records = self.rollouts.machine.records();
+        crate::rollout::users::track(&self.metrics, &records, &self.rollouts.inputs);
     }
 
     /// Take the rollouts recorded in the policies' status of the
@@ -620,6 +623,7 @@ impl Server {
             shown.push(labels);
         }
         metrics.retain(&shown);
+        crate::rollout::users::show(metrics, &report);
         let gates = self
             .rollouts
             .inputs
