@@ -289,8 +289,8 @@ fn rollout_policy_crd_names_every_status_field_sluice_writes() {
     use sluice::rollout::{GateReport, Rollout, RolloutStatus, StepCounts};
 
     let crd = &of_kind("rolloutpolicy-crd.yaml", "CustomResourceDefinition")[0];
-    let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
-        ["properties"]["rollouts"]["items"]["properties"];
+    let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+        ["rollouts"]["items"]["properties"];
     let rollout = Rollout {
         step: sluice::resources::Percent::parse("5%").ok(),
         step_started_at: "2026-12-02T11:00:00Z".parse().ok(),
@@ -325,7 +325,12 @@ fn rollout_policy_crd_names_every_status_field_sluice_writes() {
             "status.rollouts[].{field} is not in the CRD schema"
         );
     }
-    for field in ["canaryUsers", "stableUsers", "canaryUsersShare", "usersEstimated"] {
+    for field in [
+        "canaryUsers",
+        "stableUsers",
+        "canaryUsersShare",
+        "usersEstimated",
+    ] {
         assert!(written.contains_key(field), "{field} written");
     }
     for field in written["evidence"][0].as_object().expect("a gate").keys() {
