@@ -351,13 +351,22 @@ pub struct BackendTotals {
     /// ([`Metrics::track_users`]): the distinct users of each step, summed
     /// over the steps (the difference of two readings within a step is the
     /// users new in it), and of those the users with a 5xx in the step.
+    /// Published only when not zero (no user, no bytes).
+    #[serde(skip_serializing_if = "is_zero")]
     pub users: u64,
+    #[serde(skip_serializing_if = "is_zero")]
     pub users_with_errors: u64,
     /// Steps whose user counts are estimates (more than [`EXACT_USERS`]).
+    #[serde(skip_serializing_if = "is_zero")]
     pub users_estimated: u64,
     /// 5xx of a user that had one before in the same step: a user's
     /// retries of a failure, which the error gates do not judge.
+    #[serde(skip_serializing_if = "is_zero")]
     pub repeated_errors: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Default for BackendTotals {
@@ -1597,6 +1606,30 @@ mod tests {
         let before = m.backend_total(&stats);
         m.record_user(&key, Duration::ZERO, user(42));
         assert_eq!(m.backend_total(&stats).users, before.users);
+    }
+
+    #[test]
+    fn user_counts_are_published_only_when_counted_and_read_back() {
+        let none = serde_json::to_string(&BackendTotals::default()).expect("serializes");
+        assert!(
+            !none.contains("users") && !none.contains("repeated"),
+            "{none}"
+        );
+        let counted = BackendTotals {
+            requests: 9,
+            errors: 4,
+            users: 3,
+            users_with_errors: 1,
+            repeated_errors: 3,
+            users_estimated: 1,
+            ..BackendTotals::default()
+        };
+        let text = serde_json::to_string(&counted).expect("serializes");
+        let back: BackendTotals = serde_json::from_str(&text).expect("parses");
+        assert_eq!(back, counted);
+        // Replicas' counts add up (each counts its own users).
+        let sum = back + counted;
+        assert_eq!((sum.users, sum.repeated_errors), (6, 6));
     }
 
     #[test]
