@@ -496,8 +496,7 @@ impl Server {
             }
         }
         // consistentBy: count each step's users afresh (every replica).
-        let records = self.rollouts.machine.records();
-        crate::rollout::users::track(&self.metrics, &records, &self.rollouts.inputs);
+        crate::rollout::users::track(&self.metrics, &self.rollouts.machine, &self.rollouts.inputs);
     }
 
     /// Take the rollouts recorded in the policies' status of the

@@ -11,9 +11,11 @@
 //! the `sluice_rollout_users*` gauges ([`show`]). See `docs/rollouts.md`,
 //! "Users".
 
+use std::collections::BTreeSet;
+
 use super::fleet::step_id;
 use super::gates::StepView;
-use super::machine::{Rollout, RolloutInputs};
+use super::machine::{PolicyKey, Rollout, RolloutInputs, Rollouts, RuleKey};
 use super::shares::share_text;
 use super::status::RolloutReport;
 use crate::metrics::{BackendStatsKey, BackendTotals, Metrics, RolloutLabels, RolloutMetrics};
@@ -109,12 +111,13 @@ pub fn requests_text(t: &BackendTotals) -> (String, String) {
 /// backend (incoming and outgoing) of a rollout at a step whose policy
 /// sets `consistentBy`. The same on every replica (from the records).
 pub fn tracked(records: &[Rollout], inputs: &RolloutInputs) -> Vec<(BackendStatsKey, String)> {
+    let keyed = keyed(inputs);
     let mut out = Vec::new();
     for r in records {
-        let keyed = inputs.rules.iter().any(|g| {
-            g.policy == r.policy && g.rule == r.rule && g.settings.consistent_by.is_some()
-        });
-        let Some(step) = step_id(r).filter(|_| keyed) else {
+        if !keyed.contains(&(&r.policy, &r.rule)) {
+            continue;
+        }
+        let Some(step) = step_id(r) else {
             continue;
         };
         for backend in r.from.union_keys(&r.to) {
@@ -136,8 +139,22 @@ pub fn tracked(records: &[Rollout], inputs: &RolloutInputs) -> Vec<(BackendStats
 /// Tell the metrics whose users to count now ([`tracked`]); called by the
 /// rollout driver after every evaluation (a step that starts counts its
 /// users afresh).
-pub fn track(metrics: &Metrics, records: &[Rollout], inputs: &RolloutInputs) {
-    metrics.track_users(&tracked(records, inputs));
+pub fn track(metrics: &Metrics, rollouts: &Rollouts, inputs: &RolloutInputs) {
+    if keyed(inputs).is_empty() {
+        metrics.track_users(&[]);
+    } else {
+        metrics.track_users(&tracked(&rollouts.records(), inputs));
+    }
+}
+
+/// The governed rules whose policy sets `consistentBy`.
+fn keyed(inputs: &RolloutInputs) -> BTreeSet<(&PolicyKey, &RuleKey)> {
+    inputs
+        .rules
+        .iter()
+        .filter(|g| g.settings.consistent_by.is_some())
+        .map(|g| (&g.policy, &g.rule))
+        .collect()
 }
 
 /// Set the `sluice_rollout_users` and `sluice_rollout_users_with_errors`
@@ -174,7 +191,7 @@ pub fn show(metrics: &RolloutMetrics, report: &RolloutReport) {
 mod tests {
     use super::*;
     use crate::resources::Percent;
-    use crate::rollout::machine::{GovernedRule, Phase, PolicyKey, RuleKey};
+    use crate::rollout::machine::{GovernedRule, Phase};
     use crate::rollout::shares::{BackendKey, Weights};
     use crate::route::RouteKind;
 
