@@ -13,7 +13,8 @@
 //! [`ROLLOUT_REFRESH`] for the counts on `/status`; it translates again
 //! when the served shares change: a step is a table swap like any reload.
 //!
-//! Who judges the rollouts: standalone, this process (its records go to
+//! Who judges the rollouts ([`RolloutDriver`] holds them and says what to
+//! serve): standalone, this process (its records go to
 //! `--state-dir`). In Kubernetes mode, the Lease leader only: it records
 //! every rollout in its policy's `status.rollouts` (the status writer sends
 //! them with the rest of the policy's status, so the loop hands them over
@@ -29,8 +30,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::Arc;
 
 use anyhow::Context;
 use k8s_openapi::jiff::Timestamp;
@@ -38,13 +38,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::admin::{AdminServer, AdminState, Published};
-use crate::metrics::{BackendStatsKey, Metrics, RolloutLabels};
+use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxyLimits};
 use crate::resources::Snapshot;
-use crate::rollout::{
-    BackendKey, FileStore, MemoryStore, RolloutInputs, RolloutReport, RolloutStore, Rollouts,
-    RuleKey, ServedShares,
-};
+use crate::rollout::driver::{Role, RolloutDriver};
+use crate::rollout::{FileStore, MemoryStore, RolloutReport, RolloutStore};
 use crate::route::RouteTable;
 use crate::source::{ConfigError, FileSource, SourceUpdate};
 use crate::translate::{
@@ -52,15 +50,7 @@ use crate::translate::{
     translate_reusing,
 };
 
-/// How often a rollout at a step is looked at for its status counts when
-/// nothing else wakes it. Decisions never wait for it: a governed
-/// backend's 5xx or slow response wakes the judge at once, and a step's
-/// end is a deadline of its own.
-pub const ROLLOUT_REFRESH: Duration = Duration::from_secs(1);
-
-/// The least time between two looks woken by responses: a canary failing
-/// every request wakes the judge at most this often.
-pub const ROLLOUT_EVENT_GAP: Duration = Duration::from_millis(5);
+pub use crate::rollout::driver::{ROLLOUT_EVENT_GAP, ROLLOUT_REFRESH};
 
 /// Settings of `sluice serve`.
 #[derive(Debug, Clone)]
@@ -260,41 +250,6 @@ struct Current {
     rules: Arc<Vec<RuleSummary>>,
 }
 
-/// Who moves the rollouts along.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
-    /// This process judges the steps (standalone, or the Kubernetes leader).
-    Lead,
-    /// This process serves the steps another recorded in the policies'
-    /// status (a Kubernetes replica that is not the leader).
-    Follow,
-}
-
-/// The rollouts, their state machine's inputs and where they are saved.
-struct RolloutDriver {
-    role: Role,
-    /// Took the lead: continue from the rollouts recorded in the policies'
-    /// status as soon as a configuration is in service.
-    resume: bool,
-    /// The rollouts as recorded at their last transition (or as read from
-    /// the policies' status): what Kubernetes mode writes to each policy's
-    /// `status.rollouts`, and what a follower shows. Not rebuilt for every
-    /// count: status is written when a rollout moves, not per request.
-    recorded: Arc<RolloutReport>,
-    /// Problems reading recorded rollouts, as last logged.
-    unreadable: Vec<String>,
-    machine: Rollouts,
-    store: Arc<Mutex<Box<dyn RolloutStore>>>,
-    inputs: RolloutInputs,
-    served: ServedShares,
-    /// When the machine next needs the clock (a step's interval ends).
-    next: Option<Timestamp>,
-    /// Why the state could not be saved (or read), and since when.
-    not_saved: Option<(String, Timestamp)>,
-    /// Kubernetes mode: the other replicas' counts, judged with ours.
-    fleet: Option<crate::rollout::fleet::Fleet>,
-}
-
 /// Turns each configuration, and each rollout step, into a served table
 /// and published status.
 struct Server {
@@ -319,37 +274,9 @@ impl Server {
         proxy: Proxy,
         state: Arc<AdminState>,
         metrics: Arc<Metrics>,
-        mut store: Box<dyn RolloutStore>,
+        store: Box<dyn RolloutStore>,
         role: Role,
     ) -> Server {
-        let location = store.location();
-        let (store, loaded) = tokio::task::spawn_blocking(move || {
-            let loaded = store.load();
-            (store, loaded)
-        })
-        .await
-        .unwrap_or_else(|_| {
-            (
-                Box::new(MemoryStore::default()) as Box<dyn RolloutStore>,
-                Err("reading the rollout state panicked".into()),
-            )
-        });
-        let (machine, not_saved) = match loaded {
-            Ok(records) => {
-                if !records.is_empty() {
-                    tracing::info!(rollouts = records.len(), state = %location,
-                        "resuming recorded rollouts");
-                }
-                (Rollouts::restore(records), None)
-            }
-            Err(error) => {
-                let message = format!(
-                    "{error}; started without recorded rollouts: rules serve their spec shares until their weights change"
-                );
-                tracing::error!("rollout state: {message}");
-                (Rollouts::new(), Some((message, Timestamp::now())))
-            }
-        };
         let server = Server {
             options: TranslateOptions { default_bind: bind },
             proxy,
@@ -358,19 +285,7 @@ impl Server {
             generation: 0,
             current: None,
             compiled: CompiledRoutes::new(),
-            rollouts: RolloutDriver {
-                role,
-                resume: false,
-                recorded: Arc::default(),
-                unreadable: Vec::new(),
-                machine,
-                store: Arc::new(Mutex::new(store)),
-                inputs: RolloutInputs::default(),
-                served: ServedShares::default(),
-                next: None,
-                not_saved,
-                fleet: None,
-            },
+            rollouts: RolloutDriver::open(store, role).await,
         };
         server.publish_rollouts();
         server
@@ -392,10 +307,7 @@ impl Server {
         // policies; keep it off the async workers too.
         let for_inputs = snapshot.clone();
         match tokio::task::spawn_blocking(move || rollout_inputs(&for_inputs, &previous)).await {
-            Ok(inputs) => {
-                self.rollouts.inputs = inputs;
-                self.govern();
-            }
+            Ok(inputs) => self.rollouts.set_inputs(inputs, &self.metrics),
             Err(error) => {
                 tracing::error!(%error, "reading the rollout policies failed; keeping the previous ones")
             }
@@ -412,48 +324,14 @@ impl Server {
         self.publish_rollouts();
     }
 
-    /// Tell the metrics which backends the rollouts govern (every
-    /// backend of a governed rule, on every replica): they count those
-    /// backends' slow responses and wake the judge on their 5xx and slow
-    /// responses.
-    fn govern(&self) {
-        let governed: Vec<(BackendStatsKey, Option<Duration>)> = self
-            .rollouts
-            .inputs
-            .rules
-            .iter()
-            .flat_map(|g| {
-                let slow = g.settings.slow_after();
-                let rule = &g.rule;
-                let mut keys: Vec<&BackendKey> = g.spec.keys().collect();
-                if let Some(before) = &g.previously_served {
-                    keys.extend(before.keys());
-                }
-                keys.into_iter().map(move |b| {
-                    (
-                        BackendStatsKey {
-                            kind: rule.kind.metrics_prefix(),
-                            namespace: rule.namespace.clone(),
-                            route: rule.route.clone(),
-                            rule: rule.rule,
-                            backend: b.to_string(),
-                        },
-                        slow,
-                    )
-                })
-            })
-            .collect();
-        self.metrics.govern(&governed);
-    }
-
     /// Judge the rollouts at a step; serve their new shares if they moved.
     async fn tick(&mut self) {
         if self.current.is_none() {
             return;
         }
-        let before = self.rollouts.served.clone();
+        let before = self.rollouts.served().clone();
         self.run_rollouts().await;
-        if self.rollouts.served != before {
+        if *self.rollouts.served() != before {
             self.translate_and_apply("rollout step applied").await;
         }
         self.publish_rollouts();
@@ -462,170 +340,30 @@ impl Server {
     /// Lead the rollouts (`lead`: the lease was won) or follow the
     /// records in the policies' status (lost), and serve what that gives.
     async fn set_role(&mut self, lead: bool) {
-        let role = if lead { Role::Lead } else { Role::Follow };
-        if self.rollouts.role == role {
-            return;
+        if self.rollouts.set_role(lead) {
+            self.tick().await;
         }
-        self.rollouts.role = role;
-        // A new leader continues from what the policies' status records,
-        // never from what it judged in an earlier term.
-        self.rollouts.resume = lead;
-        tracing::info!(
-            "{}",
-            if lead {
-                "leading the rollouts: continuing from the steps recorded in the RolloutPolicies' status"
-            } else {
-                "following the rollouts: serving the steps the leader records in the RolloutPolicies' status"
-            }
-        );
-        self.tick().await;
     }
 
     /// Lead the rollouts (judge them) or follow the recorded ones.
     async fn run_rollouts(&mut self) {
-        match self.rollouts.role {
-            Role::Lead => {
-                if std::mem::take(&mut self.rollouts.resume) {
-                    self.read_recorded();
-                }
-                self.evaluate_rollouts().await;
-            }
-            Role::Follow => {
-                self.read_recorded();
-                self.rollouts.served = self.rollouts.machine.served(&self.rollouts.inputs);
-            }
-        }
-        // consistentBy: count each step's users afresh (every replica).
-        crate::rollout::users::track(&self.metrics, &self.rollouts.machine, &self.rollouts.inputs);
-    }
-
-    /// Take the rollouts recorded in the policies' status of the
-    /// configuration in service as this process's (Kubernetes mode).
-    fn read_recorded(&mut self) {
         let Some(current) = &self.current else {
             return;
         };
-        let (records, report, problems) =
-            crate::rollout::recorded(&current.snapshot.rollout_policies);
-        if problems != self.rollouts.unreadable {
-            for problem in &problems {
-                tracing::warn!("{problem}; that rule is served as if nothing were recorded");
-            }
-            self.rollouts.unreadable = problems;
-        }
-        self.rollouts.machine = Rollouts::restore(records);
-        if *self.rollouts.recorded != report {
-            self.rollouts.recorded = Arc::new(report);
-        }
-    }
-
-    /// Run the rollout state machine; log and count its transitions; save
-    /// the records when they changed.
-    async fn evaluate_rollouts(&mut self) {
-        let metrics = self.metrics.clone();
-        let local = move |rule: &RuleKey, backend: &BackendKey| {
-            metrics.backend_total(&BackendStatsKey {
-                kind: rule.kind.metrics_prefix(),
-                namespace: rule.namespace.clone(),
-                route: rule.route.clone(),
-                rule: rule.rule,
-                backend: backend.to_string(),
-            })
-        };
-        let driver = &mut self.rollouts;
-        // Kubernetes mode: plus the other replicas' counts of each step.
-        let fleet = driver.fleet.clone();
-        let judged = driver.machine.records();
-        let totals = crate::rollout::fleet::fleet_totals(fleet.as_ref(), &judged, local);
-        let evaluation = driver
-            .machine
-            .evaluate(&driver.inputs, &totals, Timestamp::now());
-        for t in &evaluation.transitions {
-            tracing::info!(policy = %t.policy, rule = %t.rule, phase = t.phase.as_str(), "rollout: {}", t.message);
-            self.metrics
-                .rollouts()
-                .transition(&rollout_labels(&t.policy, &t.rule), t.phase.as_str());
-        }
-        driver.served = evaluation.served;
-        driver.next = evaluation.next;
-        if evaluation.changed {
-            driver.recorded = Arc::new(RolloutReport::new(&driver.machine, None));
-            self.save_rollouts().await;
-        }
-    }
-
-    /// Save the recorded rollouts (off the async workers: the file is
-    /// synced). A failure is logged once, shown on `/readyz` and in each
-    /// policy's status, and the rollouts go on in memory.
-    async fn save_rollouts(&mut self) {
-        let records = self.rollouts.machine.records();
-        let store = self.rollouts.store.clone();
-        let saved = tokio::task::spawn_blocking(move || {
-            let mut store = store.lock().unwrap_or_else(PoisonError::into_inner);
-            store.save(&records).map_err(|e| (e, store.location()))
-        })
-        .await
-        .unwrap_or_else(|e| Err((format!("saving panicked: {e}"), String::new())));
-        match saved {
-            Ok(()) => {
-                if self.rollouts.not_saved.take().is_some() {
-                    tracing::info!("rollout state saved again");
-                }
-            }
-            Err((error, _)) => {
-                let message = format!(
-                    "{error}; rollouts go on in memory only: after a restart, rules would serve their spec shares at once"
-                );
-                let known = self
-                    .rollouts
-                    .not_saved
-                    .as_ref()
-                    .is_some_and(|(m, _)| *m == message);
-                if !known {
-                    tracing::error!("rollout state: {message}");
-                    self.rollouts.not_saved = Some((message, Timestamp::now()));
-                }
-            }
-        }
+        let snapshot = current.snapshot.clone();
+        self.rollouts
+            .run(&snapshot.rollout_policies, &self.metrics)
+            .await;
     }
 
     /// Show the rollouts on `/status` and `/metrics`: the leader's with
     /// the counts of the moment, a follower's as recorded.
     fn publish_rollouts(&self) {
-        let report = match self.rollouts.role {
-            Role::Lead => {
-                RolloutReport::new(&self.rollouts.machine, self.rollouts.not_saved.clone())
-            }
-            Role::Follow => (*self.rollouts.recorded).clone(),
-        };
-        let metrics = self.metrics.rollouts();
-        let mut shown = Vec::new();
-        for (rollout, _, _) in self.rollouts.machine.report() {
-            let labels = rollout_labels(&rollout.policy, &rollout.rule);
-            let served = rollout.served();
-            let total = served.total();
-            let shares: Vec<(String, f64)> = served
-                .iter()
-                .map(|(k, w)| {
-                    let share = if total == 0 {
-                        0.0
-                    } else {
-                        w as f64 / total as f64
-                    };
-                    (k.to_string(), share)
-                })
-                .collect();
-            let step = rollout
-                .step
-                .map_or(0.0, |p| f64::from(p.thousandths()) / 1000.0);
-            metrics.set(&labels, rollout.phase.as_str(), step, &shares);
-            shown.push(labels);
-        }
-        metrics.retain(&shown);
-        crate::rollout::users::show(metrics, &report);
+        let report = self.rollouts.report();
+        self.rollouts.publish_metrics(&self.metrics);
         let gates = self
             .rollouts
-            .inputs
+            .inputs()
             .rules
             .iter()
             .map(|governed| {
@@ -655,7 +393,7 @@ impl Server {
         // hundred milliseconds that requests must not wait behind.
         let snapshot = current.snapshot.clone();
         let options = self.options.clone();
-        let served = self.rollouts.served.clone();
+        let served = self.rollouts.served().clone();
         let previous = self.state.published();
         // The table is swapped in as soon as it is built; the status (and
         // keeping its transition times) is computed meanwhile, on the same
@@ -753,19 +491,6 @@ impl Server {
     }
 }
 
-fn rollout_labels(policy: &crate::rollout::PolicyKey, rule: &RuleKey) -> RolloutLabels {
-    RolloutLabels {
-        policy: policy.to_string(),
-        route: format!(
-            "{}{}/{}",
-            rule.kind.metrics_prefix(),
-            rule.namespace,
-            rule.route
-        ),
-        rule: rule.rule.to_string(),
-    }
-}
-
 /// Copy each condition's `lastTransitionTime` from the status published
 /// before (same kind, namespace and name) when its type and status did not
 /// change: a condition's time is when its status last changed, not when
@@ -818,20 +543,9 @@ async fn serve_loop(
 ) {
     loop {
         let generation = server.generation;
-        let recorded = server.rollouts.recorded.clone();
-        let judging = server.rollouts.role == Role::Lead && server.rollouts.machine.in_flight();
-        let tick = judging.then(|| {
-            let now = tokio::time::Instant::now();
-            let refresh = now + ROLLOUT_REFRESH;
-            match server.rollouts.next {
-                Some(at) => {
-                    let wait = at.duration_since(Timestamp::now());
-                    let wait = Duration::try_from(wait).unwrap_or(Duration::ZERO);
-                    refresh.min(now + wait)
-                }
-                None => refresh,
-            }
-        });
+        let recorded = server.rollouts.recorded().clone();
+        let judging = server.rollouts.judging();
+        let tick = server.rollouts.next_look();
         let metrics = server.metrics.clone();
         let events = async {
             if judging {
@@ -859,7 +573,7 @@ async fn serve_loop(
                 tokio::time::sleep(ROLLOUT_EVENT_GAP).await;
             }
             // The other replicas' counts grew: judge them now.
-            _ = fleet_counted(server.rollouts.fleet.clone()), if tick.is_some() => server.tick().await,
+            _ = fleet_counted(server.rollouts.fleet()), if tick.is_some() => server.tick().await,
             lead = leadership(&mut leader) => match lead {
                 Some(lead) => server.set_role(lead).await,
                 None => leader = None,
@@ -868,12 +582,12 @@ async fn serve_loop(
         }
         if let (Some(served), Some(current)) = (&served, &server.current)
             && (server.generation != generation
-                || !Arc::ptr_eq(&server.rollouts.recorded, &recorded))
+                || !Arc::ptr_eq(server.rollouts.recorded(), &recorded))
         {
             served.send_replace(Some(Arc::new(Served {
                 snapshot: current.snapshot.clone(),
                 published: server.state.published(),
-                rollouts: server.rollouts.recorded.clone(),
+                rollouts: server.rollouts.recorded().clone(),
             })));
         }
     }
@@ -1039,7 +753,7 @@ pub async fn start_kubernetes_with_limits(
         Role::Follow,
     )
     .await;
-    server.rollouts.fleet = Some(fleet);
+    server.rollouts.with_fleet(fleet);
     let serve = tokio::spawn(serve_loop(
         updates,
         server,

@@ -378,3 +378,57 @@ fn weight_line(file: &Path) -> usize {
         .expect("a weight")
         + 1
 }
+
+/// Each RolloutPolicy's power, said before any traffic: what each gate
+/// catches and after how many requests (or events), on expected counts.
+/// The binary, on the example policies.
+#[test]
+fn rollout_policies_say_what_their_gates_catch_and_after_how_much() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rollout.yaml");
+    let (code, out) = sluice_check(&[&example]);
+    assert_eq!(code, 0, "{out}");
+    let after = |line: &str, what: &str| -> u64 {
+        let rest = &line[line
+            .find(what)
+            .unwrap_or_else(|| panic!("{what} in {line}"))
+            + what.len()..];
+        let digits: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == ',')
+            .filter(char::is_ascii_digit)
+            .collect();
+        digits
+            .parse()
+            .unwrap_or_else(|_| panic!("a count after {what} in {line}"))
+    };
+    let power = out
+        .lines()
+        .filter(|l| l.starts_with("  power at 99% confidence"))
+        .count();
+    assert_eq!(power, 2, "one power section per policy: {out}");
+    let limit = out
+        .lines()
+        .find(|l| {
+            l.trim_start()
+                .starts_with("5xx <= 1%, in the canary's requests: ")
+        })
+        .unwrap_or_else(|| panic!("the maxErrorRate gate's line: {out}"));
+    let (twice, tenfold) = (
+        after(limit, "2x (2%) after about "),
+        after(limit, "10x (10%) after about "),
+    );
+    assert!(tenfold < twice, "{limit}");
+    assert!(
+        after(limit, "one failing everything after about ") <= 5,
+        "{limit}"
+    );
+    let stable = out
+        .lines()
+        .find(|l| l.contains("stable, in the 5xx of both sides together: at step 5%, "))
+        .unwrap_or_else(|| panic!("the baseline gate's line: {out}"));
+    assert!(
+        after(stable, "at step 25%, a canary at 2x after about ")
+            < after(stable, "at step 5%, a canary at 2x after about "),
+        "a larger step sees a regression in fewer events: {stable}"
+    );
+}

@@ -26,6 +26,7 @@ use crate::metrics::BackendTotals;
 use crate::resources::crd::Crds;
 use crate::resources::read_documents;
 use crate::resources::{Generations, Snapshot};
+use crate::rollout::gates::plan;
 use crate::rollout::{FileStore, PolicyKey, RolloutReport, Rollouts, StateRead};
 use crate::source::files::read_all;
 use crate::source::{ConfigError, FileSet};
@@ -82,6 +83,9 @@ pub struct Checked {
     /// Where the served shares come from (printed when a RolloutPolicy
     /// governs a rule).
     pub served_from: String,
+    /// Each valid RolloutPolicy's power (`ns/name` -> its confidence and
+    /// one line per gate): what its gates catch, after how much traffic.
+    pub power: BTreeMap<String, (String, Vec<String>)>,
 }
 
 /// Read, parse, validate (by the CRDs in `crd_paths` and among the
@@ -175,7 +179,22 @@ pub fn load(paths: &[PathBuf], crd_paths: &[PathBuf], state_dir: Option<&Path>) 
         },
         &evaluation.served,
     );
+    let power = snapshot
+        .rollout_policies
+        .iter()
+        .filter_map(|policy| {
+            let settings = policy.settings().ok()?;
+            let key = format!(
+                "{}/{}",
+                policy.metadata.namespace.as_deref().unwrap_or("default"),
+                policy.metadata.name.as_deref().unwrap_or_default()
+            );
+            let lines = plan(&settings.gates, settings.confidence, &settings.steps);
+            Some((key, (settings.confidence.0.to_string(), lines)))
+        })
+        .collect();
     Checked {
+        power,
         translation,
         objects: count,
         unreadable,
@@ -282,6 +301,18 @@ fn findings(checked: &Checked) -> std::io::Result<Findings> {
             object.metadata.namespace.as_deref().unwrap_or("default"),
             object.metadata.name
         );
+        if object.kind == "RolloutPolicy"
+            && let Some((confidence, lines)) = checked.power.get(&key)
+            && !lines.is_empty()
+        {
+            writeln!(
+                out,
+                "  power at {confidence} confidence, on expected counts (what each gate catches, and when):"
+            )?;
+            for line in lines {
+                writeln!(out, "    {line}")?;
+            }
+        }
         if let Some(rules) = rules_by_route.remove(&(object.kind.clone(), key)) {
             for rule in rules {
                 write_rule(rule, &checked.omitted_weights, &mut out, &mut problems)?;

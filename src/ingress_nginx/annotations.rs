@@ -107,6 +107,9 @@ pub struct RuleSettings {
     pub use_regex: bool,
     /// `app-root`: a redirect of `/` to this path.
     pub app_root: Option<String>,
+    /// `backend-protocol: GRPC`: the rules become a GRPCRoute's, each path
+    /// a gRPC service or method.
+    pub grpc: bool,
 }
 
 /// The implicit defaults of ingress-nginx that change behaviour, reported
@@ -139,6 +142,17 @@ pub fn main_settings(
     let key = |k: &str| format!("{PREFIX}{k}");
     let mut rewrite: serde_json::Map<String, Value> = serde_json::Map::new();
     s.use_regex = a.get("use-regex").and_then(|v| parse_bool(v)) == Some(true);
+    s.grpc = a
+        .get("backend-protocol")
+        .is_some_and(|v| v.eq_ignore_ascii_case("GRPC"));
+    let mut cors_verdicts = match cors(a) {
+        Ok(Some((filter, verdicts))) => {
+            s.filters.push(filter);
+            verdicts
+        }
+        Ok(None) => BTreeMap::new(),
+        Err((k, e)) => BTreeMap::from([(k, Verdict::Error(e))]),
+    };
     for (&k, &v) in a {
         let verdict = match k {
             k if CANARY_KEYS.contains(&k) => {
@@ -202,9 +216,9 @@ pub fn main_settings(
                 None => Verdict::Error(format!("{v:?} is not a boolean")),
             },
             "backend-protocol" => match v.to_ascii_uppercase().as_str() {
-                "HTTP" => Verdict::Converted,
-                "GRPC" | "GRPCS" => Verdict::Unsupported(
-                    "gRPC backends need a GRPCRoute; not converted yet".into(),
+                "HTTP" | "GRPC" => Verdict::Converted,
+                "GRPCS" => Verdict::Unsupported(
+                    "gRPC over TLS to the backend needs a BackendTLSPolicy naming its CA; not converted yet".into(),
                 ),
                 "HTTPS" => Verdict::Unsupported(
                     "TLS to the backend needs a BackendTLSPolicy naming its CA; not converted yet".into(),
@@ -236,10 +250,9 @@ pub fn main_settings(
             | "load-balance" => Verdict::Unsupported(
                 "endpoint selection by hash or algorithm is not in the Gateway API".into(),
             ),
-            "enable-cors" | "cors-allow-origin" | "cors-allow-methods" | "cors-allow-headers"
-            | "cors-expose-headers" | "cors-allow-credentials" | "cors-max-age" => {
-                Verdict::Unsupported("CORS is not converted yet (the CORS filter is experimental)".into())
-            }
+            k if CORS_KEYS.contains(&k) => cors_verdicts
+                .remove(k)
+                .unwrap_or(Verdict::Converted),
             "mirror-target" | "mirror-request-body" | "mirror-host" => Verdict::Unsupported(
                 "mirror-target is an URL; a RequestMirror filter needs a Service: not converted"
                     .into(),
@@ -255,7 +268,30 @@ pub fn main_settings(
             }
             _ => Verdict::Unsupported("no Gateway API equivalent".into()),
         };
+        let verdict = match verdict {
+            Verdict::Converted | Verdict::Approximated(_) | Verdict::Extension(_)
+                if s.grpc && HTTP_ONLY.contains(&k) && !is_off(k, v) =>
+            {
+                Verdict::Error(
+                    "backend-protocol GRPC makes the rules a GRPCRoute's, which has no such filter or match; left out".into(),
+                )
+            }
+            verdict => verdict,
+        };
         report.push(object, key(k), verdict);
+    }
+    if s.grpc {
+        // What a GRPCRoute rule has: header modifiers and mirrors.
+        s.filters.retain(|f| {
+            matches!(
+                f["type"].as_str(),
+                Some("RequestHeaderModifier" | "ResponseHeaderModifier" | "RequestMirror")
+            )
+        });
+        rewrite.clear();
+        s.app_root = None;
+        s.use_regex = false;
+        s.timeouts = None;
     }
     if !rewrite.is_empty() {
         s.filters
@@ -280,6 +316,167 @@ pub fn main_settings(
         );
     }
     s
+}
+
+/// Annotations that make HTTPRoute filters or matches a GRPCRoute does
+/// not have.
+const HTTP_ONLY: [&str; 7] = [
+    "rewrite-target",
+    "upstream-vhost",
+    "permanent-redirect",
+    "permanent-redirect-code",
+    "app-root",
+    "use-regex",
+    "enable-cors",
+];
+
+/// Whether annotation `k` is switched off by its value (`use-regex:
+/// "false"`), so that it asks for nothing.
+fn is_off(k: &str, v: &str) -> bool {
+    matches!(k, "use-regex" | "enable-cors") && parse_bool(v) == Some(false)
+}
+
+/// The annotations of ingress-nginx's CORS (`enable-cors` and its
+/// settings).
+const CORS_KEYS: [&str; 7] = [
+    "enable-cors",
+    "cors-allow-origin",
+    "cors-allow-methods",
+    "cors-allow-headers",
+    "cors-expose-headers",
+    "cors-allow-credentials",
+    "cors-max-age",
+];
+
+/// ingress-nginx's defaults for each CORS setting it answers with when
+/// `enable-cors` is true and the setting's annotation is absent.
+const CORS_DEFAULTS: [(&str, &str); 5] = [
+    ("cors-allow-origin", "*"),
+    (
+        "cors-allow-methods",
+        "GET, PUT, POST, DELETE, PATCH, OPTIONS",
+    ),
+    (
+        "cors-allow-headers",
+        "DNT,Keep-Alive,User-Agent,X-Requested-With,If-Modified-Since,Cache-Control,Content-Type,Authorization",
+    ),
+    ("cors-allow-credentials", "true"),
+    ("cors-max-age", "1728000"),
+];
+
+/// The methods the Gateway API's CORS filter may list.
+const CORS_METHODS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+];
+
+/// The `CORS` filter of `enable-cors: "true"` with its settings (each
+/// absent one at ingress-nginx's default, written out), and the verdict of
+/// each annotation that is not plainly converted. `None` when CORS is not
+/// enabled (the `cors-*` settings then do nothing in ingress-nginx
+/// either). An error names the annotation.
+#[allow(clippy::type_complexity)]
+fn cors(
+    a: &BTreeMap<&str, &str>,
+) -> Result<Option<(Value, BTreeMap<&'static str, Verdict>)>, (&'static str, String)> {
+    match a.get("enable-cors").map(|v| (v, parse_bool(v))) {
+        None | Some((_, Some(false))) => return Ok(None),
+        Some((_, Some(true))) => {}
+        Some((v, None)) => return Err(("enable-cors", format!("{v:?} is not a boolean"))),
+    }
+    let get = |k: &'static str| {
+        a.get(k).copied().unwrap_or_else(|| {
+            CORS_DEFAULTS
+                .iter()
+                .find(|(d, _)| *d == k)
+                .map_or("", |(_, v)| v)
+        })
+    };
+    let list = |k: &'static str| -> Vec<String> {
+        get(k)
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    let mut verdicts = BTreeMap::new();
+    let mut origins = list("cors-allow-origin");
+    if origins.iter().any(|o| o == "*") {
+        origins = vec!["*".into()];
+    }
+    for o in &origins {
+        if o == "*" {
+            continue;
+        }
+        let valid = o.split_once("://").is_some_and(|(scheme, host)| {
+            matches!(scheme, "http" | "https")
+                && !host.is_empty()
+                && !host.contains('/')
+                && host.parse::<http::uri::Authority>().is_ok()
+        });
+        if !valid {
+            return Err((
+                "cors-allow-origin",
+                format!("{o:?} is not an origin (scheme://host[:port])"),
+            ));
+        }
+        if o.contains("*.") {
+            verdicts.insert(
+                "cors-allow-origin",
+                Verdict::Approximated(format!(
+                    "in {o:?}, ingress-nginx's * matches one DNS label, the Gateway API's any number of labels"
+                )),
+            );
+        }
+    }
+    if origins.is_empty() {
+        return Err(("cors-allow-origin", "lists no origin".into()));
+    }
+    let credentials = match parse_bool(get("cors-allow-credentials")) {
+        Some(c) => c,
+        None => {
+            return Err((
+                "cors-allow-credentials",
+                format!("{:?} is not a boolean", get("cors-allow-credentials")),
+            ));
+        }
+    };
+    // ingress-nginx answers `Access-Control-Allow-Origin: *` with
+    // `Access-Control-Allow-Credentials: true` for origin *, which browsers
+    // refuse for credentialed requests: without credentials the filter
+    // answers `*` too, and browsers treat both answers alike.
+    let credentials = credentials && origins != ["*"];
+    let methods = list("cors-allow-methods");
+    if let Some(m) = methods
+        .iter()
+        .find(|m| **m != "*" && !CORS_METHODS.contains(&m.as_str()))
+    {
+        return Err((
+            "cors-allow-methods",
+            format!(
+                "{m:?} is not a method the Gateway API's CORS filter allows ({})",
+                CORS_METHODS.join(", ")
+            ),
+        ));
+    }
+    let max_age: i32 = get("cors-max-age").parse().map_err(|_| {
+        (
+            "cors-max-age",
+            format!("{:?} is not a number of seconds", get("cors-max-age")),
+        )
+    })?;
+    let mut cors = json!({
+        "allowOrigins": origins,
+        "allowCredentials": credentials,
+        "allowMethods": methods,
+        "allowHeaders": list("cors-allow-headers"),
+        "maxAge": max_age,
+    });
+    let expose = list("cors-expose-headers");
+    if !expose.is_empty() {
+        cors["exposeHeaders"] = json!(expose);
+    }
+    Ok(Some((json!({"type": "CORS", "cors": cors}), verdicts)))
 }
 
 /// The RequestRedirect filter of `permanent-redirect` (code default 301).
@@ -365,6 +562,57 @@ mod tests {
             let a: BTreeMap<&str, &str> = [("canary", v)].into_iter().collect();
             assert_eq!(is_canary(&a), want, "{v}");
         }
+    }
+
+    #[test]
+    fn enable_cors_writes_ingress_nginx_defaults_out() {
+        let a: BTreeMap<&str, &str> = [("enable-cors", "true")].into_iter().collect();
+        let (f, verdicts) = cors(&a).unwrap().unwrap();
+        assert_eq!(
+            f["cors"],
+            json!({"allowOrigins": ["*"], "allowCredentials": false,
+                   "allowMethods": ["GET", "PUT", "POST", "DELETE", "PATCH", "OPTIONS"],
+                   "allowHeaders": ["DNT", "Keep-Alive", "User-Agent", "X-Requested-With",
+                       "If-Modified-Since", "Cache-Control", "Content-Type", "Authorization"],
+                   "maxAge": 1728000})
+        );
+        assert!(verdicts.is_empty());
+        let a: BTreeMap<&str, &str> = [
+            ("enable-cors", "true"),
+            (
+                "cors-allow-origin",
+                "https://a.example, https://*.b.example:8443",
+            ),
+            ("cors-expose-headers", "X-Id"),
+            ("cors-max-age", "60"),
+        ]
+        .into_iter()
+        .collect();
+        let (f, verdicts) = cors(&a).unwrap().unwrap();
+        assert_eq!(
+            f["cors"]["allowOrigins"],
+            json!(["https://a.example", "https://*.b.example:8443"])
+        );
+        assert_eq!(f["cors"]["allowCredentials"], json!(true));
+        assert_eq!(f["cors"]["exposeHeaders"], json!(["X-Id"]));
+        assert_eq!(f["cors"]["maxAge"], json!(60));
+        assert!(matches!(
+            verdicts.get("cors-allow-origin"),
+            Some(Verdict::Approximated(_))
+        ));
+        for (k, v) in [
+            ("cors-allow-origin", "a.example"),
+            ("cors-allow-methods", "GET, FETCH"),
+            ("cors-max-age", "soon"),
+            ("cors-allow-credentials", "maybe"),
+        ] {
+            let a: BTreeMap<&str, &str> = [("enable-cors", "true"), (k, v)].into_iter().collect();
+            assert_eq!(cors(&a).map(|_| ()).unwrap_err().0, k, "{k}: {v}");
+        }
+        let off: BTreeMap<&str, &str> = [("enable-cors", "false"), ("cors-max-age", "x")]
+            .into_iter()
+            .collect();
+        assert!(cors(&off).unwrap().is_none());
     }
 
     #[test]

@@ -180,6 +180,9 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
             &object,
             &mut report,
             |host, path, path_type, backend, _| {
+                if settings[m].grpc {
+                    grpc_method(&path, &path_type)?;
+                }
                 let key = (host.clone(), path.clone(), path_type.clone());
                 if let Some(&first) = at.get(&key) {
                     return Err(format!(
@@ -201,7 +204,7 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
         );
     }
 
-    let mut grants: BTreeSet<(String, String, String)> = BTreeSet::new();
+    let mut grants: BTreeSet<(String, String, String, &'static str)> = BTreeSet::new();
     for ing in &canaries {
         let object = object_name(ing);
         let a = nginx_annotations(ing.metadata.annotations.as_ref());
@@ -220,6 +223,11 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
                     ));
                 };
                 let loc = &mut locations[i];
+                if settings[loc.main].grpc && !canary.cookie.is_empty() {
+                    return Err(format!(
+                        "canary-by-cookie on a gRPC backend (backend-protocol GRPC): a GRPCRoute matches no cookie; the canary of host {host:?} path {path:?} is left out"
+                    ));
+                }
                 if loc.canary.is_some() {
                     return Err(format!(
                         "the location host {host:?} path {path:?} already has a canary: ingress-nginx uses only the first"
@@ -233,6 +241,7 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
                         namespace(ing).to_string(),
                         main_ns.to_string(),
                         backend["name"].as_str().unwrap_or_default().to_string(),
+                        route_kind(&settings[loc.main]),
                     ));
                 }
                 loc.canary = Some(CanaryBackend {
@@ -287,7 +296,15 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
             );
             let has_canary = locs.iter().any(|l| l.canary.is_some());
             objects.push(route);
-            if has_canary && options.rollout_policy {
+            if has_canary && options.rollout_policy && settings[m].grpc {
+                report.push(
+                    &object_name(ing),
+                    "--rollout-policy",
+                    Verdict::Unsupported(format!(
+                        "GRPCRoute {route_name}: a RolloutPolicy governs HTTPRoutes only; no policy written"
+                    )),
+                );
+            } else if has_canary && options.rollout_policy {
                 objects.push(json!({
                     "apiVersion": crate::resources::ROLLOUT_POLICY_API_VERSION,
                     "kind": "RolloutPolicy",
@@ -302,13 +319,17 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
             }
         }
     }
-    for (from_ns, to_ns, service) in grants {
+    for (from_ns, to_ns, service, kind) in grants {
+        let name = match kind {
+            "GRPCRoute" => format!("canary-from-{to_ns}-{service}-grpc"),
+            _ => format!("canary-from-{to_ns}-{service}"),
+        };
         objects.push(json!({
             "apiVersion": "gateway.networking.k8s.io/v1beta1",
             "kind": "ReferenceGrant",
-            "metadata": {"name": format!("canary-from-{to_ns}-{service}"), "namespace": from_ns},
+            "metadata": {"name": name, "namespace": from_ns},
             "spec": {
-                "from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": to_ns}],
+                "from": [{"group": "gateway.networking.k8s.io", "kind": kind, "namespace": to_ns}],
                 "to": [{"group": "", "kind": "Service", "name": service}],
             }
         }));
@@ -480,7 +501,13 @@ fn http_route(
     let mut rules: Vec<Value> = Vec::new();
     let mut cookies = serde_json::Map::new();
     let rule = |name: String, path: &Value, header: Option<Value>, backends: Vec<Value>| {
-        let mut m = json!({"path": path});
+        // A GRPCRoute's rule matches a method where an HTTPRoute's matches
+        // a path (`path` is then the method match, or null for all).
+        let mut m = match (s.grpc, path) {
+            (false, _) => json!({"path": path}),
+            (true, Value::Null) => json!({}),
+            (true, method) => json!({"method": method}),
+        };
         if let Some(h) = header {
             m["headers"] = json!([h]);
         }
@@ -502,7 +529,15 @@ fn http_route(
         }));
     }
     for (n, l) in locs.iter().enumerate() {
-        let path = path_match(l, s.use_regex);
+        let path = if s.grpc {
+            // Checked when the location was taken.
+            grpc_method(&l.path, &l.path_type)
+                .ok()
+                .flatten()
+                .unwrap_or(Value::Null)
+        } else {
+            path_match(l, s.use_regex)
+        };
         let base = format!("path-{n}");
         let Some(c) = &l.canary else {
             rules.push(rule(base, &path, None, vec![l.primary.clone()]));
@@ -574,10 +609,54 @@ fn http_route(
     }
     json!({
         "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "HTTPRoute",
+        "kind": route_kind(s),
         "metadata": metadata,
         "spec": spec,
     })
+}
+
+/// The kind of route a main Ingress's rules become.
+fn route_kind(s: &RuleSettings) -> &'static str {
+    if s.grpc { "GRPCRoute" } else { "HTTPRoute" }
+}
+
+/// The GRPCRoute method match of an Ingress path to a gRPC backend: gRPC
+/// calls are `POST /package.Service/Method`, so `/` (Prefix) is every
+/// call (`None`), `/package.Service` (Prefix, with or without the
+/// trailing slash) one service's, and `/package.Service/Method` (Exact or
+/// Prefix) one method's. Any other path has no GRPCRoute equivalent.
+fn grpc_method(path: &str, path_type: &str) -> Result<Option<Value>, String> {
+    let err = || {
+        format!(
+            "path {path:?} ({path_type}) to a gRPC backend (backend-protocol GRPC): a GRPCRoute matches /, /package.Service or /package.Service/Method; left out"
+        )
+    };
+    let name = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+    };
+    let rest = path.strip_prefix('/').ok_or_else(err)?;
+    if rest.is_empty() {
+        return match path_type {
+            "Exact" => Err(err()),
+            _ => Ok(None),
+        };
+    }
+    let (service, method) = match rest.split_once('/') {
+        None => (rest, ""),
+        Some((service, method)) => (service, method),
+    };
+    if !name(service) || !(method.is_empty() || name(method) && !method.contains('.')) {
+        return Err(err());
+    }
+    match (method.is_empty(), path_type) {
+        (true, "Exact") => Err(err()),
+        (true, _) => Ok(Some(json!({"type": "Exact", "service": service}))),
+        (false, _) => Ok(Some(
+            json!({"type": "Exact", "service": service, "method": method}),
+        )),
+    }
 }
 
 /// A GatewayClass for sluice and a Gateway for the class: an HTTP listener
@@ -862,6 +941,38 @@ mod tests {
         assert!(
             matches!(c.report.find("Ingress default/nope", "spec.rules[0].http.paths[0]"), Some(Verdict::Error(e)) if e.contains("Service default/gone is not in the input"))
         );
+    }
+
+    #[test]
+    fn grpc_paths_become_services_and_methods() {
+        let svc = "pkg.v1.Shop";
+        assert_eq!(grpc_method("/", "Prefix"), Ok(None));
+        for path in [format!("/{svc}"), format!("/{svc}/")] {
+            assert_eq!(
+                grpc_method(&path, "Prefix"),
+                Ok(Some(json!({"type": "Exact", "service": svc}))),
+                "{path}"
+            );
+        }
+        for t in ["Exact", "Prefix", "ImplementationSpecific"] {
+            assert_eq!(
+                grpc_method(&format!("/{svc}/Buy"), t),
+                Ok(Some(
+                    json!({"type": "Exact", "service": svc, "method": "Buy"})
+                )),
+                "{t}"
+            );
+        }
+        for (path, t) in [
+            ("/", "Exact"),
+            ("/pkg.v1.Shop", "Exact"),
+            ("/api/v1/buy", "Prefix"),
+            ("/pkg.v1.Shop/Buy/more", "Prefix"),
+            ("/pkg v1", "Prefix"),
+            ("/pkg.v1.Shop/a.b", "Prefix"),
+        ] {
+            assert!(grpc_method(path, t).is_err(), "{path} {t}");
+        }
     }
 
     #[test]

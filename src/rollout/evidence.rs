@@ -187,6 +187,36 @@ pub fn detectable_ratio(trials: f64, null_odds: f64, alpha: f64) -> Option<f64> 
     })
 }
 
+/// The fewest trials after which a test at `alpha` rejects on the
+/// expected counts when each trial is a hit with probability `theta` (the
+/// null's odds `null_odds`): how much traffic a gate needs to catch a
+/// given regression, for planning. `None` beyond a billion trials (or for
+/// a `theta` the null allows).
+pub fn trials_to_catch(theta: f64, null_odds: f64, alpha: f64) -> Option<u64> {
+    const MOST: u64 = 1_000_000_000;
+    let rejects = |n: u64| {
+        let mut s = Sequential::default();
+        s.observe(theta * n as f64, n as f64, null_odds);
+        s.rejects(alpha)
+    };
+    // The log likelihood ratio of each alternative is linear in the
+    // trials at expected counts, so rejection is monotone: double, then
+    // halve the gap.
+    let mut hi = 1;
+    while !rejects(hi) {
+        if hi >= MOST {
+            return None;
+        }
+        hi *= 2;
+    }
+    let mut lo = hi / 2;
+    while lo + 1 < hi {
+        let mid = lo + (hi - lo) / 2;
+        if rejects(mid) { hi = mid } else { lo = mid }
+    }
+    Some(hi)
+}
+
 /// `3x`, `1.5x`, `10,000x`.
 pub fn ratio_text(r: f64) -> String {
     if r >= 1000.0 {

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::evidence::{
     DETECTABLE, Sequential, absolute, detectable_ratio, lower_bound, odds, rate_text, ratio_text,
-    relative_odds, upper_bound,
+    relative_odds, trials_to_catch, upper_bound,
 };
 use super::machine::duration_text;
 use crate::metrics::BackendTotals;
@@ -494,6 +494,83 @@ impl Judge {
     }
 }
 
+/// The regressions [`plan`] says each gate catches: multiples of its
+/// bound.
+const PLANNED: [f64; 3] = [2.0, 4.0, 10.0];
+
+/// What each gate catches and after how much traffic, on expected counts
+/// and before any traffic is seen (`sluice check`): for an absolute
+/// limit, the canary's requests a 2x, 4x and 10x rate (and one failing
+/// everything) need; against the stable, at each step that serves both
+/// sides, the 5xx (or slow responses) of both sides together, whatever
+/// the stable's rate. One line per gate.
+pub fn plan(gates: &[Gate], confidence: Confidence, steps: &[Percent]) -> Vec<String> {
+    let alpha = Judge::alpha(gates, confidence);
+    let after = |n: Option<u64>| match n {
+        Some(n) => format!("after about {}", thousands(n)),
+        None => "never within a billion".into(),
+    };
+    gates
+        .iter()
+        .map(|gate| match gate.bound {
+            Bound::Limit(limit) => {
+                let p = f64::from(limit.thousandths()) / f64::from(Percent::SCALE);
+                let mut parts: Vec<String> = PLANNED
+                    .iter()
+                    .filter(|r| *r * p < 1.0)
+                    .map(|r| {
+                        format!(
+                            "{} ({}) {}",
+                            ratio_text(*r),
+                            rate_text(r * p),
+                            after(trials_to_catch(r * p, odds(p), alpha))
+                        )
+                    })
+                    .collect();
+                if let Some(first) = parts.first_mut() {
+                    *first = format!("a canary at {first}");
+                }
+                format!(
+                    "{}, in the canary's requests: {}; one failing everything {}",
+                    gate.describe(),
+                    parts.join(", "),
+                    after(trials_to_catch(1.0, odds(p), alpha))
+                )
+            }
+            Bound::Stable { degradation } => {
+                let r0 = Gate::r0(degradation);
+                let both: Vec<String> = steps
+                    .iter()
+                    .filter(|s| **s < Percent::HUNDRED)
+                    .map(|step| {
+                        let s = f64::from(step.thousandths()) / f64::from(Percent::SCALE);
+                        let null = r0 * s / (1.0 - s);
+                        let parts: Vec<String> = PLANNED
+                            .iter()
+                            .filter(|r| **r > r0)
+                            .map(|r| {
+                                let theta = r * s / (r * s + 1.0 - s);
+                                format!(
+                                    "{} {}",
+                                    ratio_text(*r),
+                                    after(trials_to_catch(theta, null, alpha / 2.0))
+                                )
+                            })
+                            .collect();
+                        format!("at step {step}, a canary at {}", parts.join(", "))
+                    })
+                    .collect();
+                format!(
+                    "{}, in the {} of both sides together: {}; the last step, against the stable's rate recorded during the rollout",
+                    gate.describe(),
+                    gate.what(),
+                    both.join("; ")
+                )
+            }
+        })
+        .collect()
+}
+
 /// The smallest ratio to the stable's rate that the relative test would
 /// catch at `alpha` on this step's expected counts (the stable's rate
 /// taken as observed, at least one event).
@@ -646,6 +723,54 @@ mod tests {
             matches!(&v, Verdict::Breached(m) if m.contains("no stable traffic left")),
             "{v:?}"
         );
+    }
+
+    #[test]
+    fn the_plan_says_what_each_gate_catches_and_after_how_much() {
+        let steps = [
+            Percent::from_thousandths(10_000),
+            Percent::from_thousandths(50_000),
+            Percent::HUNDRED,
+        ];
+        let lines = plan(&[limit("1%"), STABLE], Confidence::DEFAULT, &steps);
+        assert_eq!(lines.len(), 2);
+        assert!(
+            lines[0].starts_with(
+                "5xx <= 1%, in the canary's requests: a canary at 2x (2%) after about "
+            ),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[1].starts_with("5xx <= 1.25x stable, in the 5xx of both sides together: at step 10%, a canary at 2x after about "),
+            "{}",
+            lines[1]
+        );
+        assert!(
+            lines[1].contains("; at step 50%, a canary at 2x after about "),
+            "{}",
+            lines[1]
+        );
+        assert!(!lines[1].contains("at step 100%"), "{}", lines[1]);
+        // The plan agrees with the test it plans for: at the expected
+        // counts of the trials it names, the absolute gate rejects, and
+        // one fewer does not.
+        let alpha = Judge::alpha(&[limit("1%"), STABLE], Confidence::DEFAULT);
+        let n = trials_to_catch(0.02, odds(0.01), alpha).unwrap();
+        assert!(absolute_at(0.02, n, 0.01).rejects(alpha));
+        assert!(!absolute_at(0.02, n - 1, 0.01).rejects(alpha));
+        // Bigger regressions need less traffic; failing everything, a
+        // handful of requests.
+        let needed = |r: f64| trials_to_catch(r * 0.01, odds(0.01), alpha).unwrap();
+        assert!(needed(10.0) < needed(4.0) && needed(4.0) < needed(2.0));
+        let everything = trials_to_catch(1.0, odds(0.01), alpha).unwrap();
+        assert!(everything <= 5, "{everything}");
+    }
+
+    fn absolute_at(theta: f64, n: u64, limit: f64) -> Sequential {
+        let mut s = Sequential::default();
+        s.observe(theta * n as f64, n as f64, odds(limit));
+        s
     }
 
     #[test]

@@ -27,11 +27,17 @@
 //!   the leader with the rest of the policy's status (the status writer,
 //!   `crate::status`) and read back by every replica ([`recorded`]).
 //!
-//! The serve loop drives them: on every configuration and every tick while
-//! a rollout is in flight it evaluates the machine and, when the served
-//! shares change, translates again (a step is a table swap like any
-//! reload). See `docs/rollouts.md`.
+//! - [`driver`]: what `sluice serve` does with them at each look: feeds
+//!   the machine the counters (the fleet's too), logs, counts and saves
+//!   its transitions, leads or follows, and says when to look again.
+//!
+//! The serve loop calls the driver on every configuration, at the
+//! machine's deadlines and on a governed backend's 5xx or slow response
+//! while a rollout is in flight, and, when the served shares change,
+//! translates again (a step is a table swap like any reload). See
+//! `docs/rollouts.md`.
 
+pub mod driver;
 pub mod evidence;
 pub mod fleet;
 pub mod gates;

@@ -388,3 +388,200 @@ async fn serve_with_ingress_class_serves_the_ingresses_as_converted() {
         "{route}"
     );
 }
+
+/// `enable-cors` with one origin listed and the other settings at
+/// ingress-nginx's defaults, converted and served: a preflight from the
+/// origin is answered by the gateway with ingress-nginx's lists (written
+/// out by the conversion), one from another origin gets no CORS headers,
+/// and a plain request from the origin reaches the backend and carries the
+/// origin back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enable_cors_is_served_with_ingress_nginx_s_defaults() {
+    let ingress = r#"apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: app
+  namespace: default
+  annotations:
+    nginx.ingress.kubernetes.io/enable-cors: "true"
+    nginx.ingress.kubernetes.io/cors-allow-origin: "https://web.example"
+spec:
+  ingressClassName: nginx
+  rules:
+  - host: app.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: app, port: {number: 8080}}}}
+"#;
+    let (code, routes, report) = convert(ingress, &["--gateway", "default/gw"]);
+    assert_eq!(code, 0, "every CORS annotation converts exactly: {report}");
+    assert!(
+        report.contains("nginx.ingress.kubernetes.io/enable-cors: converted"),
+        "{report}"
+    );
+    let app = Pods::start("default", "app", 1).await;
+    let gw = Sluice::start(&[
+        ("base.yaml", gateway() + &app.manifests()),
+        ("routes.yaml", routes.clone()),
+    ])
+    .await;
+    let mut conn = gw.connect().await;
+    let options = |origin: &str| {
+        hyper::Request::options("/cart")
+            .header("host", "app.example.com")
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .expect("request")
+    };
+    let header = |r: &Resp, name: &str| {
+        r.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from)
+    };
+    let r = conn.send(options("https://web.example")).await;
+    assert!(r.status.is_success(), "{}: {routes}", r.status);
+    assert_eq!(
+        header(&r, "access-control-allow-origin").as_deref(),
+        Some("https://web.example")
+    );
+    assert_eq!(
+        header(&r, "access-control-allow-methods").as_deref(),
+        Some("GET, PUT, POST, DELETE, PATCH, OPTIONS")
+    );
+    assert_eq!(
+        header(&r, "access-control-max-age").as_deref(),
+        Some("1728000")
+    );
+    assert_eq!(
+        header(&r, "access-control-allow-credentials").as_deref(),
+        Some("true")
+    );
+    assert_eq!(app.requests(), 0, "the gateway answers preflights itself");
+
+    let r = conn.send(options("https://elsewhere.example")).await;
+    assert_eq!(header(&r, "access-control-allow-origin"), None);
+
+    let r = conn
+        .get_with(
+            "app.example.com",
+            "/cart",
+            &[("origin", "https://web.example")],
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.pod(), "app-0");
+    assert_eq!(
+        header(&r, "access-control-allow-origin").as_deref(),
+        Some("https://web.example")
+    );
+}
+
+/// `backend-protocol: GRPC` on a main Ingress with a header canary:
+/// converted to a GRPCRoute (a path per service or method), served by
+/// the binary to gRPC echo backends over h2c: calls with the canary
+/// header reach the canary, others the primary. An HTTP-only annotation
+/// beside it is an
+/// error in the report (exit 1), and the rest is still converted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_protocol_grpc_becomes_a_grpcroute() {
+    use sluice::echo::EchoIdentity;
+    use sluice::grpc_echo::{GrpcEchoServer, code};
+    const SERVICE: &str = "gateway_api_conformance.echo_basic.grpcecho.GrpcEcho";
+    let ingresses = format!(
+        r#"apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: rpc
+  namespace: default
+  annotations:
+    nginx.ingress.kubernetes.io/backend-protocol: GRPC
+spec:
+  ingressClassName: nginx
+  rules:
+  - host: rpc.example.com
+    http:
+      paths:
+      - {{path: /{SERVICE}, pathType: Prefix, backend: {{service: {{name: primary, port: {{number: 8080}}}}}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: rpc-canary
+  namespace: default
+  annotations:
+    nginx.ingress.kubernetes.io/canary: "true"
+    nginx.ingress.kubernetes.io/canary-by-header: X-Canary
+spec:
+  ingressClassName: nginx
+  rules:
+  - host: rpc.example.com
+    http:
+      paths:
+      - {{path: /{SERVICE}, pathType: Prefix, backend: {{service: {{name: canary, port: {{number: 8080}}}}}}}}
+"#
+    );
+    let (code, routes, report) = convert(&ingresses, &["--gateway", "default/gw"]);
+    assert_eq!(code, 0, "{report}");
+    assert!(routes.contains("kind: GRPCRoute"), "{routes}");
+    assert!(!routes.contains("kind: HTTPRoute"), "{routes}");
+
+    let with_rewrite = ingresses.replacen(
+        "backend-protocol: GRPC\n",
+        "backend-protocol: GRPC\n    nginx.ingress.kubernetes.io/rewrite-target: /other\n",
+        1,
+    );
+    let (code, again, report) = convert(&with_rewrite, &["--gateway", "default/gw"]);
+    assert_eq!(code, 1, "{report}");
+    assert!(
+        report.contains("nginx.ingress.kubernetes.io/rewrite-target: error"),
+        "{report}"
+    );
+    assert!(
+        !again.contains("URLRewrite") && again.contains("kind: GRPCRoute"),
+        "{again}"
+    );
+
+    let start = |pod: &'static str| async move {
+        GrpcEchoServer::start(EchoIdentity {
+            pod: pod.into(),
+            namespace: "default".into(),
+            service: pod.into(),
+        })
+        .await
+        .expect("gRPC echo backend binds")
+    };
+    let (primary, canary) = (start("primary").await, start("canary").await);
+    let manifests = gateway()
+        + &static_service("primary", None, 8080, None, primary.local_addr().port())
+        + &static_service("canary", None, 8080, None, canary.local_addr().port());
+    let gw = Sluice::start(&[("base.yaml", manifests), ("routes.yaml", routes.clone())]).await;
+    let call = |md: &[(&str, &str)]| {
+        let md: Vec<(String, String)> = md
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let addr = gw.addr();
+        async move {
+            sluice::grpc_echo::call_h2c(addr, "rpc.example.com", "Echo", &md)
+                .await
+                .expect("the gateway answers the call")
+        }
+    };
+    let pod = |r: &sluice::grpc_echo::Reply| {
+        r.response
+            .as_ref()
+            .map(|r| r.assertions.context.pod.clone())
+            .unwrap_or_else(|| format!("no response: code {} {}", r.code, r.message))
+    };
+    for (md, backend) in [
+        (&[][..], "primary"),
+        (&[("x-canary", "always")][..], "canary"),
+        (&[("x-canary", "never")][..], "primary"),
+    ] {
+        let reply = call(md).await;
+        assert_eq!(reply.code, code::OK, "{md:?}: {reply:?}\n{routes}");
+        assert_eq!(pod(&reply), backend, "{md:?}\n{routes}");
+    }
+}

@@ -1304,10 +1304,33 @@ async fn a_session_on_the_canary_survives_a_rollback_while_keyed_users_follow_it
 /// limit at every look and rolled back 3 of 10 such canaries.
 #[tokio::test]
 async fn a_healthy_canary_at_half_the_limit_is_promoted() {
-    let spec = "  steps: ['10%', '50%', '100%']
+    promoted_while_both_sides_fail_one_in_200(
+        "  steps: ['10%', '50%', '100%']
   interval: 300ms
   analysis: {minRequests: 100, maxErrorRate: '1%'}
-";
+",
+    )
+    .await;
+}
+
+/// The same healthy canary judged against the stable alone (baseline
+/// Stable, maxDegradation 25%, no absolute limit): promoted too, the last
+/// step judged against the stable's recorded rate.
+#[tokio::test]
+async fn a_healthy_canary_judged_against_the_stable_is_promoted() {
+    promoted_while_both_sides_fail_one_in_200(
+        "  steps: ['10%', '50%', '100%']
+  interval: 300ms
+  analysis: {minRequests: 100, baseline: Stable, maxDegradation: '25%'}
+",
+    )
+    .await;
+}
+
+/// Both sides answer 1 request in 200 with a 500 (0.5%): the rollout
+/// governed by `spec` completes, never rolled back, its message saying
+/// what the counts could have caught.
+async fn promoted_while_both_sides_fail_one_in_200(spec: &str) {
     let (shop, _) = Shop::promoting(spec, (1, 0), (0, 1), "10%").await;
     shop.stable.servers[0].fail_every(200, StatusCode::INTERNAL_SERVER_ERROR);
     shop.canary.servers[0].fail_every(200, StatusCode::INTERNAL_SERVER_ERROR);
@@ -1357,6 +1380,44 @@ async fn a_shared_outage_does_not_blame_the_canary() {
     }
     panic!(
         "never complete: {:#}",
+        policy_status(&shop.sluice, "shop").await
+    );
+}
+
+/// A canary failing 10 times as often as the stable (5% against 0.5%),
+/// judged against the stable: rolled back at its first or second step,
+/// never promoted to the last.
+#[tokio::test]
+async fn a_canary_at_ten_times_the_stable_s_errors_is_rolled_back_early() {
+    let spec = "  steps: ['10%', '50%', '100%']
+  interval: 300ms
+  analysis: {minRequests: 100, baseline: Stable, maxDegradation: '25%'}
+";
+    let (shop, _) = Shop::promoting(spec, (1, 0), (0, 1), "10%").await;
+    shop.stable.servers[0].fail_every(200, StatusCode::INTERNAL_SERVER_ERROR);
+    shop.canary.servers[0].fail_every(20, StatusCode::INTERNAL_SERVER_ERROR);
+    let mut conn = shop.sluice.connect().await;
+    let deadline = Instant::now() + DEADLINE;
+    let mut steps_seen = std::collections::BTreeSet::new();
+    while Instant::now() < deadline {
+        conn.tally(50, HOST, "/", &[]).await;
+        let r = policy_status(&shop.sluice, "shop").await["rollouts"][0].clone();
+        assert_ne!(r["phase"], "Complete", "promoted: {r:#}");
+        if let Some(step) = r["step"].as_str() {
+            steps_seen.insert(step.to_string());
+        }
+        if r["phase"] == "RolledBack" {
+            assert!(
+                !steps_seen.contains("100%"),
+                "rolled back only at the last step: {steps_seen:?} {r:#}"
+            );
+            let message = r["message"].as_str().unwrap_or("");
+            assert!(message.contains("99% confidence"), "{r:#}");
+            return;
+        }
+    }
+    panic!(
+        "never rolled back: {:#}",
         policy_status(&shop.sluice, "shop").await
     );
 }
