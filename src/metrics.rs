@@ -19,6 +19,11 @@
 //! overwhelming evidence is acted on within milliseconds, not at a poll.
 //! The wake is one relaxed load for a backend no rollout governs and one
 //! swap of a flag for one it does; no lock on the request path.
+//!
+//! With a policy's `consistentBy`, a backend of a rollout at a step also
+//! counts its distinct users and the users with a 5xx in that step
+//! ([`users`], [`Metrics::track_users`]), from the key's hash the
+//! placement computed ([`Metrics::record_user`]).
 
 use std::collections::HashMap;
 use std::hash::Hasher;
@@ -34,8 +39,10 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 mod shares;
+pub mod users;
 
 pub use shares::{BackendView, OBSERVED_WINDOW, ShareRow};
+pub use users::{EXACT_USERS, UserCounts};
 
 /// Labels of one proxied request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -236,6 +243,11 @@ pub struct BackendStats {
     /// A rollout governs the backend: its 5xx and slow responses wake the
     /// rollout driver.
     governed: AtomicBool,
+    /// The users of the step being served, while a rollout with
+    /// `consistentBy` is at a step ([`Metrics::track_users`]).
+    users: arc_swap::ArcSwap<users::StepUsers>,
+    /// 5xx of a user that had one before in the same step.
+    repeated_errors: AtomicU64,
 }
 
 impl Default for BackendStats {
@@ -248,18 +260,29 @@ impl Default for BackendStats {
             slow: AtomicU64::new(0),
             slow_after_micros: AtomicU64::new(u64::MAX),
             governed: AtomicBool::new(false),
+            users: arc_swap::ArcSwap::from_pointee(users::StepUsers::new(
+                None,
+                UserCounts::default(),
+            )),
+            repeated_errors: AtomicU64::new(0),
         }
     }
 }
 
 impl BackendStats {
-    /// Count one response; whether it is an event a rollout judges (a 5xx
+    /// Count one response (of the user whose consistent-users key hashes
+    /// to `user`, if any); whether it is an event a rollout judges (a 5xx
     /// or a slow response of a governed backend).
-    fn record(&self, code: u16, elapsed: Duration) -> bool {
+    fn record(&self, code: u16, elapsed: Duration, user: Option<u64>) -> bool {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let error = (500..600).contains(&code);
         if error {
             self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(user) = user
+            && self.users.load().see(user, error)
+        {
+            self.repeated_errors.fetch_add(1, Ordering::Relaxed);
         }
         let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         let bucket = LATENCY_BOUNDS_MICROS.partition_point(|b| *b < micros);
@@ -279,12 +302,31 @@ impl BackendStats {
 
     /// A reading of the counters.
     pub fn totals(&self) -> BackendTotals {
+        let users = self.users.load().totals();
         BackendTotals {
             requests: self.requests.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
             slow: self.slow.load(Ordering::Relaxed),
             latency: std::array::from_fn(|i| self.latency[i].load(Ordering::Relaxed)),
+            users: users.users,
+            users_with_errors: users.with_errors,
+            users_estimated: users.estimated,
+            repeated_errors: self.repeated_errors.load(Ordering::Relaxed),
         }
+    }
+
+    /// Count the users of `step` from now on (`None`: stop counting); the
+    /// counts so far are kept as the base of the next.
+    fn track_users(&self, step: Option<&str>) {
+        let current = self.users.load();
+        if current.step() == step {
+            return;
+        }
+        let base = current.totals();
+        self.users.store(Arc::new(users::StepUsers::new(
+            step.map(str::to_owned),
+            base,
+        )));
     }
 }
 
@@ -305,6 +347,26 @@ pub struct BackendTotals {
     /// Responses per latency bucket ([`LATENCY_BOUNDS_MICROS`], then the
     /// rest); not cumulative.
     pub latency: [u64; LATENCY_BUCKETS],
+    /// With `consistentBy`, while a rollout is at a step
+    /// ([`Metrics::track_users`]): the distinct users of each step, summed
+    /// over the steps (the difference of two readings within a step is the
+    /// users new in it), and of those the users with a 5xx in the step.
+    /// Published only when not zero (no user, no bytes).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub users: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub users_with_errors: u64,
+    /// Steps whose user counts are estimates (more than [`EXACT_USERS`]).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub users_estimated: u64,
+    /// 5xx of a user that had one before in the same step: a user's
+    /// retries of a failure, which the error gates do not judge.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub repeated_errors: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Default for BackendTotals {
@@ -314,6 +376,10 @@ impl Default for BackendTotals {
             errors: 0,
             slow: 0,
             latency: [0; LATENCY_BUCKETS],
+            users: 0,
+            users_with_errors: 0,
+            users_estimated: 0,
+            repeated_errors: 0,
         }
     }
 }
@@ -346,6 +412,12 @@ impl BackendTotals {
             errors: self.errors.saturating_sub(earlier.errors),
             slow: self.slow.saturating_sub(earlier.slow),
             latency: std::array::from_fn(|i| self.latency[i].saturating_sub(earlier.latency[i])),
+            users: self.users.saturating_sub(earlier.users),
+            users_with_errors: self
+                .users_with_errors
+                .saturating_sub(earlier.users_with_errors),
+            users_estimated: self.users_estimated.saturating_sub(earlier.users_estimated),
+            repeated_errors: self.repeated_errors.saturating_sub(earlier.repeated_errors),
         }
     }
 
@@ -357,6 +429,12 @@ impl BackendTotals {
             errors: self.errors.saturating_add(other.errors),
             slow: self.slow.saturating_add(other.slow),
             latency: std::array::from_fn(|i| self.latency[i].saturating_add(other.latency[i])),
+            users: self.users.saturating_add(other.users),
+            users_with_errors: self
+                .users_with_errors
+                .saturating_add(other.users_with_errors),
+            users_estimated: self.users_estimated.saturating_add(other.users_estimated),
+            repeated_errors: self.repeated_errors.saturating_add(other.repeated_errors),
         }
     }
 
@@ -493,6 +571,8 @@ pub struct Metrics {
     retried: Family<OutcomeLabels, Counter>,
     rollouts: RolloutMetrics,
     events: RolloutEvents,
+    /// The backends whose users are counted ([`Metrics::track_users`]).
+    users_tracked: std::sync::Mutex<Vec<BackendStatsKey>>,
 }
 
 /// Wakes the rollout driver when a governed backend answers a 5xx or a
@@ -631,6 +711,7 @@ impl Metrics {
             backends,
             rollouts,
             events: RolloutEvents::default(),
+            users_tracked: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -684,6 +765,13 @@ impl Metrics {
     /// Record one request's outcome: the proxy's per-request path. No
     /// allocation and one uncontended read lock once the label set is known.
     pub fn record(&self, key: &RequestKey<'_>, elapsed: Duration) {
+        self.record_user(key, elapsed, None);
+    }
+
+    /// [`Metrics::record`] for a request of the user whose consistent-users
+    /// key hashes to `user` (the hash its placement used), counted among
+    /// its backend's users while [`Metrics::track_users`] says so.
+    pub fn record_user(&self, key: &RequestKey<'_>, elapsed: Duration, user: Option<u64>) {
         let hash = key.hash();
         {
             let series = self.series.read().unwrap_or_else(|p| p.into_inner());
@@ -691,7 +779,7 @@ impl Metrics {
                 s.requests.inc();
                 s.latency.observe(elapsed.as_secs_f64());
                 if let Some(stats) = &s.stats
-                    && stats.record(key.code, elapsed)
+                    && stats.record(key.code, elapsed, user)
                 {
                     self.wake_rollouts();
                 }
@@ -717,7 +805,7 @@ impl Metrics {
                     rule,
                     backend: key.backend.to_string(),
                 });
-                if stats.record(key.code, elapsed) {
+                if stats.record(key.code, elapsed, user) {
                     self.wake_rollouts();
                 }
                 Some(stats)
@@ -796,6 +884,45 @@ impl Metrics {
             stats.slow_after_micros.store(micros, Ordering::Relaxed);
             stats.governed.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// Count the users of exactly `backends`, each for its step (a step's
+    /// identity, [`crate::rollout::fleet::step_id`]): a backend whose step
+    /// changed starts counting afresh, one no longer listed stops. Called
+    /// by the rollout driver after every evaluation, on every replica.
+    pub fn track_users(&self, backends: &[(BackendStatsKey, String)]) {
+        let mut tracked = self.users_tracked.lock().unwrap_or_else(|p| p.into_inner());
+        let missing = {
+            let all = self
+                .backends
+                .stats
+                .read()
+                .unwrap_or_else(|p| p.into_inner());
+            backends.iter().any(|(k, _)| !all.contains_key(k))
+        };
+        if missing {
+            for (key, _) in backends {
+                self.stats_for(key.clone());
+            }
+        }
+        let all = self
+            .backends
+            .stats
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        for key in tracked.iter() {
+            if !backends.iter().any(|(k, _)| k == key)
+                && let Some(stats) = all.get(key)
+            {
+                stats.track_users(None);
+            }
+        }
+        for (key, step) in backends {
+            if let Some(stats) = all.get(key) {
+                stats.track_users(Some(step));
+            }
+        }
+        *tracked = backends.iter().map(|(k, _)| k.clone()).collect();
     }
 
     /// Woken after a 5xx or slow response of a governed backend (at most
@@ -910,6 +1037,15 @@ struct RolloutBackendLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RolloutSideLabels {
+    policy: String,
+    route: String,
+    rule: String,
+    /// `canary` (the incoming backends) or `stable` (the outgoing ones).
+    side: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RolloutPhaseLabels {
     policy: String,
     route: String,
@@ -926,6 +1062,12 @@ pub struct RolloutMetrics {
     /// The backends and phases set per rollout, to remove their series
     /// when the rollout is gone.
     shown: RwLock<HashMap<RolloutLabels, Vec<String>>>,
+    /// With `consistentBy`: distinct users of the step, and of those with
+    /// a 5xx, per side.
+    users: Family<RolloutSideLabels, Gauge>,
+    users_with_errors: Family<RolloutSideLabels, Gauge>,
+    /// The rollouts whose users are shown.
+    users_shown: RwLock<Vec<RolloutLabels>>,
 }
 
 impl RolloutMetrics {
@@ -958,12 +1100,64 @@ impl RolloutMetrics {
             "Rollout transitions, by the phase entered (a step passed counts as Progressing)",
             Family::clone(&transitions),
         );
+        let users = Family::default();
+        registry.register(
+            "rollout_users",
+            "With consistentBy: distinct users (consistent-users keys) answered in the current step, by RolloutPolicy, HTTPRoute, rule and side (canary: the incoming backends, stable: the outgoing ones); estimated above 4096 per backend",
+            Family::clone(&users),
+        );
+        let users_with_errors = Family::default();
+        registry.register(
+            "rollout_users_with_errors",
+            "With consistentBy: distinct users that got at least one 5xx in the current step, by RolloutPolicy, HTTPRoute, rule and side",
+            Family::clone(&users_with_errors),
+        );
         RolloutMetrics {
             served_share,
             step,
             phase,
             transitions,
             shown: RwLock::new(HashMap::new()),
+            users,
+            users_with_errors,
+            users_shown: RwLock::new(Vec::new()),
+        }
+    }
+
+    /// Show one rollout's users in its current step: per side, the
+    /// distinct users and the users with a 5xx.
+    pub fn set_users(&self, labels: &RolloutLabels, sides: [(&'static str, u64, u64); 2]) {
+        for (side, users, with_errors) in sides {
+            let l = Self::side_labels(labels, side);
+            self.users
+                .get_or_create(&l)
+                .set(i64::try_from(users).unwrap_or(i64::MAX));
+            self.users_with_errors
+                .get_or_create(&l)
+                .set(i64::try_from(with_errors).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Remove the user gauges of rollouts not in `current` (their policy
+    /// or rule is gone, or they no longer count users).
+    pub fn retain_users(&self, current: &[RolloutLabels]) {
+        let mut shown = self.users_shown.write().unwrap_or_else(|p| p.into_inner());
+        for gone in shown.iter().filter(|l| !current.contains(l)) {
+            for side in ["canary", "stable"] {
+                let l = Self::side_labels(gone, side);
+                self.users.remove(&l);
+                self.users_with_errors.remove(&l);
+            }
+        }
+        *shown = current.to_vec();
+    }
+
+    fn side_labels(labels: &RolloutLabels, side: &'static str) -> RolloutSideLabels {
+        RolloutSideLabels {
+            policy: labels.policy.clone(),
+            route: labels.route.clone(),
+            rule: labels.rule.clone(),
+            side,
         }
     }
 
@@ -1314,14 +1508,14 @@ mod tests {
         };
         let t0 = std::time::Instant::now();
         for _ in 0..10 {
-            stats(&key).record(200, Duration::ZERO);
+            stats(&key).record(200, Duration::ZERO, None);
         }
         // First reading: everything since the start counts.
         assert_eq!(b.view(t0)[0].observed_share, Some(1.0));
         // Then only b answers: after a minute and more, the window holds
         // only what came after the reading that is a minute old.
         for s in [11, 22, 33, 44, 55, 66] {
-            stats(&other).record(200, Duration::ZERO);
+            stats(&other).record(200, Duration::ZERO, None);
             b.view(t0 + Duration::from_secs(s));
         }
         let view = b.view(t0 + Duration::from_secs(67));
@@ -1350,6 +1544,121 @@ mod tests {
         assert_eq!(t.latency_quantile(0.99), Some(Duration::from_secs(60)));
         let later = t.plus(&t);
         assert_eq!(later.since(&t), t);
+    }
+
+    #[test]
+    fn users_are_counted_per_backend_and_step_while_tracked() {
+        let m = Metrics::new();
+        let key = RequestKey {
+            kind: "",
+            namespace: "shop",
+            route: "checkout",
+            rule: Some(0),
+            backend: "shop/canary:80",
+            code: 200,
+        };
+        let stats = BackendStatsKey {
+            kind: "",
+            namespace: "shop".into(),
+            route: "checkout".into(),
+            rule: 0,
+            backend: "shop/canary:80".into(),
+        };
+        let user = |i: u64| Some(crate::route::stable_hash(format!("u{i}").as_bytes()));
+        // Not tracked: users are not counted.
+        m.record_user(&key, Duration::ZERO, user(1));
+        assert_eq!(m.backend_total(&stats).users, 0);
+        m.track_users(&[(stats.clone(), "5%@t1".into())]);
+        for i in 0..3 {
+            m.record_user(&key, Duration::ZERO, user(i));
+            m.record_user(&key, Duration::ZERO, user(i));
+        }
+        // User 0 fails three times; a request without a key fails once.
+        for _ in 0..3 {
+            m.record_user(&RequestKey { code: 503, ..key }, Duration::ZERO, user(0));
+        }
+        m.record(&RequestKey { code: 500, ..key }, Duration::ZERO);
+        let t = m.backend_total(&stats);
+        assert_eq!(
+            (
+                t.requests,
+                t.errors,
+                t.users,
+                t.users_with_errors,
+                t.repeated_errors
+            ),
+            (11, 4, 3, 1, 2)
+        );
+        // The same step again changes nothing; a new step counts afresh,
+        // on top of the step before.
+        m.track_users(&[(stats.clone(), "5%@t1".into())]);
+        assert_eq!(m.backend_total(&stats), t);
+        m.track_users(&[(stats.clone(), "25%@t2".into())]);
+        m.record_user(&RequestKey { code: 503, ..key }, Duration::ZERO, user(0));
+        m.record_user(&key, Duration::ZERO, user(9));
+        let later = m.backend_total(&stats).since(&t);
+        assert_eq!(
+            (later.users, later.users_with_errors, later.repeated_errors),
+            (2, 1, 0)
+        );
+        // Untracked: nothing more counted, the counts kept.
+        m.track_users(&[]);
+        let before = m.backend_total(&stats);
+        m.record_user(&key, Duration::ZERO, user(42));
+        assert_eq!(m.backend_total(&stats).users, before.users);
+    }
+
+    #[test]
+    fn user_counts_are_published_only_when_counted_and_read_back() {
+        let none = serde_json::to_string(&BackendTotals::default()).expect("serializes");
+        assert!(
+            !none.contains("users") && !none.contains("repeated"),
+            "{none}"
+        );
+        let counted = BackendTotals {
+            requests: 9,
+            errors: 4,
+            users: 3,
+            users_with_errors: 1,
+            repeated_errors: 3,
+            users_estimated: 1,
+            ..BackendTotals::default()
+        };
+        let text = serde_json::to_string(&counted).expect("serializes");
+        let back: BackendTotals = serde_json::from_str(&text).expect("parses");
+        assert_eq!(back, counted);
+        // Replicas' counts add up (each counts its own users).
+        let sum = back + counted;
+        assert_eq!((sum.users, sum.repeated_errors), (6, 6));
+    }
+
+    #[test]
+    fn rollout_user_gauges_are_set_by_side_and_removed() {
+        let m = Metrics::new();
+        let labels = RolloutLabels {
+            policy: "shop/p".into(),
+            route: "shop/r".into(),
+            rule: "0".into(),
+        };
+        m.rollouts()
+            .set_users(&labels, [("canary", 12, 3), ("stable", 230, 1)]);
+        let text = m.encode();
+        for line in [
+            r#"sluice_rollout_users{policy="shop/p",route="shop/r",rule="0",side="canary"} 12"#,
+            r#"sluice_rollout_users{policy="shop/p",route="shop/r",rule="0",side="stable"} 230"#,
+            r#"sluice_rollout_users_with_errors{policy="shop/p",route="shop/r",rule="0",side="canary"} 3"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+        m.rollouts().retain_users(std::slice::from_ref(&labels));
+        assert!(m.encode().contains("sluice_rollout_users{"));
+        m.rollouts().retain_users(&[]);
+        let text = m.encode();
+        assert!(!text.contains("sluice_rollout_users{"), "{text}");
+        assert!(
+            !text.contains("sluice_rollout_users_with_errors{"),
+            "{text}"
+        );
     }
 
     #[test]

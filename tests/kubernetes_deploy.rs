@@ -281,3 +281,64 @@ fn rollout_policy_crd_agrees_with_sluice() {
         assert!(grants.contains(&grant.to_string()), "{grant} in {grants:?}");
     }
 }
+
+/// Every field sluice writes in a RolloutPolicy's `status.rollouts[]` is
+/// in the CRD's schema: an API server prunes the fields a structural
+/// schema does not name, so a missing one would be lost in a cluster.
+#[test]
+fn rollout_policy_crd_names_every_status_field_sluice_writes() {
+    use sluice::rollout::users::StepUsers;
+    use sluice::rollout::{GateReport, Rollout, RolloutStatus, StepCounts};
+
+    let crd = &of_kind("rolloutpolicy-crd.yaml", "CustomResourceDefinition")[0];
+    let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+        ["rollouts"]["items"]["properties"];
+    let rollout = Rollout {
+        step: sluice::resources::Percent::parse("5%").ok(),
+        step_started_at: "2026-12-02T11:00:00Z".parse().ok(),
+        rule_name: Some("main".into()),
+        held_for: Some(1),
+        ..Rollout::default()
+    };
+    let counts = StepCounts {
+        p99: Some(std::time::Duration::from_millis(3)),
+        gates: vec![GateReport {
+            gate: "5xx <= 1%".into(),
+            canary: String::new(),
+            stable: String::new(),
+            evidence: 1.0,
+            needed: 100.0,
+            detects: String::new(),
+            powered: true,
+        }],
+        users: Some(StepUsers {
+            canary: 3,
+            stable: 30,
+            estimated: true,
+            ..StepUsers::default()
+        }),
+        ..StepCounts::default()
+    };
+    let status = serde_json::to_value(RolloutStatus::new(&rollout, Some(1), counts)).unwrap();
+    let written = status.as_object().expect("an object");
+    for field in written.keys() {
+        assert!(
+            schema[field.as_str()].is_object(),
+            "status.rollouts[].{field} is not in the CRD schema"
+        );
+    }
+    for field in [
+        "canaryUsers",
+        "stableUsers",
+        "canaryUsersShare",
+        "usersEstimated",
+    ] {
+        assert!(written.contains_key(field), "{field} written");
+    }
+    for field in written["evidence"][0].as_object().expect("a gate").keys() {
+        assert!(
+            schema["evidence"]["items"]["properties"][field.as_str()].is_object(),
+            "status.rollouts[].evidence[].{field} is not in the CRD schema"
+        );
+    }
+}

@@ -202,6 +202,8 @@ impl RolloutDriver {
                 self.served = self.machine.served(&self.inputs);
             }
         }
+        // consistentBy: count each step's users afresh (every replica).
+        super::users::track(metrics, &self.machine, &self.inputs);
     }
 
     /// What the rules governed by rollouts serve now.
@@ -281,6 +283,8 @@ impl RolloutDriver {
             shown.push(labels);
         }
         metrics.retain(&shown);
+        // consistentBy: the step's users by side, as the status shows them.
+        super::users::show(metrics, &self.report());
     }
 
     /// Take the rollouts recorded in `policies`' status as this process's

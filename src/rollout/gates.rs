@@ -78,11 +78,23 @@ impl Default for Confidence {
 }
 
 impl Gate {
-    /// The gate's events in `t`.
+    /// The gate's events in `t`. For the error gates, with `consistentBy`:
+    /// each user's first 5xx in a step; its repeated errors are not judged
+    /// (`docs/rollouts.md`, "Users": one user's retry storm is one event).
     pub fn events(&self, t: &BackendTotals) -> u64 {
         match self.signal {
-            Signal::Errors => t.errors,
+            Signal::Errors => t.errors.saturating_sub(t.repeated_errors),
             Signal::SlowerThan(_) => t.slow,
+        }
+    }
+
+    /// The trials the gate's events are counted among in `t`: the
+    /// requests, less (for the error gates) the repeated errors, which are
+    /// neither events nor trials.
+    pub fn trials(&self, t: &BackendTotals) -> u64 {
+        match self.signal {
+            Signal::Errors => judged_requests(t),
+            Signal::SlowerThan(_) => t.requests,
         }
     }
 
@@ -132,6 +144,13 @@ impl Gate {
             ),
         }
     }
+}
+
+/// The requests of `t` a step counts towards `minRequests` and the error
+/// gates judge: all but a user's repeated errors in a step (none without
+/// `consistentBy`).
+pub fn judged_requests(t: &BackendTotals) -> u64 {
+    t.requests.saturating_sub(t.repeated_errors)
 }
 
 /// `25%`, `150%`, `2.5%`: thousandths of a percent, any size.
@@ -217,6 +236,9 @@ pub struct StepView {
     /// Whether this step serves the outgoing backends at all (the last
     /// step of a full promotion does not).
     pub concurrent: bool,
+    /// Whether users are counted (the policy sets `consistentBy`): the
+    /// messages then say how many users the errors came from.
+    pub keyed: bool,
 }
 
 /// One rollout's evidence, from its first step (or from when this
@@ -242,8 +264,8 @@ impl Judge {
         for (gate, test) in gates.iter().zip(self.relative.iter_mut()) {
             if let Bound::Stable { degradation } = gate.bound {
                 let o = relative_odds(
-                    canary.requests as f64,
-                    stable.requests as f64,
+                    gate.trials(canary) as f64,
+                    gate.trials(stable) as f64,
                     Gate::r0(degradation),
                 );
                 let (c, s) = (gate.events(canary), gate.events(stable));
@@ -291,8 +313,14 @@ impl Judge {
     ) -> Verdict {
         let alpha = Judge::alpha(gates, confidence);
         let conf = confidence_text(confidence);
-        let (c_events, c_requests) = (gate.events(&self.canary), self.canary.requests);
-        let (s_events, s_requests) = (gate.events(&self.stable), self.stable.requests);
+        let (c_events, c_requests) = (gate.events(&self.canary), gate.trials(&self.canary));
+        let (s_events, s_requests) = (gate.events(&self.stable), gate.trials(&self.stable));
+        // With consistentBy, an error gate says the users the errors came
+        // from.
+        let users = match gate.signal {
+            Signal::Errors => super::users::step_errors_text(step),
+            Signal::SlowerThan(_) => String::new(),
+        };
         match gate.bound {
             Bound::Limit(limit) => {
                 let p = f64::from(limit.thousandths()) / f64::from(Percent::SCALE);
@@ -319,7 +347,7 @@ impl Judge {
                     ));
                 }
                 Verdict::Breached(format!(
-                    "{canary} is above {} at {conf} confidence (its rate is above {} at that confidence); the stable: {stable} over the same time",
+                    "{canary} is above {} at {conf} confidence (its rate is above {} at that confidence){users}; the stable: {stable} over the same time",
                     gate.field(),
                     rate_text(lower_bound(c_events, c_requests, alpha))
                 ))
@@ -334,7 +362,7 @@ impl Judge {
                         return Verdict::Holds;
                     }
                     return Verdict::Breached(format!(
-                        "{canary} against the stable's {stable} over the same time: worse than {} at {conf} confidence (evidence {:.0} against {:.0} needed)",
+                        "{canary} against the stable's {stable} over the same time: worse than {} at {conf} confidence (evidence {:.0} against {:.0} needed){users}",
                         gate.field(),
                         test.evidence(),
                         2.0 / alpha
@@ -347,12 +375,12 @@ impl Judge {
                 if limit >= 1.0 {
                     return Verdict::Holds;
                 }
-                let (x, n) = (gate.events(&step.canary), step.canary.requests);
+                let (x, n) = (gate.events(&step.canary), gate.trials(&step.canary));
                 if !absolute(x, n, limit).rejects(alpha / 4.0) {
                     return Verdict::Holds;
                 }
                 Verdict::Breached(format!(
-                    "{who} {} {} in this step, with no stable traffic left to compare with, is above {} times the stable's rate recorded during the rollout ({stable}, at most {} at {conf} confidence): worse than {} at {conf} confidence",
+                    "{who} {} {} in this step, with no stable traffic left to compare with, is above {} times the stable's rate recorded during the rollout ({stable}, at most {} at {conf} confidence): worse than {} at {conf} confidence{users}",
                     gate.what(),
                     counts(x, n),
                     ratio_text(r0),
@@ -376,24 +404,26 @@ impl Judge {
             .iter()
             .enumerate()
             .map(|(i, gate)| {
-                let canary = counts(gate.events(&self.canary), self.canary.requests);
-                let stable = counts(gate.events(&self.stable), self.stable.requests);
+                let canary = counts(gate.events(&self.canary), gate.trials(&self.canary));
+                let stable = counts(gate.events(&self.stable), gate.trials(&self.stable));
                 let (evidence, needed, detects, powered) = match gate.bound {
                     Bound::Limit(limit) => {
                         let p = f64::from(limit.thousandths()) / f64::from(Percent::SCALE);
-                        let test = absolute(gate.events(&self.canary), self.canary.requests, p);
-                        let r = detectable_ratio(step.canary.requests as f64, odds(p), alpha);
+                        let test =
+                            absolute(gate.events(&self.canary), gate.trials(&self.canary), p);
+                        let n = gate.trials(&step.canary);
+                        let r = detectable_ratio(n as f64, odds(p), alpha);
                         let detects = match r {
                             Some(r) => format!(
                                 "at this step's {} requests, a {} {} rate ({}) would be caught at {conf}",
-                                thousands(step.canary.requests),
+                                thousands(n),
                                 ratio_text(r),
                                 gate.what(),
                                 rate_text((r * p).min(1.0))
                             ),
                             None => format!(
                                 "at this step's {} requests, not even a canary failing everything would be caught yet",
-                                thousands(step.canary.requests)
+                                thousands(n)
                             ),
                         };
                         (test.evidence(), 1.0 / alpha, detects, r.is_some_and(|r| r <= 2.0))
@@ -406,20 +436,20 @@ impl Judge {
                         } else {
                             let bound = upper_bound(
                                 gate.events(&self.stable),
-                                self.stable.requests,
+                                gate.trials(&self.stable),
                                 alpha / 4.0,
                             );
                             let limit = r0 * bound;
                             (limit < 1.0)
                                 .then(|| {
                                     detectable_ratio(
-                                        step.canary.requests as f64,
+                                        gate.trials(&step.canary) as f64,
                                         odds(limit),
                                         alpha / 4.0,
                                     )
                                     .map(|x| x * r0 * bound
                                         / (gate.events(&self.stable).max(1) as f64
-                                            / self.stable.requests.max(1) as f64))
+                                            / gate.trials(&self.stable).max(1) as f64))
                                 })
                                 .flatten()
                         };
@@ -545,7 +575,10 @@ pub fn plan(gates: &[Gate], confidence: Confidence, steps: &[Percent]) -> Vec<St
 /// catch at `alpha` on this step's expected counts (the stable's rate
 /// taken as observed, at least one event).
 fn relative_power(gate: &Gate, step: &StepView, r0: f64, alpha: f64) -> Option<f64> {
-    let (nc, ns) = (step.canary.requests as f64, step.stable.requests as f64);
+    let (nc, ns) = (
+        gate.trials(&step.canary) as f64,
+        gate.trials(&step.stable) as f64,
+    );
     if nc <= 0.0 || ns <= 0.0 {
         return None;
     }
@@ -591,6 +624,7 @@ mod tests {
             canary,
             stable,
             concurrent: true,
+            keyed: false,
         }
     }
 
@@ -770,6 +804,175 @@ mod tests {
                 .contains("not even a canary failing everything"),
             "{:?}",
             few[0]
+        );
+    }
+
+    /// `requests` of keyed users in one look: `errors` 5xx, `repeated` of
+    /// them a user's repeated errors, from `users` new users of whom
+    /// `failing` got a first 5xx.
+    fn keyed(requests: u64, errors: u64, repeated: u64, users: u64, failing: u64) -> BackendTotals {
+        BackendTotals {
+            requests,
+            errors,
+            repeated_errors: repeated,
+            users,
+            users_with_errors: failing,
+            ..BackendTotals::default()
+        }
+    }
+
+    fn keyed_view(canary: BackendTotals, stable: BackendTotals) -> StepView {
+        StepView {
+            canary,
+            stable,
+            concurrent: true,
+            keyed: true,
+        }
+    }
+
+    #[test]
+    fn one_users_retry_storm_is_one_error_and_many_users_failing_roll_back() {
+        for gates in [vec![limit("1%")], vec![STABLE], vec![limit("1%"), STABLE]] {
+            let mut j = Judge::default();
+            let mut step = BackendTotals::default();
+            // A 5% step: 19 stable requests for each canary one.
+            let beside = keyed(19, 0, 0, 19, 0);
+            let mut stable = BackendTotals::default();
+            // One user's request fails, and it retries 500 times: one
+            // first error, 500 repeated ones.
+            for look in 0..=500u64 {
+                let t = if look == 0 {
+                    keyed(1, 1, 0, 1, 1)
+                } else {
+                    keyed(1, 1, 1, 0, 0)
+                };
+                j.observe(&gates, &t, &beside);
+                step.merge(&t);
+                stable.merge(&beside);
+                let v = j.verdict(
+                    &gates,
+                    Confidence::DEFAULT,
+                    &keyed_view(step, stable),
+                    "canary",
+                );
+                assert_eq!(v, Verdict::Holds, "{gates:?} after {look} retries");
+            }
+            // Other users' requests fail too: a few of them roll it back.
+            let mut failing = 1;
+            let verdict = loop {
+                failing += 1;
+                let t = keyed(1, 1, 0, 1, 1);
+                j.observe(&gates, &t, &beside);
+                step.merge(&t);
+                stable.merge(&beside);
+                let v = j.verdict(
+                    &gates,
+                    Confidence::DEFAULT,
+                    &keyed_view(step, stable),
+                    "canary",
+                );
+                if v != Verdict::Holds || failing > 10 {
+                    break v;
+                }
+            };
+            assert!(failing <= 4, "{gates:?}: {failing} users failing");
+            let Verdict::Breached(m) = verdict else {
+                panic!("{verdict:?}")
+            };
+            assert!(
+                m.contains(&format!(
+                    "in this step {} errors from {failing} users (of {failing} users; 500 repeated errors not judged)",
+                    500 + failing
+                )),
+                "{m}"
+            );
+        }
+    }
+
+    #[test]
+    fn without_users_every_error_counts_as_before() {
+        // The same storm from requests without a key (or without
+        // consistentBy): 500 errors, rolled back at once.
+        let gates = [limit("1%")];
+        let mut j = Judge::default();
+        j.observe(&gates, &totals(3, 3), &totals(2_000, 0));
+        let (c, s) = j.totals();
+        let v = j.verdict(&gates, Confidence::DEFAULT, &concurrent(c, s), "canary");
+        assert!(matches!(v, Verdict::Breached(_)), "{v:?}");
+    }
+
+    /// A deterministic stream of uniforms in [0, 1).
+    struct Lcg(u64);
+
+    impl Lcg {
+        fn unit(&mut self) -> f64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (self.0 >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
+    #[test]
+    fn a_healthy_canary_whose_users_retry_their_errors_is_rarely_failed() {
+        // Every request of a user without an error in the step fails with
+        // probability 0.5% (half the 1% limit); a user that got one
+        // retries 20 times, and every retry fails (the failure is the
+        // user's, not the canary's). Requests taken as independent, this
+        // is a 10% error rate and fails almost every run; judged on each
+        // user's first error, at most 1% of the runs may fail, however
+        // often they are looked at.
+        let gates = [limit("1%")];
+        let mut rng = Lcg(7);
+        let runs = 100;
+        let (mut failed, mut failed_as_requests) = (0, 0);
+        for _ in 0..runs {
+            let mut j = Judge::default();
+            let mut naive = Judge::default();
+            let mut step = BackendTotals::default();
+            let mut naive_failed = false;
+            for _user in 0..1_000 {
+                let mut t = keyed(0, 0, 0, 1, 0);
+                for _ in 0..5 {
+                    t.requests += 1;
+                    if rng.unit() < 0.005 {
+                        t.errors += 21;
+                        t.requests += 20;
+                        t.repeated_errors += 20;
+                        t.users_with_errors = 1;
+                        break;
+                    }
+                }
+                j.observe(&gates, &t, &BackendTotals::default());
+                naive.observe(
+                    &gates,
+                    &totals(t.requests, t.errors),
+                    &BackendTotals::default(),
+                );
+                step.merge(&t);
+                let v = j.verdict(
+                    &gates,
+                    Confidence::DEFAULT,
+                    &keyed_view(step, BackendTotals::default()),
+                    "canary",
+                );
+                let (c, s) = naive.totals();
+                naive_failed |= matches!(
+                    naive.verdict(&gates, Confidence::DEFAULT, &concurrent(c, s), "canary"),
+                    Verdict::Breached(_)
+                );
+                if matches!(v, Verdict::Breached(_)) {
+                    failed += 1;
+                    break;
+                }
+            }
+            failed_as_requests += u32::from(naive_failed);
+        }
+        assert!(failed <= 2, "{failed} of {runs} healthy runs failed");
+        assert!(
+            failed_as_requests >= runs * 9 / 10,
+            "counted as requests, the storms fail the gate: {failed_as_requests} of {runs}"
         );
     }
 }

@@ -37,6 +37,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use super::evidence::{lower_bound, upper_bound};
+use super::gates::judged_requests;
 use super::gates::{Bound, Confidence, Gate, Judge, Signal, StepView};
 use super::machine::{Phase, Rollout};
 use crate::metrics::BackendTotals;
@@ -334,27 +335,43 @@ fn point(look: &Look<'_>, at: f64) -> Point {
         .gates
         .iter()
         .any(|g| matches!(g.signal, Signal::SlowerThan(_)))
-        .then(|| signal(look, |s| matches!(s, Signal::SlowerThan(_)), |t| t.slow));
+        .then(|| {
+            signal(
+                look,
+                |s| matches!(s, Signal::SlowerThan(_)),
+                |t| t.slow,
+                |t| t.requests,
+            )
+        });
     Point {
         at,
         canary: Counts::from(&look.canary),
         stable: Counts::from(&look.stable),
-        errors: signal(look, |s| *s == Signal::Errors, |t| t.errors),
+        // As the error gates judge them: with consistentBy, a user's
+        // repeated 5xx in a step are neither events nor trials.
+        errors: signal(
+            look,
+            |s| *s == Signal::Errors,
+            |t| t.errors.saturating_sub(t.repeated_errors),
+            judged_requests,
+        ),
         slow,
     }
 }
 
 /// One signal's bounds and limits: `of` says which gates judge it,
-/// `events` counts it.
+/// `events` counts it among `trials`.
 fn signal(
     look: &Look<'_>,
     of: impl Fn(&Signal) -> bool,
     events: impl Fn(&BackendTotals) -> u64,
+    trials: impl Fn(&BackendTotals) -> u64,
 ) -> SignalPoint {
     // The judge's share of the error budget for each gate.
     let alpha = look.confidence.alpha() / look.gates.len().max(1) as f64;
     let band = |t: &BackendTotals| {
-        let (x, n) = (events(t).min(t.requests), t.requests);
+        let n = trials(t);
+        let x = events(t).min(n);
         Band {
             low: lower_bound(x, n, alpha),
             high: 1.0 - lower_bound(n - x, n, alpha),
@@ -369,7 +386,7 @@ fn signal(
             }
             Bound::Stable { degradation } => {
                 let r0 = 1.0 + f64::from(degradation) / f64::from(Percent::SCALE);
-                let (x, n) = (events(&look.stable), look.stable.requests);
+                let (x, n) = (events(&look.stable), trials(&look.stable));
                 let limit = if look.concurrent {
                     (n > 0).then(|| (r0 * x as f64 / n as f64).min(1.0))
                 } else {
@@ -649,6 +666,7 @@ mod tests {
             &look(&gates, Phase::Progressing, "10%", 0, 0),
             |s| *s == Signal::Errors,
             |t| t.errors,
+            |t| t.requests,
         );
         assert_eq!(
             none.canary,

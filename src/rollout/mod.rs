@@ -19,6 +19,8 @@
 //!   clock in; served shares, transitions and records out);
 //! - [`status`]: the status shape of a rollout (`status.rollouts[]` of
 //!   the policy), which is also what is persisted;
+//! - [`users`]: with `consistentBy`, whose users are counted for which
+//!   step, and how a step's users are shown;
 //! - [`fleet`]: in Kubernetes mode, the other replicas' counts, summed
 //!   with the leader's own for the machine to judge;
 //! - [`store`]: where records are kept across restarts (standalone: a
@@ -46,6 +48,7 @@ pub mod machine;
 pub mod shares;
 pub mod status;
 pub mod store;
+pub mod users;
 
 pub use gates::{Bound, Confidence, Gate, GateReport, Judge, Signal, StepView, Verdict};
 pub use history::History;

@@ -69,6 +69,30 @@ pub struct RolloutStatus {
     pub stable_errors: u64,
     #[serde(default)]
     pub stable_slow: u64,
+    /// With `consistentBy` (docs/rollouts.md, "Users"): the distinct users
+    /// (consistent-users keys) the incoming backends answered in this
+    /// step, and of those the users that got at least one 5xx.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_users: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_users_with_errors: Option<u64>,
+    /// The outgoing backends' over the same time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stable_users: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stable_users_with_errors: Option<u64>,
+    /// The incoming backends' share of the step's users (`9.8%`), next to
+    /// their share of its requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_users_share: Option<String>,
+    /// Of `errors`, those that were a user's repeated errors in the step
+    /// (the error gates judge each user's first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeated_errors: Option<u64>,
+    /// Some user count is an estimate (more than 4096 users on a backend
+    /// in the step; 1.6% standard error).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub users_estimated: bool,
     /// Each gate: the counts its test judged (since the first step), its
     /// evidence, and what this step's counts could catch ("a 3x 5xx rate
     /// would be caught at 99%").
@@ -101,6 +125,13 @@ impl RolloutStatus {
             stable_requests: counts.stable_requests,
             stable_errors: counts.stable_errors,
             stable_slow: counts.stable_slow,
+            canary_users: counts.users.map(|u| u.canary),
+            canary_users_with_errors: counts.users.map(|u| u.canary_with_errors),
+            stable_users: counts.users.map(|u| u.stable),
+            stable_users_with_errors: counts.users.map(|u| u.stable_with_errors),
+            canary_users_share: counts.users.and_then(|u| u.canary_share()),
+            repeated_errors: counts.users.map(|u| u.canary_repeated_errors),
+            users_estimated: counts.users.is_some_and(|u| u.estimated),
             evidence: counts.gates,
             message: rollout.message.clone(),
             paused_for_spec: rollout.held_for.map(|f| format!("{f:016x}")),

@@ -220,11 +220,25 @@ impl BackendSplit {
     /// carrying the consistent-users key of a rollout goes where its hash
     /// places it; others get the weighted choice.
     pub fn choose_for(&self, headers: &http::HeaderMap) -> BackendChoice<'_> {
+        self.choose_for_user(self.user(headers))
+    }
+
+    /// The [`stable_hash`] of the request's consistent-users key, when a
+    /// rollout with `consistentBy` governs the rule and the request
+    /// carries the key: what places it, and what counts its user.
+    pub fn user(&self, headers: &http::HeaderMap) -> Option<u64> {
+        let c = self.consistent.as_ref()?;
+        c.key.value(headers).map(stable_hash)
+    }
+
+    /// [`choose_for`](Self::choose_for) with the key's hash already
+    /// computed ([`BackendSplit::user`]).
+    pub fn choose_for_user(&self, user: Option<u64>) -> BackendChoice<'_> {
         if let Some(c) = &self.consistent
-            && let Some(value) = c.key.value(headers)
+            && let Some(hash) = user
             && !self.backends.is_empty()
         {
-            return match c.place(stable_hash(value)) {
+            return match c.place(hash) {
                 Some(i) => BackendChoice::Backend(&self.backends[i]),
                 None => BackendChoice::AllWeightsZero,
             };

@@ -1632,3 +1632,163 @@ async fn overview_carries_the_evidence_over_time_of_a_rollout_in_flight() {
         "the last point is the rollback's"
     );
 }
+
+const USERS_SPEC: &str = "  steps: ['20%', '100%']
+  interval: 1h
+  analysis: {minRequests: 20, maxErrorRate: '1%'}
+  consistentBy: {header: x-user}
+";
+
+/// Send one request of each user (`x-user`), then a second one of each;
+/// the users each backend answered.
+async fn users_by_backend(shop: &Shop, users: &[String]) -> BTreeMap<String, Vec<String>> {
+    let mut conn = shop.sluice.connect().await;
+    let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for user in users {
+        let r = conn.get_with(HOST, "/", &[("x-user", user)]).await;
+        assert_eq!(r.status, StatusCode::OK, "{user}");
+        seen.entry(r.echo().service).or_default().push(user.clone());
+        conn.get_with(HOST, "/", &[("x-user", user)]).await;
+    }
+    seen
+}
+
+/// consistentBy: the status counts the step's distinct users on each side
+/// (each user sent two requests; requests without the header are no
+/// users), their share, and the metrics show the same by side.
+#[tokio::test]
+async fn consistent_users_are_counted_per_side_in_status_and_metrics() {
+    let (shop, _) = Shop::promoting(USERS_SPEC, (1, 0), (0, 1), "20%").await;
+    let s = &shop.sluice;
+    let users: Vec<String> = (0..60).map(|i| format!("user-{i}")).collect();
+    let seen = users_by_backend(&shop, &users).await;
+    shop.tally(7, &[]).await;
+    let on = |backend: &str| seen.get(backend).map_or(0, Vec::len) as u64;
+    let (canary, stable) = (on("canary"), on("stable"));
+    assert_eq!(canary + stable, 60, "{seen:?}");
+    assert!(canary > 0 && stable > 0, "{seen:?}");
+    // The status shows the counts of the last look (at least every second).
+    let r = wait_rollout(s, "shop", "the users counted", |r| {
+        r["canaryUsers"].as_u64().unwrap_or(0) + r["stableUsers"].as_u64().unwrap_or(0) == 60
+            && r["requests"].as_u64().unwrap_or(0) >= 2 * canary
+    })
+    .await;
+    assert_eq!(r["canaryUsers"], canary, "{r:#}");
+    assert_eq!(r["stableUsers"], stable, "{r:#}");
+    assert_eq!(r["canaryUsersWithErrors"], 0, "{r:#}");
+    assert_eq!(r["stableUsersWithErrors"], 0, "{r:#}");
+    assert_eq!(r["repeatedErrors"], 0, "{r:#}");
+    assert!(r.get("usersEstimated").is_none(), "{r:#}");
+    let share = 100.0 * canary as f64 / 60.0;
+    let shown: f64 = r["canaryUsersShare"]
+        .as_str()
+        .and_then(|s| s.strip_suffix('%'))
+        .and_then(|s| s.parse().ok())
+        .expect("a percentage");
+    assert!((shown - share).abs() < 0.001, "{shown} for {share}: {r:#}");
+    let labels = r#"policy="default/shop",route="default/shop",rule="0""#;
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let text = s.metrics().await;
+        let users = |side: &str| {
+            crate::support::metric(
+                &text,
+                &format!(r#"sluice_rollout_users{{{labels},side="{side}"}}"#),
+            )
+        };
+        if users("canary") == Some(canary as f64) {
+            assert_eq!(users("stable"), Some(stable as f64), "{text}");
+            assert_eq!(
+                crate::support::metric(
+                    &text,
+                    &format!(r#"sluice_rollout_users_with_errors{{{labels},side="canary"}}"#)
+                ),
+                Some(0.0),
+                "{text}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// consistentBy: one user hammering a failing canary with retries is one
+/// user with errors, whose repeated errors are not judged: the step is
+/// neither failed nor filled by them. Other users failing roll it back
+/// after a handful, and the message says how many users the errors came
+/// from.
+#[tokio::test]
+async fn one_users_retries_are_one_user_and_many_users_failing_roll_it_back() {
+    let (shop, _) = Shop::promoting(USERS_SPEC, (1, 0), (0, 1), "20%").await;
+    let s = &shop.sluice;
+    let users: Vec<String> = (0..200).map(|i| format!("user-{i}")).collect();
+    let seen = users_by_backend(&shop, &users).await;
+    let on_canary = seen.get("canary").cloned().unwrap_or_default();
+    assert!(on_canary.len() >= 10, "{seen:?}");
+    let before = wait_rollout(s, "shop", "the users counted", |r| {
+        r["canaryUsers"] == on_canary.len() && r["requests"] == 2 * on_canary.len()
+    })
+    .await;
+    assert_eq!(before["canaryUsersWithErrors"], 0, "{before:#}");
+    shop.canary.servers[0].fail_with(Some(StatusCode::INTERNAL_SERVER_ERROR));
+    // One canary user retries its failing request 40 times.
+    let storm = &on_canary[0];
+    let mut conn = s.connect().await;
+    for _ in 0..40 {
+        let r = conn.get_with(HOST, "/", &[("x-user", storm)]).await;
+        assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    // Looked at after every 5xx: the last look has judged all 40.
+    let r = wait_rollout(s, "shop", "the storm judged", |r| r["errors"] == 40).await;
+    assert_eq!(r["phase"], "Progressing", "{r:#}");
+    assert_eq!(r["step"], "20%", "{r:#}");
+    assert_eq!(r["canaryUsersWithErrors"], 1, "{r:#}");
+    assert_eq!(r["repeatedErrors"], 39, "{r:#}");
+    assert_eq!(r["canaryUsers"], on_canary.len(), "{r:#}");
+    let judged = r["evidence"][0]["canary"].as_str().unwrap_or("");
+    assert!(
+        judged.starts_with(&format!("1 of {} (", 2 * on_canary.len() + 1)),
+        "the storm is one error among the judged requests: {r:#}"
+    );
+    // Other canary users fail, one request each, looked at after each.
+    let mut failing = 1;
+    for user in &on_canary[1..] {
+        if policy_status(s, "shop").await["rollouts"][0]["phase"] == "RolledBack" {
+            break;
+        }
+        let r = conn.get_with(HOST, "/", &[("x-user", user)]).await;
+        assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+        failing += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = wait_rollout(s, "shop", "rolled back", phase("RolledBack")).await;
+    // After 110 good canary answers, 7 failing users of 117 judged
+    // requests are what 99% against a 1% limit needs (the storm alone
+    // was 40 errors).
+    let failed: u64 = r["canaryUsersWithErrors"].as_u64().expect("counted");
+    assert!(
+        (2..=10).contains(&failed) && failed <= failing,
+        "{failed} users failing, {failing} sent: {r:#}"
+    );
+    let message = r["message"].as_str().unwrap_or("");
+    assert!(
+        message.starts_with("canary 5xx ")
+            && message.contains(" is above maxErrorRate 1% at 99% confidence")
+            && message.contains(&format!(
+                "; in this step {} errors from {failed} users (of {} users; 39 repeated errors not judged)",
+                39 + failed,
+                on_canary.len()
+            ))
+            && message.ends_with(": rolled back to 100/0 (stable/canary)"),
+        "{r:#}"
+    );
+    // Rolled back: every user is on the stable again.
+    assert_eq!(
+        users_by_backend(&shop, &on_canary)
+            .await
+            .keys()
+            .collect::<Vec<_>>(),
+        ["stable"]
+    );
+}

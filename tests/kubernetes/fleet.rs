@@ -395,3 +395,81 @@ async fn a_new_leader_judges_the_others_counts_and_not_its_own_twice() {
         leader.log()
     );
 }
+
+/// One request of each user (`x-user`) to `addr`, on one connection: the
+/// users each backend answered.
+async fn send_users(addr: SocketAddr, users: &[String]) -> BTreeMap<String, usize> {
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the replica");
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let mut by = BTreeMap::new();
+    for user in users {
+        let req = Request::get("/complete?q=a")
+            .header("host", HOST)
+            .header("x-user", user.as_str())
+            .body(Full::new(Bytes::new()))
+            .expect("a request");
+        send.ready().await.expect("the connection stays open");
+        let resp = send.send_request(req).await.expect("a response");
+        let status = resp.status();
+        let body = resp.into_body().collect().await.expect("a body").to_bytes();
+        *by.entry(answered_by(status, &body)).or_default() += 1;
+    }
+    by
+}
+
+/// With consistentBy, a follower counts the users it answered and
+/// publishes them: the leader, which proxied none of them, shows the
+/// fleet's distinct users per side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_counts_the_users_a_follower_answered() {
+    let api = FakeApiServer::start().await;
+    let (stable, canary) = (
+        echo("stable", "stable-0").await,
+        echo("canary", "canary-0").await,
+    );
+    let port = free_port();
+    cluster(&api, port, &[("stable", &stable), ("canary", &canary)]);
+    api.apply(route(1000, 0));
+    let mut keyed = policy("1h");
+    keyed["spec"]["consistentBy"] = json!({"header": "x-user"});
+    keyed["spec"]["analysis"]["minRequests"] = json!(1000);
+    api.apply(keyed);
+    let a = Replica::start_with(&api, "replica-a", "127.0.0.1", port, ENV);
+    a.wait_ready().await;
+    recorded_at(&api, "Complete", None).await;
+    let b = Replica::start_with(&api, "replica-b", "127.0.0.2", port, ENV);
+    b.wait_ready().await;
+    api.apply(route(0, 1000));
+    recorded_at(&api, "Progressing", Some("25%")).await;
+    eventually("b serves the step", async || {
+        (shown_phase(&b).await.as_deref() == Some("Progressing")).then_some(())
+    })
+    .await;
+    let users: Vec<String> = (0..40).map(|i| format!("user-{i}")).collect();
+    // Each user twice: distinct users, not requests.
+    let first = send_users(b.listener, &users).await;
+    assert_eq!(send_users(b.listener, &users).await, first);
+    let on = |side: &str| first.get(side).copied().unwrap_or(0) as u64;
+    assert_eq!(on("stable") + on("canary"), 40, "{first:?}");
+    assert!(on("canary") > 0 && on("stable") > 0, "{first:?}");
+    let shown = eventually("the leader shows the follower's users", async || {
+        let (_, body) = get(a.admin, "admin", "/status").await.ok()?;
+        let objects: Vec<Value> = serde_json::from_slice(&body).ok()?;
+        let r = objects
+            .iter()
+            .find(|o| o["kind"] == "RolloutPolicy")?
+            .get("status")?["rollouts"][0]
+            .clone();
+        (r["canaryUsers"].as_u64()? + r["stableUsers"].as_u64()? == 40).then_some(r)
+    })
+    .await;
+    assert_eq!(shown["canaryUsers"], on("canary"), "{shown}");
+    assert_eq!(shown["stableUsers"], on("stable"), "{shown}");
+    assert_eq!(shown["requests"], 2 * on("canary"), "{shown}");
+    assert_eq!(proxied(&a).await, 0, "the leader proxied none of it");
+}

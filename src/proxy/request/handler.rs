@@ -64,6 +64,9 @@ struct Outcome<'t> {
     /// The endpoint a try is waiting for: the request's own timeout
     /// cutting it counts against that endpoint.
     trying: Trying<'t>,
+    /// The hash of the request's consistent-users key, when a rollout
+    /// with `consistentBy` governs the rule: its backend counts the user.
+    user: Option<u64>,
 }
 
 /// Serve one request that arrived on the socket bound at `bind` from
@@ -109,7 +112,9 @@ pub(in crate::proxy) async fn handle(
         backend: outcome.backend.map_or("", |b| b.service.as_str()),
         code,
     };
-    shared.metrics.record(&key, start.elapsed());
+    shared
+        .metrics
+        .record_user(&key, start.elapsed(), outcome.user);
     resp
 }
 
@@ -357,7 +362,8 @@ impl<'t> Forwarding<'_, 't> {
         let body = self
             .request_body(body, prepared.chunked, &parts, &filtered)
             .await?;
-        let chosen = self.choose_backend(&parts)?;
+        outcome.user = self.rule.backends.user(&parts.headers);
+        let chosen = self.choose_backend(&parts, outcome.user)?;
         outcome.backend = Some(chosen.backend);
         let admitted = self.admit(chosen.backend)?;
         self.backend_filters(chosen.backend, &mut parts, &mut filtered.path)?;
@@ -510,8 +516,9 @@ impl<'t> Forwarding<'_, 't> {
 
     /// Choose the backend: a valid session wins (sessionPersistence), then
     /// a rollout's consistentBy key, then the exact weighted split of the
-    /// served shares: `choose_for` does the last two (docs/sessions.md).
-    fn choose_backend(&self, parts: &Parts) -> Result<Chosen<'t>, ProxyError> {
+    /// served shares: `choose_for_user` does the last two, with the key's
+    /// hash `user` (docs/sessions.md).
+    fn choose_backend(&self, parts: &Parts, user: Option<u64>) -> Result<Chosen<'t>, ProxyError> {
         let sticky = self
             .rule
             .session
@@ -519,7 +526,7 @@ impl<'t> Forwarding<'_, 't> {
             .map(|policy| Sticky::read(policy, &parts.headers));
         let (backend, pinned) = match sticky.as_ref().and_then(|s| s.pinned(&self.rule.backends)) {
             Some((_, backend, endpoint)) => (backend, endpoint),
-            None => match self.rule.backends.choose_for(&parts.headers) {
+            None => match self.rule.backends.choose_for_user(user) {
                 BackendChoice::Backend(b) => (b, None),
                 BackendChoice::AllWeightsZero => return Err(ProxyError::AllWeightsZero),
                 BackendChoice::NoBackends => return Err(ProxyError::NoBackends),
