@@ -19,6 +19,8 @@
 //!   the policy), which is also what is persisted;
 //! - [`fleet`]: in Kubernetes mode, the other replicas' counts, summed
 //!   with the leader's own for the machine to judge;
+//! - [`sim`]: one promotion driven by the caller's counts and clock, for
+//!   the simulator (`benches/rollout_sim.rs`);
 //! - [`store`]: where records are kept across restarts (standalone: a
 //!   file in `--state-dir`), behind the [`RolloutStore`] trait. Kubernetes
 //!   mode keeps them in each policy's `status.rollouts` instead, written by
@@ -35,6 +37,7 @@ pub mod fleet;
 pub mod gates;
 pub mod machine;
 pub mod shares;
+pub mod sim;
 pub mod status;
 pub mod store;
 
