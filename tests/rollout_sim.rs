@@ -112,8 +112,10 @@ fn the_flagger_style_check_on_hand_made_counts() {
 fn the_flagger_style_judge_checks_each_interval_and_rolls_back_on_the_first_failure() {
     let mut j = PerInterval::start(thresholds(Some(1_000), None));
     assert_eq!(j.next_look(), 60 * SECOND);
-    let mut served = Served::default();
-    served.canary = side(300, 3);
+    let mut served = Served {
+        canary: side(300, 3),
+        ..Served::default()
+    };
     j.look(60 * SECOND, &served);
     assert_eq!(j.state(), State::Step(1), "3 of 300 is 1%");
     assert_eq!(j.canary_share(), 0.5);
@@ -131,8 +133,10 @@ fn the_flagger_style_judge_checks_each_interval_and_rolls_back_on_the_first_fail
 #[test]
 fn the_old_gate_waits_for_min_requests_then_compares_every_tick() {
     let mut j = EveryTick::start(thresholds(Some(1_000), None));
-    let mut served = Served::default();
-    served.canary = side(99, 50);
+    let mut served = Served {
+        canary: side(99, 50),
+        ..Served::default()
+    };
     j.look(250 * MILLISECOND, &served);
     assert_eq!(
         j.state(),
