@@ -13,6 +13,9 @@
 #                                # p99 of one backend while another stalls, with a
 #                                # healthy control (bench/stalled.py)
 #   bash bench/run.sh --soak [--minutes 30]   # mixed load for a long time (bench/soak.py)
+#   bash bench/run.sh --rollouts [--healthy-runs 10000] [--runs 1000] [--threads N] [--seed S]
+#                                # the rollout judge's simulator (benches/rollout_sim.rs): no
+#                                # proxy, no load, no timing; Markdown tables for docs/rollouts.md
 #
 # Installs nginx, HAProxy and wrk from Debian's packages when missing (needs
 # root), builds sluice as it is shipped (`--profile dist`: fat LTO, one
@@ -21,6 +24,14 @@
 # (see `python3 bench/driver.py --help`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The simulator needs none of what follows (nginx, HAProxy, the dist
+# build, two cores): sluice's state machine on simulated traffic, in
+# simulated time. Tables on stdout, progress on stderr.
+if [[ "${1:-}" == --rollouts ]]; then
+    shift
+    exec cargo bench --quiet --bench rollout_sim -- "$@"
+fi
 
 if (($(nproc) < 2)); then
     echo "bench: needs 2 cores (proxy on core 0, load and backends on core 1)" >&2

@@ -23,6 +23,8 @@
 //!   step, and how a step's users are shown;
 //! - [`fleet`]: in Kubernetes mode, the other replicas' counts, summed
 //!   with the leader's own for the machine to judge;
+//! - [`sim`]: one promotion driven by the caller's counts and clock, for
+//!   the simulator (`benches/rollout_sim.rs`);
 //! - [`store`]: where records are kept across restarts (standalone: a
 //!   file in `--state-dir`), behind the [`RolloutStore`] trait. Kubernetes
 //!   mode keeps them in each policy's `status.rollouts` instead, written by
@@ -46,6 +48,7 @@ pub mod gates;
 pub mod history;
 pub mod machine;
 pub mod shares;
+pub mod sim;
 pub mod status;
 pub mod store;
 pub mod users;
