@@ -136,6 +136,12 @@ enum ConvertFrom {
         /// Add a RolloutPolicy for each route with a canary, so the next weight change is stepped and judged by sluice.
         #[arg(long)]
         rollout_policy: bool,
+        /// With --gateway: its HTTP listener, which gets the redirect routes of ingress-nginx's https redirect (with --https-listener).
+        #[arg(long, requires_all = ["gateway", "https_listener"])]
+        http_listener: Option<String>,
+        /// With --gateway: its HTTPS listener, to which the routes of hosts with TLS attach (with --http-listener).
+        #[arg(long, requires_all = ["gateway", "http_listener"])]
+        https_listener: Option<String>,
     },
 }
 
@@ -416,12 +422,15 @@ fn main() -> ExitCode {
                     gateway,
                     ingress_class,
                     rollout_policy,
+                    http_listener,
+                    https_listener,
                 },
         } => {
             let options = sluice::ingress_nginx::Options {
                 gateway,
                 ingress_class,
                 rollout_policy,
+                listeners: http_listener.zip(https_listener),
             };
             match sluice::cli::convert::run(
                 &paths,

@@ -114,6 +114,15 @@ pub struct RuleSettings {
     /// prefix-stripping idiom): each path becomes a PathPrefix `PREFIX`
     /// whose matched prefix is replaced by this (`T`, or `/`).
     pub replace_prefix: Option<String>,
+    /// `ssl-redirect` (default true): plain HTTP to a host with TLS is
+    /// redirected to https with 308.
+    pub ssl_redirect: bool,
+    /// `force-ssl-redirect` (default false): plain HTTP is redirected to
+    /// https with 308 whether the host has TLS or not.
+    pub force_ssl_redirect: bool,
+    /// `preserve-trailing-slash` (default false): without it the redirect
+    /// drops the last `/` of the request URI.
+    pub preserve_trailing_slash: bool,
 }
 
 /// The suffix of ingress-nginx's prefix-stripping paths: `PREFIX(/|$)(.*)`.
@@ -165,12 +174,11 @@ const DEFAULTS: &[(&str, &str)] = &[
 ];
 
 /// Read a main Ingress's annotations (prefix stripped), add a report line
-/// for each, and return what its rules get. `tls_hosts` says whether the
-/// Ingress has `spec.tls` (its implicit ssl-redirect).
+/// for each (but the https redirect's, which the conversion writes), and
+/// return what its rules get.
 pub fn main_settings(
     object: &str,
     a: &BTreeMap<&str, &str>,
-    tls_hosts: bool,
     paths: &[String],
     report: &mut Report,
 ) -> RuleSettings {
@@ -266,11 +274,15 @@ pub fn main_settings(
                 s.app_root = Some(v.to_string());
                 Verdict::Converted
             }
-            "ssl-redirect" | "force-ssl-redirect" => match parse_bool(v) {
-                Some(false) if k == "ssl-redirect" || !tls_hosts => Verdict::Converted,
-                Some(_) => Verdict::Unsupported(
-                    "the redirect to https is not converted: attach an HTTPRoute with a RequestRedirect filter (scheme https, statusCode 308 as ingress-nginx answers) to the Gateway's HTTP listener".into(),
-                ),
+            // The redirect's lines are the conversion's, which knows the
+            // listeners (`super::convert::https_redirects`).
+            "ssl-redirect" | "force-ssl-redirect" if parse_bool(v).is_some() => continue,
+            "ssl-redirect" | "force-ssl-redirect" => Verdict::Error(format!(
+                "{v:?} is not a boolean; ingress-nginx then keeps its default ({})",
+                if k == "ssl-redirect" { "true" } else { "false" }
+            )),
+            "preserve-trailing-slash" => match parse_bool(v) {
+                Some(_) => Verdict::Converted,
                 None => Verdict::Error(format!("{v:?} is not a boolean")),
             },
             "backend-protocol" => match v.to_ascii_uppercase().as_str() {
@@ -365,15 +377,10 @@ pub fn main_settings(
             );
         }
     }
-    if tls_hosts && !a.contains_key("ssl-redirect") && !a.contains_key("force-ssl-redirect") {
-        report.push(
-            object,
-            "default ssl-redirect",
-            Verdict::Default(
-                "ingress-nginx redirects http to https with 308 for hosts with TLS; add an HTTPRoute with a RequestRedirect on the HTTP listener".into(),
-            ),
-        );
-    }
+    let flag = |k: &str, default: bool| a.get(k).and_then(|v| parse_bool(v)).unwrap_or(default);
+    s.ssl_redirect = flag("ssl-redirect", true);
+    s.force_ssl_redirect = flag("force-ssl-redirect", false);
+    s.preserve_trailing_slash = flag("preserve-trailing-slash", false);
     s
 }
 

@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 
 use super::annotations::{
     CANARY_KEYS, Canary, PREFIX, RuleSettings, is_canary, main_settings, nginx_annotations,
-    stripped_prefix,
+    parse_bool, stripped_prefix,
 };
 use super::report::{Report, Verdict};
 use crate::resources::{CONTROLLER_NAME, DEFAULT_NAMESPACE};
@@ -58,6 +58,11 @@ pub struct Options {
     pub ingress_class: String,
     /// Add a RolloutPolicy for each canary's route.
     pub rollout_policy: bool,
+    /// The (HTTP, HTTPS) listener names of `gateway`, to write the https
+    /// redirects: a TLS host's routes attach to the HTTPS listener and a
+    /// redirect route to the HTTP one. Without them (and with `gateway`)
+    /// the redirects are reported, not written.
+    pub listeners: Option<(String, String)>,
 }
 
 impl Default for Options {
@@ -66,6 +71,7 @@ impl Default for Options {
             gateway: None,
             ingress_class: "nginx".into(),
             rollout_policy: false,
+            listeners: None,
         }
     }
 }
@@ -164,7 +170,6 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
         let object = object_name(ing);
         let a = nginx_annotations(ing.metadata.annotations.as_ref());
         let spec = ing.spec.clone().unwrap_or_default();
-        let tls = spec.tls.as_ref().is_some_and(|t| !t.is_empty());
         let paths: Vec<String> = spec
             .rules
             .iter()
@@ -172,7 +177,7 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
             .flat_map(|r| r.http.iter().flat_map(|h| &h.paths))
             .map(|p| p.path.clone().unwrap_or_else(|| "/".into()))
             .collect();
-        settings.push(main_settings(&object, &a, tls, &paths, &mut report));
+        settings.push(main_settings(&object, &a, &paths, &mut report));
         if spec.default_backend.is_some() {
             report.push(
                 &object,
@@ -265,6 +270,7 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
         .gateway
         .clone()
         .unwrap_or_else(|| (DEFAULT_NAMESPACE.to_string(), options.ingress_class.clone()));
+    let listeners = listener_names(&mains, options, &gateway_ns, &gateway_name);
     let mut objects = Vec::new();
     if options.gateway.is_none() {
         objects.extend(gateway_objects(
@@ -294,7 +300,7 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
                 .iter()
                 .filter(|l| l.main == m && l.host == *host)
                 .collect();
-            let route = http_route(
+            let mut route = http_route(
                 ing,
                 &route_name,
                 host,
@@ -303,7 +309,20 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
                 (&gateway_ns, &gateway_name),
             );
             let has_canary = locs.iter().any(|l| l.canary.is_some());
+            let placed = https_redirect(
+                ing,
+                &route_name,
+                host,
+                &locs,
+                &settings[m],
+                &listeners,
+                &mut report,
+            );
+            if let Some(sections) = &placed.sections {
+                route["spec"]["parentRefs"] = parent_refs(&gateway_ns, &gateway_name, sections);
+            }
             objects.push(route);
+            objects.extend(placed.redirect);
             if has_canary && options.rollout_policy && settings[m].grpc {
                 report.push(
                     &object_name(ing),
@@ -679,6 +698,216 @@ fn grpc_method(path: &str, path_type: &str) -> Result<Option<Value>, String> {
     }
 }
 
+/// The listeners the https redirects are written against.
+struct ListenerNames {
+    /// `NS/NAME` of the Gateway, for messages.
+    gateway: String,
+    /// The HTTP listener's name, when known (`None`: `--gateway` without
+    /// `--http-listener`; the redirects are then reported, not written).
+    http: Option<String>,
+    /// (hostname, listener name) of the HTTPS side of each TLS host.
+    https: Vec<(String, String)>,
+    /// `--https-listener`: the HTTPS listener of every host.
+    named_https: Option<String>,
+}
+
+/// The listener names: the generated Gateway's (`http` and an
+/// `https-<host>` per TLS host with a certificate), or those `--gateway`
+/// was given with (every host of a `spec.tls` on the HTTPS listener).
+fn listener_names(mains: &[&Ingress], options: &Options, ns: &str, name: &str) -> ListenerNames {
+    let generated = options.gateway.is_none();
+    let mut https: Vec<(String, String)> = Vec::new();
+    for ing in mains {
+        let tls = ing.spec.as_ref().and_then(|s| s.tls.as_ref());
+        for t in tls.into_iter().flatten() {
+            if generated && t.secret_name.is_none() {
+                // gateway_objects writes no listener for it.
+                continue;
+            }
+            for host in t.hosts.iter().flatten() {
+                if !https.iter().any(|(h, _)| h == host) {
+                    let listener = match &options.listeners {
+                        Some((_, l)) if !generated => l.clone(),
+                        _ => format!("https-{}", slug(host)),
+                    };
+                    https.push((host.clone(), listener));
+                }
+            }
+        }
+    }
+    let (http, named_https) = match (&options.listeners, generated) {
+        (_, true) => (Some("http".to_string()), None),
+        (Some((h, s)), false) => (Some(h.clone()), Some(s.clone())),
+        (None, false) => (None, None),
+    };
+    ListenerNames {
+        gateway: format!("{ns}/{name}"),
+        http,
+        https,
+        named_https,
+    }
+}
+
+/// The HTTPS listener of `host`: one of its hostname, else one whose
+/// wildcard (`*.example.com`) takes it, as ingress-nginx takes a wildcard
+/// certificate for the host.
+fn tls_listener<'a>(host: &str, https: &'a [(String, String)]) -> Option<&'a str> {
+    let exact = https.iter().find(|(h, _)| h == host);
+    let wild = || {
+        let (_, parent) = host.split_once('.')?;
+        https
+            .iter()
+            .find(|(h, _)| h.strip_prefix("*.") == Some(parent))
+    };
+    exact.or_else(wild).map(|(_, l)| l.as_str())
+}
+
+/// The parentRefs of a route on these listeners of the Gateway.
+fn parent_refs(ns: &str, name: &str, sections: &[String]) -> Value {
+    json!(
+        sections
+            .iter()
+            .map(|s| json!({"name": name, "namespace": ns, "sectionName": s}))
+            .collect::<Vec<_>>()
+    )
+}
+
+/// Where a host's route attaches, and the redirect route written beside it.
+struct Placement {
+    /// The route's listeners; `None`: the whole Gateway (each listener
+    /// whose hostname takes the route's); empty: none.
+    sections: Option<Vec<String>>,
+    redirect: Option<Value>,
+}
+
+/// ingress-nginx's redirect of plain HTTP to https (`lua_ingress.lua`,
+/// `redirect_to_https`): with `force-ssl-redirect`, or with `ssl-redirect`
+/// (default true) on a host with a certificate, every request of the
+/// Ingress's locations that came over plain HTTP gets a 308 to
+/// `https://HOST` + the request URI (path and query; the Host's port
+/// dropped, no port added: 443), the URI's last `/` dropped unless
+/// `preserve-trailing-slash`. Written as an HTTPRoute on the HTTP listener
+/// with the locations' path matches and a RequestRedirect (scheme https,
+/// 308, which keeps path and query and leaves out port 443), the host's
+/// route on its HTTPS listener only. The report line goes to the
+/// annotations that decide it, or `default ssl-redirect` for a TLS host.
+fn https_redirect(
+    ing: &Ingress,
+    route_name: &str,
+    host: &str,
+    locs: &[&Location],
+    s: &RuleSettings,
+    l: &ListenerNames,
+    report: &mut Report,
+) -> Placement {
+    let a = nginx_annotations(ing.metadata.annotations.as_ref());
+    let keys: Vec<&str> = ["ssl-redirect", "force-ssl-redirect"]
+        .into_iter()
+        .filter(|k| a.get(k).and_then(|v| parse_bool(v)).is_some())
+        .collect();
+    let tls = tls_listener(host, &l.https);
+    let redirect = s.force_ssl_redirect || (s.ssl_redirect && tls.is_some());
+    let mut placement = Placement {
+        sections: None,
+        redirect: None,
+    };
+    let shown = if host.is_empty() { "(any)" } else { host };
+    let verdict = match (&l.http, tls) {
+        _ if !redirect => {
+            if let (Some(http), Some(tls)) = (&l.http, tls) {
+                placement.sections = Some(vec![http.clone(), tls.to_string()]);
+            }
+            Verdict::Converted
+        }
+        (None, _) => {
+            let why = format!(
+                "ingress-nginx redirects plain HTTP for host {shown} to https with 308; not written, as the listener names of Gateway {} are not known: convert with --http-listener and --https-listener, or add an HTTPRoute on the HTTP listener (sectionName) with hostname {shown}, the paths of HTTPRoute {route_name} and a RequestRedirect filter (scheme https, statusCode 308), and attach {route_name} to the HTTPS listener only",
+                l.gateway
+            );
+            if keys.is_empty() {
+                Verdict::Default(why)
+            } else {
+                Verdict::Unsupported(why)
+            }
+        }
+        (Some(http), tls) => {
+            placement.redirect = Some(redirect_route(ing, route_name, host, locs, s, l, http));
+            let https = tls.map(str::to_string).or_else(|| l.named_https.clone());
+            placement.sections = Some(https.iter().cloned().collect());
+            match https {
+                None => Verdict::Unsupported(format!(
+                    "force-ssl-redirect on host {shown}, which has no certificate: the redirect route {route_name}-https-redirect is written; ingress-nginx serves the https side with its default certificate (TLS is usually terminated in front of it), the generated Gateway has no HTTPS listener without a certificate, so {route_name} is attached to no listener: add an HTTPS listener for {shown} and attach {route_name} to it, or convert with --gateway, --http-listener and --https-listener"
+                )),
+                Some(_) if s.preserve_trailing_slash => Verdict::Converted,
+                Some(_) => Verdict::Approximated(format!(
+                    "the redirect of host {shown} is written; ingress-nginx drops the last / of the request URI (http://{shown}/docs/ goes to https://{shown}/docs), the RequestRedirect keeps it: preserve-trailing-slash: \"true\" makes it exact"
+                )),
+            }
+        }
+    };
+    let object = object_name(ing);
+    if keys.is_empty() {
+        if tls.is_some() {
+            report.push(&object, "default ssl-redirect", verdict);
+        }
+    } else {
+        for k in keys {
+            report.push(&object, format!("{PREFIX}{k}"), verdict.clone());
+        }
+    }
+    placement
+}
+
+/// The HTTPRoute `<route>-https-redirect` on the HTTP listener: the
+/// route's locations (and its app-root rule: nginx answers it before any
+/// location) with a 308 RequestRedirect to https.
+fn redirect_route(
+    ing: &Ingress,
+    route_name: &str,
+    host: &str,
+    locs: &[&Location],
+    s: &RuleSettings,
+    l: &ListenerNames,
+    http: &str,
+) -> Value {
+    let mut rules: Vec<Value> = Vec::new();
+    if let Some(root) = s.app_root.as_ref().filter(|_| !s.grpc) {
+        rules.push(json!({
+            "name": "app-root",
+            "matches": [{"path": {"type": "Exact", "value": "/"}}],
+            "filters": [{"type": "RequestRedirect", "requestRedirect": {
+                "path": {"type": "ReplaceFullPath", "replaceFullPath": root}, "statusCode": 302}}],
+        }));
+    }
+    for (n, loc) in locs.iter().enumerate() {
+        let path = match stripped_prefix(&loc.path) {
+            Some(prefix) if s.replace_prefix.is_some() => {
+                json!({"type": "PathPrefix", "value": prefix})
+            }
+            _ => path_match(loc, s.use_regex),
+        };
+        rules.push(json!({
+            "name": format!("path-{n}"),
+            "matches": [{"path": path}],
+            "filters": [{"type": "RequestRedirect", "requestRedirect": {"scheme": "https", "statusCode": 308}}],
+        }));
+    }
+    let (ns, name) = l.gateway.split_once('/').unwrap_or(("", &l.gateway));
+    let mut spec = json!({
+        "parentRefs": parent_refs(ns, name, &[http.to_string()]),
+        "rules": rules,
+    });
+    if !host.is_empty() {
+        spec["hostnames"] = json!([host]);
+    }
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": format!("{route_name}-https-redirect"), "namespace": namespace(ing)},
+        "spec": spec,
+    })
+}
+
 /// A GatewayClass for sluice and a Gateway for the class: an HTTP listener
 /// on 80 and an HTTPS one on 443 per TLS host of the Ingresses.
 fn gateway_objects(mains: &[&Ingress], ns: &str, name: &str, class: &str) -> Vec<Value> {
@@ -993,6 +1222,178 @@ mod tests {
         ] {
             assert!(grpc_method(path, t).is_err(), "{path} {t}");
         }
+    }
+
+    /// A main Ingress `web` with TLS for `tls_hosts` (Secret `cert`), a
+    /// rule per host in `hosts` with path `/` (Prefix), and `annotations`.
+    fn tls_ingress(annotations: &str, hosts: &[&str], tls_hosts: &[&str]) -> Input {
+        let rules: String = hosts
+            .iter()
+            .map(|h| {
+                format!(
+                    "  - host: {h}\n    http:\n      paths: [{}]\n",
+                    path("/", "Prefix", "web")
+                )
+            })
+            .collect();
+        let tls = if tls_hosts.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "  tls: [{{hosts: [{}], secretName: cert}}]\n",
+                tls_hosts.join(", ")
+            )
+        };
+        input(&format!(
+            "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: web, annotations: {{{annotations}}}}}\nspec:\n{tls}  rules:\n{rules}"
+        ))
+    }
+
+    fn route<'a>(c: &'a Conversion, name: &str) -> Option<&'a Value> {
+        c.objects
+            .iter()
+            .find(|o| o["kind"] == "HTTPRoute" && o["metadata"]["name"] == name)
+    }
+
+    /// The sectionNames of a route's parentRefs (`-` for none given).
+    fn sections(c: &Conversion, name: &str) -> Vec<String> {
+        route(c, name).expect("the route")["spec"]["parentRefs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["sectionName"].as_str().unwrap_or("-").to_string())
+            .collect()
+    }
+
+    const WEB: &str = "Ingress default/web";
+
+    #[test]
+    fn tls_hosts_are_redirected_on_http_and_served_on_their_https_listener() {
+        let c = convert(
+            &tls_ingress("", &["a.example", "b.example"], &["a.example"]),
+            &Options::default(),
+        );
+        assert_eq!(sections(&c, "web-a-example"), ["https-a-example"]);
+        assert_eq!(sections(&c, "web-b-example"), ["-"]);
+        assert!(route(&c, "web-b-example-https-redirect").is_none());
+        let redirect = route(&c, "web-a-example-https-redirect").expect("a redirect route");
+        assert_eq!(
+            redirect["spec"],
+            json!({
+                "parentRefs": [{"name": "nginx", "namespace": "default", "sectionName": "http"}],
+                "hostnames": ["a.example"],
+                "rules": [{"name": "path-0", "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                    "filters": [{"type": "RequestRedirect", "requestRedirect": {"scheme": "https", "statusCode": 308}}]}],
+            })
+        );
+        assert!(
+            matches!(c.report.find(WEB, "default ssl-redirect"), Some(Verdict::Approximated(why)) if why.contains("last /")),
+            "{:?}",
+            c.report
+        );
+        let exact = convert(
+            &tls_ingress(
+                "nginx.ingress.kubernetes.io/preserve-trailing-slash: 'true'",
+                &["a.example"],
+                &["a.example"],
+            ),
+            &Options::default(),
+        );
+        assert_eq!(
+            exact.report.find(WEB, "default ssl-redirect"),
+            Some(&Verdict::Converted)
+        );
+        assert!(route(&exact, "web-https-redirect").is_some());
+        assert!(exact.report.is_exact(), "{:?}", exact.report);
+    }
+
+    #[test]
+    fn ssl_redirect_false_serves_both_listeners_and_force_redirects_without_tls() {
+        let off = convert(
+            &tls_ingress(
+                "nginx.ingress.kubernetes.io/ssl-redirect: 'false'",
+                &["a.example"],
+                &["a.example"],
+            ),
+            &Options::default(),
+        );
+        assert_eq!(sections(&off, "web"), ["http", "https-a-example"]);
+        assert!(route(&off, "web-https-redirect").is_none());
+        assert_eq!(
+            off.report
+                .find(WEB, "nginx.ingress.kubernetes.io/ssl-redirect"),
+            Some(&Verdict::Converted)
+        );
+
+        let force = "nginx.ingress.kubernetes.io/force-ssl-redirect: 'true', nginx.ingress.kubernetes.io/preserve-trailing-slash: 'true'";
+        let c = convert(
+            &tls_ingress(force, &["a.example"], &[]),
+            &Options::default(),
+        );
+        assert!(route(&c, "web-https-redirect").is_some());
+        assert!(
+            sections(&c, "web").is_empty(),
+            "no HTTPS listener to attach to"
+        );
+        assert!(matches!(
+            c.report.find(WEB, "nginx.ingress.kubernetes.io/force-ssl-redirect"),
+            Some(Verdict::Unsupported(why)) if why.contains("attached to no listener")
+        ));
+        let named = Options {
+            gateway: Some(("infra".into(), "edge".into())),
+            listeners: Some(("web".into(), "websecure".into())),
+            ..Options::default()
+        };
+        let c = convert(&tls_ingress(force, &["a.example"], &[]), &named);
+        assert_eq!(sections(&c, "web"), ["websecure"]);
+        assert_eq!(sections(&c, "web-https-redirect"), ["web"]);
+        assert_eq!(
+            route(&c, "web-https-redirect").unwrap()["spec"]["parentRefs"][0]["namespace"],
+            "infra"
+        );
+        assert!(c.report.is_exact(), "{:?}", c.report);
+    }
+
+    #[test]
+    fn without_listener_names_the_redirect_is_reported_and_wildcards_take_hosts() {
+        let gateway = Options {
+            gateway: Some(("default".into(), "gw".into())),
+            ..Options::default()
+        };
+        let c = convert(&tls_ingress("", &["a.example"], &["a.example"]), &gateway);
+        assert!(route(&c, "web-https-redirect").is_none());
+        assert_eq!(sections(&c, "web"), ["-"]);
+        assert!(matches!(
+            c.report.find(WEB, "default ssl-redirect"),
+            Some(Verdict::Default(why)) if why.contains("--http-listener")
+        ));
+        let explicit = tls_ingress(
+            "nginx.ingress.kubernetes.io/ssl-redirect: 'true'",
+            &["a.example"],
+            &["a.example"],
+        );
+        assert!(matches!(
+            convert(&explicit, &gateway)
+                .report
+                .find(WEB, "nginx.ingress.kubernetes.io/ssl-redirect"),
+            Some(Verdict::Unsupported(_))
+        ));
+        let bad = tls_ingress(
+            "nginx.ingress.kubernetes.io/ssl-redirect: 'yes'",
+            &["a.example"],
+            &["a.example"],
+        );
+        assert!(matches!(
+            convert(&bad, &Options::default())
+                .report
+                .find(WEB, "nginx.ingress.kubernetes.io/ssl-redirect"),
+            Some(Verdict::Error(_))
+        ));
+
+        let https = vec![("*.example".to_string(), "https-wild".to_string())];
+        assert_eq!(tls_listener("a.example", &https), Some("https-wild"));
+        assert_eq!(tls_listener("a.b.example", &https), None);
+        assert_eq!(tls_listener("example", &https), None);
     }
 
     #[test]

@@ -435,6 +435,7 @@ pub(crate) fn converted_ingresses(
         gateway: Some(serving.gateway.clone()),
         ingress_class: serving.class.clone(),
         rollout_policy: false,
+        listeners: None,
     };
     let conversion = crate::ingress_nginx::convert(input, &options);
     let docs: Vec<crate::yaml::Document> = conversion

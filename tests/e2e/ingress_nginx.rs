@@ -645,3 +645,107 @@ spec:
         "/apis is not under /api\n{routes}"
     );
 }
+
+/// An Ingress with TLS for one of its hosts, converted without --gateway
+/// (the generated Gateway's ports 80 and 443 moved to the test's) and
+/// served: plain HTTP to the TLS host gets ingress-nginx's 308 to https
+/// with path and query kept and no port, HTTPS to it reaches the backend,
+/// and the host without TLS is served on plain HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_hosts_redirect_plain_http_to_https_with_308() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use hyper_util::rt::TokioIo;
+
+    let ingress = r#"apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: shop
+  namespace: default
+  annotations:
+    nginx.ingress.kubernetes.io/preserve-trailing-slash: "true"
+spec:
+  ingressClassName: nginx
+  tls:
+  - {hosts: [secure.example.com], secretName: shop-cert}
+  rules:
+  - host: secure.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: shop, port: {number: 8080}}}}
+  - host: plain.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: shop, port: {number: 8080}}}}
+"#;
+    let (code, out, report) = convert(ingress, &[]);
+    assert_eq!(code, 0, "the redirect is written exactly: {report}");
+    assert!(
+        report.contains("Ingress default/shop: default ssl-redirect: converted"),
+        "{report}"
+    );
+    assert!(
+        out.contains("name: shop-secure-example-com-https-redirect"),
+        "{out}"
+    );
+    let http_port = free_port();
+    let out = out
+        .replace("port: 80\n", &format!("port: {http_port}\n"))
+        .replace("port: 443\n", "port: {{PORT}}\n");
+    let ca = TestCa::new();
+    let leaf = ca.issue(&["secure.example.com"]);
+    let shop = Pods::start("default", "shop", 1).await;
+    let gw = Sluice::start(&[
+        (
+            "base.yaml",
+            shop.manifests() + &tls_secret("default", "shop-cert", &leaf),
+        ),
+        ("routes.yaml", out.clone()),
+    ])
+    .await;
+
+    let mut plain = Conn::open(std::net::SocketAddr::from(([127, 0, 0, 1], http_port))).await;
+    // The Host's port is dropped, and none added (443).
+    let with_port = format!("secure.example.com:{http_port}");
+    for (host, path, location) in [
+        (
+            "secure.example.com",
+            "/cart?id=7",
+            "https://secure.example.com/cart?id=7",
+        ),
+        (
+            with_port.as_str(),
+            "/docs/",
+            "https://secure.example.com/docs/",
+        ),
+    ] {
+        let r = plain.get(host, path).await;
+        assert_eq!(r.status, 308, "{host} {path}\n{out}");
+        assert_eq!(
+            r.headers.get("location").and_then(|v| v.to_str().ok()),
+            Some(location),
+            "{host} {path}"
+        );
+    }
+    assert_eq!(shop.requests(), 0, "the gateway answers the redirects");
+    let r = plain.get("plain.example.com", "/cart?id=7").await;
+    assert_eq!(r.status, 200, "the host without TLS stays on http\n{out}");
+    assert_eq!(r.echo().path, "/cart?id=7");
+
+    let tls = tls_connect(&gw, &ca.connector(&[b"http/1.1"]), "secure.example.com")
+        .await
+        .expect("TLS handshake with the Secret's certificate");
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .expect("http/1.1 over TLS");
+    tokio::spawn(conn);
+    let req = hyper::Request::get("/cart?id=7")
+        .header("host", "secure.example.com")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let r = Resp::read(send.send_request(req).await.expect("gateway answers"))
+        .await
+        .expect("whole body");
+    assert_eq!(r.status, 200, "{out}");
+    assert_eq!(r.pod(), "shop-0");
+}
