@@ -17,7 +17,7 @@ use crate::support::{
     static_service_endpoints, tls_secret,
 };
 
-async fn grpc_server(pod: &str) -> GrpcEchoServer {
+pub(crate) async fn grpc_server(pod: &str) -> GrpcEchoServer {
     GrpcEchoServer::start(EchoIdentity {
         pod: pod.into(),
         namespace: "default".into(),
@@ -42,7 +42,7 @@ async fn call(sluice: &Sluice, authority: &str, method: &str, md: &[(&str, &str)
         .expect("the gateway answers the call")
 }
 
-fn pod(reply: &Reply) -> String {
+pub(crate) fn pod(reply: &Reply) -> String {
     reply
         .response
         .as_ref()

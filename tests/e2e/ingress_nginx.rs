@@ -419,12 +419,7 @@ spec:
         report.contains("nginx.ingress.kubernetes.io/enable-cors: converted"),
         "{report}"
     );
-    let app = Pods::start("default", "app", 1).await;
-    let gw = Sluice::start(&[
-        ("base.yaml", gateway() + &app.manifests()),
-        ("routes.yaml", routes.clone()),
-    ])
-    .await;
+    let (app, gw) = serve_on_app(&routes).await;
     let mut conn = gw.connect().await;
     let options = |origin: &str| {
         hyper::Request::options("/cart")
@@ -486,8 +481,8 @@ spec:
 /// error in the report (exit 1), and the rest is still converted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_protocol_grpc_becomes_a_grpcroute() {
-    use sluice::echo::EchoIdentity;
-    use sluice::grpc_echo::{GrpcEchoServer, code};
+    use crate::grpc::{grpc_server, pod};
+    use sluice::grpc_echo::code;
     const SERVICE: &str = "gateway_api_conformance.echo_basic.grpcecho.GrpcEcho";
     let ingresses = format!(
         r#"apiVersion: networking.k8s.io/v1
@@ -543,16 +538,7 @@ spec:
         "{again}"
     );
 
-    let start = |pod: &'static str| async move {
-        GrpcEchoServer::start(EchoIdentity {
-            pod: pod.into(),
-            namespace: "default".into(),
-            service: pod.into(),
-        })
-        .await
-        .expect("gRPC echo backend binds")
-    };
-    let (primary, canary) = (start("primary").await, start("canary").await);
+    let (primary, canary) = (grpc_server("primary").await, grpc_server("canary").await);
     let manifests = gateway()
         + &static_service("primary", None, 8080, None, primary.local_addr().port())
         + &static_service("canary", None, 8080, None, canary.local_addr().port());
@@ -568,12 +554,6 @@ spec:
                 .await
                 .expect("the gateway answers the call")
         }
-    };
-    let pod = |r: &sluice::grpc_echo::Reply| {
-        r.response
-            .as_ref()
-            .map(|r| r.assertions.context.pod.clone())
-            .unwrap_or_else(|| format!("no response: code {} {}", r.code, r.message))
     };
     for (md, backend) in [
         (&[][..], "primary"),
@@ -622,12 +602,7 @@ spec:
         "{report}"
     );
     assert!(routes.contains("ReplacePrefixMatch"), "{routes}");
-    let app = Pods::start("default", "app", 1).await;
-    let gw = Sluice::start(&[
-        ("base.yaml", gateway() + &app.manifests()),
-        ("routes.yaml", routes.clone()),
-    ])
-    .await;
+    let (_app, gw) = serve_on_app(&routes).await;
     let mut conn = gw.connect().await;
     for (path, seen) in [
         ("/api/cart/1?x=1", "/cart/1?x=1"),
@@ -748,4 +723,16 @@ spec:
         .expect("whole body");
     assert_eq!(r.status, 200, "{out}");
     assert_eq!(r.pod(), "shop-0");
+}
+
+/// Pods of Service `app` and the binary serving them with the converted
+/// `routes` on the test Gateway.
+async fn serve_on_app(routes: &str) -> (Pods, Sluice) {
+    let app = Pods::start("default", "app", 1).await;
+    let gw = Sluice::start(&[
+        ("base.yaml", gateway() + &app.manifests()),
+        ("routes.yaml", routes.to_string()),
+    ])
+    .await;
+    (app, gw)
 }
