@@ -21,6 +21,10 @@ enum Reply {
     /// Write these bytes (a 101 and what follows it), then echo what comes
     /// until the connection closes.
     Switch(Vec<u8>),
+    /// Write this head (its Content-Length far beyond what follows), then
+    /// body bytes until the connection fails: a body no buffer can hold,
+    /// so only the gateway closing the connection ends it.
+    Endless(Vec<u8>),
 }
 
 /// A keep-alive HTTP/1.1 backend written as raw bytes: `answer` gets each
@@ -113,6 +117,14 @@ async fn serve(mut stream: TcpStream, answer: fn(&str, &[u8]) -> Reply) {
                 let _ = stream.write_all(&bytes).await;
                 return;
             }
+            Reply::Endless(head) => {
+                if stream.write_all(&head).await.is_err() {
+                    return;
+                }
+                let chunk = vec![b'x'; 64 << 10];
+                while stream.write_all(&chunk).await.is_ok() {}
+                return;
+            }
             Reply::Switch(bytes) => {
                 if stream.write_all(&bytes).await.is_err() {
                     return;
@@ -182,7 +194,9 @@ fn answers(head: &str, body: &[u8]) -> Reply {
         ),
         // Answered as keep-alive, then closed anyway.
         "/closes-after" => Reply::Close(ok(b"ok")),
-        "/big" => Reply::Keep(ok(&vec![b'x'; 4 << 20])),
+        // 4 MiB used to fit in loopback's socket buffers on a slow machine,
+        // so the gateway could read it all and rightly keep the connection.
+        "/big" => Reply::Endless(b"HTTP/1.1 200 OK\r\ncontent-length: 1099511627776\r\n\r\n".to_vec()),
         // The backend's first frame comes in the same write as its 101.
         "/ws" if head.contains("upgrade: websocket") => Reply::Switch(
             b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\nhello-from-backend;"
