@@ -189,7 +189,12 @@ pub fn load(paths: &[PathBuf], crd_paths: &[PathBuf], state_dir: Option<&Path>) 
                 policy.metadata.namespace.as_deref().unwrap_or("default"),
                 policy.metadata.name.as_deref().unwrap_or_default()
             );
-            let lines = plan(&settings.gates, settings.confidence, &settings.steps);
+            let lines = plan(
+                &settings.gates,
+                settings.confidence,
+                &settings.steps,
+                settings.min_requests,
+            );
             Some((key, (settings.confidence.0.to_string(), lines)))
         })
         .collect();
@@ -307,7 +312,7 @@ fn findings(checked: &Checked) -> std::io::Result<Findings> {
         {
             writeln!(
                 out,
-                "  power at {confidence} confidence, on expected counts (what each gate catches, and when):"
+                "  power at {confidence} confidence (what each gate catches and after how much: on expected counts, about half of such canaries, and 99 in 100):"
             )?;
             for line in lines {
                 writeln!(out, "    {line}")?;

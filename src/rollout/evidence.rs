@@ -217,6 +217,92 @@ pub fn trials_to_catch(theta: f64, null_odds: f64, alpha: f64) -> Option<u64> {
     Some(hi)
 }
 
+/// The fewest hits of `trials` the test at `alpha` rejects with (the
+/// null's odds `null_odds`); `None` when even all of them would not.
+fn hits_to_reject(trials: u64, null_odds: f64, alpha: f64) -> Option<u64> {
+    let rejects = |x: u64| {
+        let mut s = Sequential::default();
+        s.observe(x as f64, trials as f64, null_odds);
+        s.rejects(alpha)
+    };
+    if !rejects(trials) {
+        return None;
+    }
+    // More hits of the same trials is more evidence for every
+    // alternative: rejection is monotone in the hits.
+    let (mut lo, mut hi) = (0u64, trials);
+    if rejects(0) {
+        return Some(0);
+    }
+    while lo + 1 < hi {
+        let mid = lo + (hi - lo) / 2;
+        if rejects(mid) { hi = mid } else { lo = mid }
+    }
+    Some(hi)
+}
+
+/// `P(X < k)` for `X ~ Binomial(n, theta)`, summed in log space (the
+/// terms of a large `n` underflow one by one).
+fn binomial_below(k: u64, n: u64, theta: f64) -> f64 {
+    if k == 0 {
+        return 0.0;
+    }
+    if theta <= 0.0 {
+        return 1.0;
+    }
+    if theta >= 1.0 {
+        return if k > n { 1.0 } else { 0.0 };
+    }
+    let (lt, lq) = (theta.ln(), (1.0 - theta).ln());
+    let mut log_pmf = n as f64 * lq;
+    let mut terms = Vec::with_capacity(k.min(n + 1) as usize);
+    for x in 0..k.min(n + 1) {
+        terms.push(log_pmf);
+        log_pmf += ((n - x) as f64).ln() - ((x + 1) as f64).ln() + lt - lq;
+    }
+    let max = terms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = terms.iter().map(|t| (t - max).exp()).sum();
+    (max + sum.ln()).exp().min(1.0)
+}
+
+/// The probability that the test at `alpha` rejects at `trials` trials,
+/// each a hit with probability `theta` (the null's odds `null_odds`):
+/// the power of one look. The sequential test looks at every count up to
+/// there too, so its power by then is at least this.
+pub fn power_at(trials: u64, theta: f64, null_odds: f64, alpha: f64) -> f64 {
+    match hits_to_reject(trials, null_odds, alpha) {
+        Some(k) => 1.0 - binomial_below(k, trials, theta),
+        None => 0.0,
+    }
+}
+
+/// The fewest trials after which the test at `alpha` has rejected with
+/// probability at least `power` when each trial is a hit with probability
+/// `theta`: what a step needs to catch such a canary (almost) surely, not
+/// only on expected counts as [`trials_to_catch`] says. `None` beyond ten
+/// million trials.
+pub fn trials_to_catch_surely(theta: f64, null_odds: f64, alpha: f64, power: f64) -> Option<u64> {
+    const MOST: u64 = 10_000_000;
+    let start = trials_to_catch(theta, null_odds, alpha)?;
+    let enough = |n: u64| power_at(n, theta, null_odds, alpha) >= power;
+    // Power grows with the trials but for the steps of the discrete
+    // hits: double from the expected-count figure, then halve the gap
+    // (a figure within a few trials of the smallest).
+    let mut hi = start.max(1);
+    while !enough(hi) {
+        if hi >= MOST {
+            return None;
+        }
+        hi *= 2;
+    }
+    let mut lo = hi / 2;
+    while lo + 1 < hi {
+        let mid = lo + (hi - lo) / 2;
+        if enough(mid) { hi = mid } else { lo = mid }
+    }
+    Some(hi)
+}
+
 /// `3x`, `1.5x`, `10,000x`.
 pub fn ratio_text(r: f64) -> String {
     if r >= 1000.0 {
@@ -370,6 +456,42 @@ mod tests {
         assert!(few > many, "{few} > {many}");
         assert!(many <= 1.5, "{many}");
         assert_eq!(detectable_ratio(0.0, o, 0.01), None);
+    }
+
+    #[test]
+    fn the_binomial_tail_is_exact_on_small_counts() {
+        // P(X < 2) for Binomial(3, 0.5) = (1 + 3) / 8.
+        assert!((binomial_below(2, 3, 0.5) - 0.5).abs() < 1e-12);
+        assert_eq!(binomial_below(0, 10, 0.3), 0.0);
+        assert!((binomial_below(11, 10, 0.3) - 1.0).abs() < 1e-12);
+        // A large n whose single terms underflow still sums right:
+        // Binomial(1e6, 0.05) has mean 50,000 and sd about 218.
+        let below = binomial_below(50_000, 1_000_000, 0.05);
+        assert!((below - 0.5).abs() < 0.01, "{below}");
+    }
+
+    #[test]
+    fn a_surely_caught_canary_is_caught_that_often_by_the_counts() {
+        // 5% against a 1% limit, at the budget of two gates at 99%.
+        let (theta, o, alpha) = (0.05, odds(0.01), 0.005);
+        let median = trials_to_catch(theta, o, alpha).unwrap();
+        let sure = trials_to_catch_surely(theta, o, alpha, 0.99).unwrap();
+        assert!(sure > median, "{sure} > {median}");
+        assert!(power_at(sure, theta, o, alpha) >= 0.99);
+        assert!(power_at(median, theta, o, alpha) < 0.9);
+        // Monte Carlo: the counts at `sure` trials reject about as often
+        // as the power says.
+        let mut rng = Lcg(7);
+        let runs = 2_000;
+        let caught = (0..runs)
+            .filter(|_| {
+                let hits = (0..sure).filter(|_| rng.unit() < theta).count() as u64;
+                absolute(hits, sure, 0.01).rejects(alpha)
+            })
+            .count();
+        assert!(caught as f64 / runs as f64 >= 0.97, "{caught} of {runs}");
+        // A rate the null allows is never surely caught.
+        assert!(power_at(1_000, 0.01, o, alpha) < alpha * 10.0);
     }
 
     #[test]

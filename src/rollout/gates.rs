@@ -22,8 +22,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::evidence::{
-    DETECTABLE, Sequential, absolute, detectable_ratio, lower_bound, odds, rate_text, ratio_text,
-    relative_odds, trials_to_catch, upper_bound,
+    DETECTABLE, Sequential, absolute, detectable_ratio, lower_bound, odds, power_at, rate_text,
+    ratio_text, relative_odds, trials_to_catch, trials_to_catch_surely, upper_bound,
 };
 use super::machine::duration_text;
 use crate::metrics::BackendTotals;
@@ -504,10 +504,24 @@ const PLANNED: [f64; 3] = [2.0, 4.0, 10.0];
 /// everything) need; against the stable, at each step that serves both
 /// sides, the 5xx (or slow responses) of both sides together, whatever
 /// the stable's rate. One line per gate.
-pub fn plan(gates: &[Gate], confidence: Confidence, steps: &[Percent]) -> Vec<String> {
+pub fn plan(
+    gates: &[Gate],
+    confidence: Confidence,
+    steps: &[Percent],
+    min_requests: u64,
+) -> Vec<String> {
     let alpha = Judge::alpha(gates, confidence);
-    let after = |n: Option<u64>| match n {
-        Some(n) => format!("after about {}", thousands(n)),
+    // On expected counts (about half of such canaries are caught by
+    // then), and the traffic that catches 99 in 100 of them.
+    let after = |theta: f64, null: f64, alpha: f64| match trials_to_catch(theta, null, alpha) {
+        Some(n) => {
+            let sure = match trials_to_catch_surely(theta, null, alpha, SURE) {
+                Some(m) if m > n => format!(" (99 in 100 by {})", thousands(m)),
+                Some(_) => String::new(),
+                None => " (99 in 100 never within ten million)".into(),
+            };
+            format!("after about {}{sure}", thousands(n))
+        }
         None => "never within a billion".into(),
     };
     gates
@@ -523,7 +537,7 @@ pub fn plan(gates: &[Gate], confidence: Confidence, steps: &[Percent]) -> Vec<St
                             "{} ({}) {}",
                             ratio_text(*r),
                             rate_text(r * p),
-                            after(trials_to_catch(r * p, odds(p), alpha))
+                            after(r * p, odds(p), alpha)
                         )
                     })
                     .collect();
@@ -531,10 +545,11 @@ pub fn plan(gates: &[Gate], confidence: Confidence, steps: &[Percent]) -> Vec<St
                     *first = format!("a canary at {first}");
                 }
                 format!(
-                    "{}, in the canary's requests: {}; one failing everything {}",
+                    "{}, in the canary's requests: {}; one failing everything {}{}",
                     gate.describe(),
                     parts.join(", "),
-                    after(trials_to_catch(1.0, odds(p), alpha))
+                    after(1.0, odds(p), alpha),
+                    step_power(p, alpha, min_requests)
                 )
             }
             Bound::Stable { degradation } => {
@@ -553,7 +568,7 @@ pub fn plan(gates: &[Gate], confidence: Confidence, steps: &[Percent]) -> Vec<St
                                 format!(
                                     "{} {}",
                                     ratio_text(*r),
-                                    after(trials_to_catch(theta, null, alpha / 2.0))
+                                    after(theta, null, alpha / 2.0)
                                 )
                             })
                             .collect();
@@ -569,6 +584,56 @@ pub fn plan(gates: &[Gate], confidence: Confidence, steps: &[Percent]) -> Vec<St
             }
         })
         .collect()
+}
+
+/// The share of such canaries a plan's "99 in 100" figure catches.
+const SURE: f64 = 0.99;
+
+/// What a step of `min_requests` canary requests alone catches against
+/// an absolute limit `p`: each planned regression's chance, and, when the
+/// largest is not caught 99 times in 100, the `minRequests` that would
+/// (a step promotes once its interval has passed and it has that many).
+fn step_power(p: f64, alpha: f64, min_requests: u64) -> String {
+    if min_requests == 0 {
+        return "; minRequests is not set: a step's interval alone decides how much it sees".into();
+    }
+    let planned: Vec<f64> = PLANNED.into_iter().filter(|r| r * p < 1.0).collect();
+    let chances: Vec<String> = planned
+        .iter()
+        .map(|r| {
+            let chance = power_at(min_requests, r * p, odds(p), alpha);
+            format!("{} {}", ratio_text(*r), chance_text(chance))
+        })
+        .collect();
+    let mut text = format!(
+        "; a step of minRequests {} alone catches {}",
+        thousands(min_requests),
+        chances.join(", ")
+    );
+    if let Some(largest) = planned.last()
+        && power_at(min_requests, largest * p, odds(p), alpha) < SURE
+        && let Some(n) = trials_to_catch_surely(largest * p, odds(p), alpha, SURE)
+    {
+        text.push_str(&format!(
+            " (minRequests {} would catch {} 99 times in 100 within one step)",
+            thousands(n),
+            ratio_text(*largest)
+        ));
+    }
+    text
+}
+
+/// A probability as a share for plans: `99.9%`, `62%`, `less than 1%`.
+fn chance_text(p: f64) -> String {
+    if p >= 0.999 {
+        "more than 99.9% of the time".into()
+    } else if p < 0.01 {
+        "less than 1% of the time".into()
+    } else if p >= 0.99 {
+        format!("{:.1}% of the time", (p * 1000.0).floor() / 10.0)
+    } else {
+        format!("{:.0}% of the time", (p * 100.0).floor())
+    }
 }
 
 /// The smallest ratio to the stable's rate that the relative test would
@@ -732,7 +797,7 @@ mod tests {
             Percent::from_thousandths(50_000),
             Percent::HUNDRED,
         ];
-        let lines = plan(&[limit("1%"), STABLE], Confidence::DEFAULT, &steps);
+        let lines = plan(&[limit("1%"), STABLE], Confidence::DEFAULT, &steps, 100);
         assert_eq!(lines.len(), 2);
         assert!(
             lines[0].starts_with(
@@ -752,6 +817,16 @@ mod tests {
             lines[1]
         );
         assert!(!lines[1].contains("at step 100%"), "{}", lines[1]);
+        // Beside the expected counts, the traffic that catches 99 in 100,
+        // and what a step of minRequests alone catches.
+        assert!(lines[0].contains(" (99 in 100 by "), "{}", lines[0]);
+        assert!(
+            lines[0].contains("; a step of minRequests 100 alone catches 2x "),
+            "{}",
+            lines[0]
+        );
+        let unset = plan(&[limit("1%")], Confidence::DEFAULT, &steps, 0);
+        assert!(unset[0].contains("minRequests is not set"), "{}", unset[0]);
         // The plan agrees with the test it plans for: at the expected
         // counts of the trials it names, the absolute gate rejects, and
         // one fewer does not.
@@ -765,6 +840,16 @@ mod tests {
         assert!(needed(10.0) < needed(4.0) && needed(4.0) < needed(2.0));
         let everything = trials_to_catch(1.0, odds(0.01), alpha).unwrap();
         assert!(everything <= 5, "{everything}");
+        // The minRequests the plan suggests for 10x is one that catches
+        // it 99 times in 100, and the policy's 100 is not.
+        let suggested = lines[0]
+            .split("(minRequests ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .map(|n| n.replace(',', "").parse::<u64>().unwrap())
+            .unwrap_or_else(|| panic!("a suggested minRequests: {}", lines[0]));
+        assert!(power_at(suggested, 0.1, odds(0.01), alpha) >= SURE);
+        assert!(power_at(100, 0.1, odds(0.01), alpha) < SURE);
     }
 
     fn absolute_at(theta: f64, n: u64, limit: f64) -> Sequential {
