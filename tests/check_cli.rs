@@ -418,6 +418,14 @@ fn rollout_policies_say_what_their_gates_catch_and_after_how_much() {
         after(limit, "10x (10%) after about "),
     );
     assert!(tenfold < twice, "{limit}");
+    // 99 in 100 of such canaries take more traffic than half of them.
+    let from_twice = &limit[limit.find("2x (2%) after about ").expect("the 2x figure")..];
+    assert!(after(from_twice, "(99 in 100 by ") > twice, "{limit}");
+    // The policy's minRequests (200) alone, per step.
+    assert!(
+        limit.contains("; a step of minRequests 200 alone catches 2x "),
+        "{limit}"
+    );
     assert!(
         after(limit, "one failing everything after about ") <= 5,
         "{limit}"
