@@ -945,3 +945,70 @@ fn check_with_ingress_class_shows_the_converted_routes_and_the_report() {
         "{out}"
     );
 }
+
+/// `backend-protocol: GRPCS` with the backend's CA in `proxy-ssl-secret`,
+/// `proxy-ssl-verify: on` and `proxy-ssl-name`: a GRPCRoute and a
+/// BackendTLSPolicy (exact, exit 0), served: a call reaches the TLS gRPC
+/// backend over HTTP/2 with that name as SNI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_protocol_grpcs_reaches_a_tls_grpc_backend() {
+    use sluice::echo::EchoIdentity;
+    use sluice::grpc_echo::{GrpcEchoServer, code};
+    const SERVICE: &str = "gateway_api_conformance.echo_basic.grpcecho.GrpcEcho";
+    let ca = TestCa::new();
+    let backend = GrpcEchoServer::start_tls(
+        EchoIdentity {
+            pod: "primary".into(),
+            namespace: "default".into(),
+            service: "primary".into(),
+        },
+        ca.issue(&["rpc.internal"]).server_config(),
+    )
+    .await
+    .expect("TLS gRPC backend");
+    let ingress = format!(
+        r#"apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: rpc
+  namespace: default
+  annotations:
+    nginx.ingress.kubernetes.io/backend-protocol: GRPCS
+    nginx.ingress.kubernetes.io/proxy-ssl-verify: "on"
+    nginx.ingress.kubernetes.io/proxy-ssl-secret: default/rpc-ca
+    nginx.ingress.kubernetes.io/proxy-ssl-name: rpc.internal
+spec:
+  ingressClassName: nginx
+  rules:
+  - host: rpc.example.com
+    http:
+      paths:
+      - {{path: /{SERVICE}, pathType: Prefix, backend: {{service: {{name: primary, port: {{number: 8443}}}}}}}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: rpc-ca, namespace: default}}
+data:
+  ca.crt: {}
+"#,
+        base64(ca.pem.as_bytes())
+    );
+    let (code, routes, report) = convert(&ingress, &["--gateway", "default/gw"]);
+    assert_eq!(code, 0, "{report}");
+    assert!(
+        routes.contains("kind: GRPCRoute") && routes.contains("kind: BackendTLSPolicy"),
+        "{routes}"
+    );
+    let manifests =
+        gateway() + &static_service("primary", None, 8443, None, backend.local_addr().port());
+    let gw = Sluice::start(&[("base.yaml", manifests), ("routes.yaml", routes.clone())]).await;
+    let reply = sluice::grpc_echo::call_h2c(gw.addr(), "rpc.example.com", "Echo", &[])
+        .await
+        .expect("the gateway answers the call");
+    assert_eq!(reply.code, code::OK, "{reply:?}\n{routes}");
+    let a = reply.response.expect("a response").assertions;
+    assert_eq!(a.context.pod, "primary");
+    let tls = a.tls.expect("the backend saw TLS");
+    assert_eq!(tls.server_name, "rpc.internal");
+    assert_eq!(tls.negotiated_protocol, "h2");
+}
