@@ -78,6 +78,12 @@ enum Command {
         /// Report format: the text report (one `file:line: Kind ns/name: field: message` line per problem at its end), or one JSON document.
         #[arg(long, value_enum, default_value_t)]
         output: sluice::cli::check::Output,
+        /// Also check the Ingresses of this class among the manifests, converted as `serve --ingress-class` converts them, and print the conversion report [default: nginx].
+        #[arg(long, requires = "ingress_gateway")]
+        ingress_class: Option<String>,
+        /// The Gateway (NAMESPACE/NAME) the checked Ingresses' routes attach to.
+        #[arg(long, value_parser = parse_namespaced_name)]
+        ingress_gateway: Option<(String, String)>,
     },
     /// Explain which listener and rule take a request, why that rule wins over every other candidate, and its backends' shares; exit 1 when the request would get 404.
     Explain {
@@ -383,12 +389,19 @@ fn main() -> ExitCode {
             manifests,
             state_dir,
             output,
+            ingress_class,
+            ingress_gateway,
         } => {
             let state_dir = state_dir.or_else(|| sluice::rollout::state_dir_for(&manifests.paths));
-            let code = sluice::cli::check::run(
+            let ingresses = ingress_gateway.map(|gateway| sluice::source::files::IngressServing {
+                class: ingress_class.unwrap_or_else(|| "nginx".into()),
+                gateway,
+            });
+            let code = sluice::cli::check::run_with_ingresses(
                 &manifests.paths,
                 &manifests.crds,
                 state_dir.as_deref(),
+                ingresses.as_ref(),
                 output,
                 &mut std::io::stdout().lock(),
             );

@@ -9,6 +9,14 @@
 //! the same state machine; without recorded state, a gateway starting on
 //! these manifests serves the spec shares.
 //!
+//! With `--ingress-class NAME --ingress-gateway NS/NAME` (the flags
+//! `serve` takes), the Ingresses of that class among the manifests are
+//! converted as `serve` converts them (`sluice convert ingress-nginx
+//! --gateway NS/NAME`): the converted routes are checked with the rest,
+//! the conversion report is printed, one line per annotation per object,
+//! and its inexact lines are problems, as they are configuration errors
+//! in `serve` (`/errors`).
+//!
 //! Exit codes: 0 when every object is accepted and every reference
 //! resolved; 1 when something is refused, not accepted or not resolved;
 //! 2 when the input cannot be read at all (missing path, unreadable file,
@@ -28,7 +36,7 @@ use crate::resources::read_documents;
 use crate::resources::{Generations, Snapshot};
 use crate::rollout::gates::plan;
 use crate::rollout::{FileStore, PolicyKey, RolloutReport, Rollouts, StateRead};
-use crate::source::files::read_all;
+use crate::source::files::{IngressServing, converted_ingresses, ingress_input, read_all};
 use crate::source::{ConfigError, FileSet};
 use crate::translate::{
     BackendOutcome, BackendSummary, ConditionType, ObjectStatus, RuleSummary, TranslateOptions,
@@ -83,6 +91,9 @@ pub struct Checked {
     /// Where the served shares come from (printed when a RolloutPolicy
     /// governs a rule).
     pub served_from: String,
+    /// `--ingress-class`: the class, the Gateway and the conversion's
+    /// report.
+    pub ingress_conversion: Option<(IngressServing, crate::ingress_nginx::Report)>,
     /// Each valid RolloutPolicy's power (`ns/name` -> its confidence and
     /// one line per gate): what its gates catch, after how much traffic.
     pub power: BTreeMap<String, (String, Vec<String>)>,
@@ -92,6 +103,17 @@ pub struct Checked {
 /// manifests, else by hand) and translate the manifests under `paths`,
 /// with the rollouts recorded in `state_dir` (when given and present).
 pub fn load(paths: &[PathBuf], crd_paths: &[PathBuf], state_dir: Option<&Path>) -> Checked {
+    load_with_ingresses(paths, crd_paths, state_dir, None)
+}
+
+/// [`load`], and the Ingresses of `ingresses`' class converted and
+/// checked with the rest, as `serve --ingress-class` serves them.
+pub fn load_with_ingresses(
+    paths: &[PathBuf],
+    crd_paths: &[PathBuf],
+    state_dir: Option<&Path>,
+    ingresses: Option<&IngressServing>,
+) -> Checked {
     let listing = read_all(paths);
     let crd_listing = read_all(crd_paths);
     let mut files = FileSet::new();
@@ -101,8 +123,20 @@ pub fn load(paths: &[PathBuf], crd_paths: &[PathBuf], state_dir: Option<&Path>) 
         .iter()
         .filter_map(|r| Some((r.file.clone(), r.content.as_ref().ok()?.clone())))
         .collect();
+    let ingress_read = ingresses.map(|_| ingress_input(&listing.reads));
     files.update(listing.reads);
-    let (loaded, errors) = files.merged();
+    let (mut loaded, mut errors) = files.merged();
+    let mut ingress_conversion = None;
+    if let (Some(serving), Some((input, read_errors))) = (ingresses, ingress_read) {
+        let (objects, conversion_errors, report) =
+            converted_ingresses(serving, &input, &files.crds());
+        loaded.extend(objects);
+        // An Ingress that does not fit its schema cannot be read (object
+        // and field unknown: below, unreadable), as for `convert`.
+        errors.extend(read_errors);
+        errors.extend(conversion_errors);
+        ingress_conversion = Some((serving.clone(), report));
+    }
     // Errors tied to neither an object nor a field mean the text itself is
     // not a manifest stream (YAML/JSON syntax, unreadable): the file is
     // unreadable.
@@ -200,6 +234,7 @@ pub fn load(paths: &[PathBuf], crd_paths: &[PathBuf], state_dir: Option<&Path>) 
         .collect();
     Checked {
         power,
+        ingress_conversion,
         translation,
         objects: count,
         unreadable,
@@ -248,7 +283,20 @@ pub fn run(
     output: Output,
     out: &mut impl Write,
 ) -> i32 {
-    let checked = load(paths, crd_paths, state_dir);
+    run_with_ingresses(paths, crd_paths, state_dir, None, output, out)
+}
+
+/// [`run`] with the Ingresses of a class converted and checked too
+/// (`--ingress-class`, `--ingress-gateway`).
+pub fn run_with_ingresses(
+    paths: &[PathBuf],
+    crd_paths: &[PathBuf],
+    state_dir: Option<&Path>,
+    ingresses: Option<&IngressServing>,
+    output: Output,
+    out: &mut impl Write,
+) -> i32 {
+    let checked = load_with_ingresses(paths, crd_paths, state_dir, ingresses);
     let written = match output {
         Output::Text => report(&checked, out),
         Output::Json => report_json(&checked, out),
@@ -338,6 +386,20 @@ fn findings(checked: &Checked) -> std::io::Result<Findings> {
         writeln!(out, "warnings:")?;
         for warning in &translation.warnings {
             writeln!(out, "  {warning}")?;
+        }
+    }
+    if let Some((serving, report)) = &checked.ingress_conversion {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "ingress-nginx conversion (Ingresses of class {}, routes on Gateway {}/{}; inexact lines are problems):",
+            serving.class, serving.gateway.0, serving.gateway.1
+        )?;
+        if report.lines.is_empty() {
+            writeln!(out, "  no Ingress")?;
+        }
+        for line in &report.lines {
+            writeln!(out, "  {line}")?;
         }
     }
     if !checked.ignored.is_empty() {
@@ -436,6 +498,14 @@ pub fn report_json(checked: &Checked, out: &mut impl Write) -> std::io::Result<i
         },
         "status": checked.translation.status.objects,
         "rules": checked.translation.rules,
+        "ingressConversion": checked.ingress_conversion.as_ref().map(|(_, report)| {
+            report.lines.iter().map(|l| serde_json::json!({
+                "object": l.object,
+                "annotation": l.annotation,
+                "verdict": l.verdict.to_string(),
+                "exact": !l.verdict.is_inexact(),
+            })).collect::<Vec<_>>()
+        }),
     });
     serde_json::to_writer_pretty(&mut *out, &doc)?;
     writeln!(out)?;

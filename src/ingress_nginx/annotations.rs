@@ -123,6 +123,54 @@ pub struct RuleSettings {
     /// `preserve-trailing-slash` (default false): without it the redirect
     /// drops the last `/` of the request URI.
     pub preserve_trailing_slash: bool,
+    /// `backend-protocol: HTTPS` or `GRPCS`: TLS to the backends, written
+    /// as a BackendTLSPolicy per backend Service.
+    pub backend_tls: Option<BackendTlsSettings>,
+    /// `affinity: cookie`: the `sessionPersistence` of each rule.
+    pub session: Option<Value>,
+    /// `affinity-mode: persistent` (default `balanced`).
+    pub affinity_persistent: bool,
+    /// `session-cookie-samesite: Strict` (sluice's session cookies are
+    /// SameSite=Strict).
+    pub samesite_strict: bool,
+}
+
+/// What `backend-protocol: HTTPS`/`GRPCS` and the `proxy-ssl-*`
+/// annotations ask of the connections to the backends.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackendTlsSettings {
+    /// `HTTPS` or `GRPCS`, as written.
+    pub protocol: String,
+    /// `proxy-ssl-name`: the name verified (and sent as SNI).
+    pub hostname: Option<String>,
+    /// `proxy-ssl-verify: on` (ingress-nginx's default is off: the
+    /// backend's certificate is not verified).
+    pub verify: bool,
+    /// `proxy-ssl-secret` as written (`namespace/name`).
+    pub secret: Option<String>,
+}
+
+/// ingress-nginx's default session cookie name (`session-cookie-name`).
+pub const DEFAULT_SESSION_COOKIE: &str = "INGRESSCOOKIE";
+
+/// A number of seconds as a Gateway API Duration (`^([0-9]{1,5}(h|m|s|ms)){1,4}$`):
+/// `90` is `1m30s`, `172800` is `48h`; `None` when the hours take more
+/// than five digits.
+pub fn gateway_duration(seconds: u64) -> Option<String> {
+    let (h, m, s) = (seconds / 3600, seconds / 60 % 60, seconds % 60);
+    if h > 99_999 {
+        return None;
+    }
+    let mut out = String::new();
+    for (n, unit) in [(h, "h"), (m, "m"), (s, "s")] {
+        if n > 0 {
+            out.push_str(&format!("{n}{unit}"));
+        }
+    }
+    if out.is_empty() {
+        out.push_str("0s");
+    }
+    Some(out)
 }
 
 /// The suffix of ingress-nginx's prefix-stripping paths: `PREFIX(/|$)(.*)`.
@@ -193,9 +241,34 @@ pub fn main_settings(
     if idiom.is_some() {
         s.use_regex = false;
     }
-    s.grpc = a
+    let protocol = a
         .get("backend-protocol")
-        .is_some_and(|v| v.eq_ignore_ascii_case("GRPC"));
+        .map(|v| v.to_ascii_uppercase())
+        .unwrap_or_default();
+    s.grpc = matches!(protocol.as_str(), "GRPC" | "GRPCS");
+    let ssl_verify = match a.get("proxy-ssl-verify").copied() {
+        None => Ok(false),
+        Some(v) if v.eq_ignore_ascii_case("on") => Ok(true),
+        Some(v) if v.eq_ignore_ascii_case("off") => Ok(false),
+        Some(v) => Err(format!("{v:?} is neither on nor off")),
+    };
+    if matches!(protocol.as_str(), "HTTPS" | "GRPCS") {
+        s.backend_tls = Some(BackendTlsSettings {
+            protocol: protocol.clone(),
+            hostname: a.get("proxy-ssl-name").map(|v| v.to_string()),
+            verify: *ssl_verify.as_ref().unwrap_or(&false),
+            secret: a.get("proxy-ssl-secret").map(|v| v.to_string()),
+        });
+    }
+    let session = session_persistence(a);
+    if let Ok(Some(sp)) = &session {
+        s.session = Some(sp.clone());
+    }
+    s.affinity_persistent = a.get("affinity-mode") == Some(&"persistent");
+    s.samesite_strict = a
+        .get("session-cookie-samesite")
+        .is_some_and(|v| v.eq_ignore_ascii_case("strict"));
+    let affinity_on = matches!(session, Ok(Some(_)));
     let mut cors_verdicts = match cors(a) {
         Ok(Some((filter, verdicts))) => {
             s.filters.push(filter);
@@ -285,16 +358,39 @@ pub fn main_settings(
                 Some(_) => Verdict::Converted,
                 None => Verdict::Error(format!("{v:?} is not a boolean")),
             },
-            "backend-protocol" => match v.to_ascii_uppercase().as_str() {
+            "backend-protocol" => match protocol.as_str() {
                 "HTTP" | "GRPC" => Verdict::Converted,
-                "GRPCS" => Verdict::Unsupported(
-                    "gRPC over TLS to the backend needs a BackendTLSPolicy naming its CA; not converted yet".into(),
-                ),
-                "HTTPS" => Verdict::Unsupported(
-                    "TLS to the backend needs a BackendTLSPolicy naming its CA; not converted yet".into(),
-                ),
+                // The BackendTLSPolicy's line is the conversion's, which
+                // knows the Services and Secrets (`super::convert`).
+                "HTTPS" | "GRPCS" => continue,
                 _ => Verdict::Unsupported(format!("backend protocol {v:?}")),
             },
+            "proxy-ssl-verify" => match (&ssl_verify, &s.backend_tls) {
+                (Err(e), _) => Verdict::Error(format!("{e}; ingress-nginx then keeps its default (off)")),
+                (Ok(_), None) => Verdict::Converted,
+                (Ok(true), Some(_)) => Verdict::Converted,
+                (Ok(false), Some(_)) => Verdict::Approximated(
+                    "ingress-nginx does not verify the backend's certificate; a BackendTLSPolicy always does (see backend-protocol)".into(),
+                ),
+            },
+            // Read with the Secrets by the conversion (`super::convert`).
+            "proxy-ssl-secret" if s.backend_tls.is_some() => continue,
+            "proxy-ssl-name" | "proxy-ssl-secret" => Verdict::Converted,
+            "proxy-ssl-server-name" => match (v.eq_ignore_ascii_case("on"), &s.backend_tls) {
+                (_, None) | (true, Some(_)) => Verdict::Converted,
+                (false, Some(_)) => Verdict::Approximated(
+                    "ingress-nginx sends no SNI to the backend; sluice sends the BackendTLSPolicy's hostname as SNI, so a backend that picks its certificate by SNI may present another one".into(),
+                ),
+            },
+            "proxy-ssl-verify-depth" | "proxy-ssl-ciphers" | "proxy-ssl-protocols" => {
+                if s.backend_tls.is_some() {
+                    Verdict::Unsupported(
+                        "a BackendTLSPolicy has no verify depth, ciphers or protocol versions; sluice uses rustls's defaults (TLS 1.2 and 1.3)".into(),
+                    )
+                } else {
+                    Verdict::Converted
+                }
+            }
             "proxy-connect-timeout" | "proxy-read-timeout" | "proxy-send-timeout" => {
                 Verdict::Approximated(
                     "nginx's proxy timeouts bound each connect, read or write; the Gateway API's timeouts bound a whole request: not written, set the rule's timeouts by hand".into(),
@@ -308,14 +404,40 @@ pub fn main_settings(
                     "nginx's retries to the next endpoint are not written; a rule's retry (attempts, codes) is the nearest".into(),
                 )
             }
-            "affinity" | "affinity-mode" | "affinity-canary-behavior" | "session-cookie-name"
-            | "session-cookie-path" | "session-cookie-max-age" | "session-cookie-expires"
-            | "session-cookie-samesite" | "session-cookie-secure" | "session-cookie-domain"
-            | "session-cookie-change-on-failure" | "session-cookie-conditional-samesite-none" => {
-                Verdict::Unsupported(
-                    "ingress-nginx pins a session to an endpoint and checks it before any canary rule; sessionPersistence pins to a backend after the rule is chosen: not converted".into(),
-                )
+            // Its line is the conversion's, which knows the canaries.
+            "affinity" if session.is_ok() => continue,
+            "affinity" => Verdict::Error(session.clone().err().unwrap_or_default()),
+            k if SESSION_KEYS.contains(&k) && !affinity_on => Verdict::Converted,
+            "affinity-mode" => match v {
+                "persistent" => Verdict::Converted,
+                "balanced" => Verdict::Approximated(BALANCED.into()),
+                _ => Verdict::Error(format!("{v:?} is neither balanced nor persistent")),
+            },
+            // Read from the canary Ingress by ingress-nginx (and here).
+            "affinity-canary-behavior" => Verdict::Converted,
+            "session-cookie-name" => Verdict::Converted,
+            "session-cookie-max-age" | "session-cookie-expires" => match cookie_lifetime(a) {
+                Err(e) => Verdict::Error(e),
+                Ok(_) => Verdict::Converted,
+            },
+            "session-cookie-samesite" if s.samesite_strict => Verdict::Converted,
+            "session-cookie-samesite" | "session-cookie-conditional-samesite-none" => {
+                Verdict::Approximated(format!(
+                    "sluice's session cookie is SameSite=Strict, not {v:?}: a cross-site navigation does not carry it and starts a new session"
+                ))
             }
+            "session-cookie-path" => Verdict::Approximated(
+                "sluice's session cookie Path is the path the rule matched, not this one".into(),
+            ),
+            "session-cookie-secure" => Verdict::Approximated(
+                "sluice's session cookie is Secure when the request came over TLS, whatever this says".into(),
+            ),
+            "session-cookie-domain" => Verdict::Unsupported(
+                "sluice's session cookie has no Domain: it goes back to the request's host only".into(),
+            ),
+            "session-cookie-change-on-failure" => Verdict::Approximated(
+                "sluice moves a session to another endpoint when its pod is no longer ready, not when a request to it fails".into(),
+            ),
             "upstream-hash-by" | "upstream-hash-by-subset" | "upstream-hash-by-subset-size"
             | "load-balance" => Verdict::Unsupported(
                 "endpoint selection by hash or algorithm is not in the Gateway API".into(),
@@ -382,6 +504,77 @@ pub fn main_settings(
     s.force_ssl_redirect = flag("force-ssl-redirect", false);
     s.preserve_trailing_slash = flag("preserve-trailing-slash", false);
     s
+}
+
+/// The session affinity annotations besides `affinity`, which do
+/// nothing without `affinity: cookie`.
+const SESSION_KEYS: [&str; 11] = [
+    "affinity-mode",
+    "affinity-canary-behavior",
+    "session-cookie-name",
+    "session-cookie-path",
+    "session-cookie-max-age",
+    "session-cookie-expires",
+    "session-cookie-samesite",
+    "session-cookie-secure",
+    "session-cookie-domain",
+    "session-cookie-change-on-failure",
+    "session-cookie-conditional-samesite-none",
+];
+
+/// Why `affinity-mode: balanced` (the default) is approximated.
+pub const BALANCED: &str = "affinity-mode balanced (the default): when the endpoints change, ingress-nginx moves some sessions to other pods (the cookie is hashed onto a ring of the endpoints); sluice keeps a session on its pod while that pod is ready, as affinity-mode persistent does";
+
+/// The `sessionPersistence` of `affinity: cookie` (`None` without it):
+/// a Cookie session named `session-cookie-name` (default
+/// `INGRESSCOOKIE`); with `session-cookie-max-age` (else
+/// `session-cookie-expires`, both in seconds) a Permanent cookie and an
+/// absolute timeout of that long, as nginx's cookie then ends in the
+/// browser; without either a browser-session cookie that never times out,
+/// as nginx's. An error names what ingress-nginx would refuse.
+fn session_persistence(a: &BTreeMap<&str, &str>) -> Result<Option<Value>, String> {
+    match a.get("affinity").copied() {
+        None => return Ok(None),
+        Some("cookie") => {}
+        Some(v) => {
+            return Err(format!(
+                "affinity {v:?}: ingress-nginx supports only cookie and ignores this"
+            ));
+        }
+    }
+    let name = a
+        .get("session-cookie-name")
+        .copied()
+        .unwrap_or(DEFAULT_SESSION_COOKIE);
+    let mut sp = json!({"type": "Cookie", "sessionName": name});
+    if let Ok(Some(d)) = cookie_lifetime(a) {
+        sp["absoluteTimeout"] = json!(d);
+        sp["cookieConfig"] = json!({"lifetimeType": "Permanent"});
+    }
+    Ok(Some(sp))
+}
+
+/// The session cookie's lifetime as a Gateway API duration:
+/// `session-cookie-max-age`, else `session-cookie-expires` (seconds; a
+/// browser heeds Max-Age over Expires).
+fn cookie_lifetime(a: &BTreeMap<&str, &str>) -> Result<Option<String>, String> {
+    let lifetime = a
+        .get("session-cookie-max-age")
+        .map(|v| ("session-cookie-max-age", v))
+        .or_else(|| {
+            a.get("session-cookie-expires")
+                .map(|v| ("session-cookie-expires", v))
+        });
+    let Some((k, v)) = lifetime else {
+        return Ok(None);
+    };
+    let seconds: u64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("{k} {v:?} is not a number of seconds; not written"))?;
+    gateway_duration(seconds)
+        .map(Some)
+        .ok_or_else(|| format!("{k} {v:?} is longer than a Gateway API duration; not written"))
 }
 
 /// Annotations that make HTTPRoute filters or matches a GRPCRoute does

@@ -29,13 +29,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
 use serde_json::{Value, json};
 
 use super::annotations::{
-    CANARY_KEYS, Canary, PREFIX, RuleSettings, is_canary, main_settings, nginx_annotations,
-    parse_bool, stripped_prefix,
+    BALANCED, BackendTlsSettings, CANARY_KEYS, Canary, PREFIX, RuleSettings, is_canary,
+    main_settings, nginx_annotations, parse_bool, stripped_prefix,
 };
 use super::report::{Report, Verdict};
 use crate::resources::{CONTROLLER_NAME, DEFAULT_NAMESPACE};
@@ -46,6 +46,8 @@ pub struct Input {
     pub ingresses: Vec<Ingress>,
     /// The Services the Ingresses name, to resolve named ports.
     pub services: Vec<Service>,
+    /// The Secrets `proxy-ssl-secret` names, for their CA certificate.
+    pub secrets: Vec<Secret>,
 }
 
 /// How to convert.
@@ -266,6 +268,17 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
         );
     }
 
+    let mut tls_objects: BTreeMap<(String, String, String), Value> = BTreeMap::new();
+    for (m, ing) in mains.iter().enumerate() {
+        let locs: Vec<&Location> = locations.iter().filter(|l| l.main == m).collect();
+        if let Some(tls) = &settings[m].backend_tls {
+            backend_tls(ing, tls, &locs, input, &mut tls_objects, &mut report);
+        }
+        if settings[m].session.is_some() {
+            report_affinity(ing, &settings[m], &locs, &mut report);
+        }
+    }
+
     let (gateway_ns, gateway_name) = options
         .gateway
         .clone()
@@ -346,6 +359,7 @@ pub fn convert(input: &Input, options: &Options) -> Conversion {
             }
         }
     }
+    objects.extend(tls_objects.into_values());
     for (from_ns, to_ns, service, kind) in grants {
         let name = match kind {
             "GRPCRoute" => format!("canary-from-{to_ns}-{service}-grpc"),
@@ -382,12 +396,218 @@ fn report_canary(object: &str, a: &BTreeMap<&str, &str>, c: &Canary, report: &mu
                 Ok(_) => Verdict::Converted,
             },
             k if CANARY_KEYS.contains(&k) => Verdict::Converted,
+            // Read from the canary Ingress (`mergeAlternativeBackend`):
+            // anything but legacy copies the main's session affinity to
+            // the canary's backend.
+            "affinity-canary-behavior" if v == "legacy" => Verdict::Approximated(
+                "legacy: ingress-nginx pins no session to the canary (only the primary is sticky); the converted weighted rule's sessionPersistence pins sessions on both backends, as sticky does".into(),
+            ),
             // ingress-nginx reads a canary's location settings from the
             // main Ingress, and so does the conversion.
             _ => Verdict::Converted,
         };
         report.push(object, format!("{PREFIX}{k}"), verdict);
     }
+}
+
+/// The `(namespace, name)` of the Services a location's backends are.
+fn location_services(l: &Location, main_ns: &str) -> Vec<(String, String)> {
+    let service = |b: &Value| {
+        (
+            b["namespace"].as_str().unwrap_or(main_ns).to_string(),
+            b["name"].as_str().unwrap_or_default().to_string(),
+        )
+    };
+    let mut out = vec![service(&l.primary)];
+    out.extend(l.canary.as_ref().map(|c| service(&c.backend)));
+    out
+}
+
+/// `backend-protocol: HTTPS`/`GRPCS`: a BackendTLSPolicy per backend
+/// Service of the Ingress's locations (the canaries' too, which take the
+/// main Ingress's protocol), its `validation.hostname` `proxy-ssl-name`
+/// or else the Service's cluster DNS name, and its CA the `ca.crt` of the
+/// `proxy-ssl-secret` Secret, written as a ConfigMap (a BackendTLSPolicy
+/// takes CA certificates from ConfigMaps only). ingress-nginx verifies
+/// nothing unless `proxy-ssl-verify: on`; the Gateway API cannot say
+/// that, so without a CA the policy names a ConfigMap `<service>-backend-ca`
+/// that is not written: the strict form, which fails the requests until
+/// the CA is given, never plain HTTP to a TLS port. The report lines of
+/// `backend-protocol` and `proxy-ssl-secret` say which.
+fn backend_tls(
+    ing: &Ingress,
+    tls: &BackendTlsSettings,
+    locs: &[&Location],
+    input: &Input,
+    written: &mut BTreeMap<(String, String, String), Value>,
+    report: &mut Report,
+) {
+    let object = object_name(ing);
+    let ns = namespace(ing);
+    let mut services: Vec<(String, String)> = Vec::new();
+    for l in locs {
+        for s in location_services(l, ns) {
+            if !services.contains(&s) {
+                services.push(s);
+            }
+        }
+    }
+    let secret = tls.secret.as_deref().map(|v| {
+        let (secret_ns, secret_name) = v.split_once('/').unwrap_or((ns, v));
+        let found = input.secrets.iter().find(|s| {
+            s.metadata.name.as_deref() == Some(secret_name)
+                && s.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE) == secret_ns
+        });
+        let field = |s: &Secret, k: &str| {
+            s.data
+                .as_ref()
+                .and_then(|d| d.get(k))
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+                .or_else(|| s.string_data.as_ref().and_then(|d| d.get(k)).cloned())
+        };
+        let ca = match found {
+            None => Err(format!(
+                "Secret {secret_ns}/{secret_name} is not in the input: give it with -f to take its ca.crt"
+            )),
+            Some(s) => field(s, "ca.crt")
+                .filter(|pem| pem.contains("-----BEGIN CERTIFICATE-----"))
+                .ok_or_else(|| format!("Secret {secret_ns}/{secret_name} has no PEM certificate under ca.crt"))
+                .map(|pem| (pem, field(s, "tls.crt").is_some())),
+        };
+        (secret_name.to_string(), ca)
+    });
+    let ca = match &secret {
+        Some((name, Ok((pem, _)))) => Some((format!("{name}-ca"), pem.clone())),
+        _ => None,
+    };
+    if let Some((name, result)) = &secret {
+        let verdict = match result {
+            Err(e) => Verdict::Error(e.clone()),
+            Ok((_, true)) => Verdict::Approximated(format!(
+                "its ca.crt is written as ConfigMap {name}-ca; its tls.crt/tls.key, the client certificate ingress-nginx presents to the backend, is not: the Gateway API sets it per Gateway (spec.tls.backend.clientCertificateRef)"
+            )),
+            Ok((_, false)) => Verdict::Converted,
+        };
+        report.push(&object, format!("{PREFIX}proxy-ssl-secret"), verdict);
+    }
+    let mut why: Vec<String> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    for (svc_ns, svc) in &services {
+        let hostname = tls
+            .hostname
+            .clone()
+            .unwrap_or_else(|| format!("{svc}.{svc_ns}.svc.cluster.local"));
+        let config_map = match &ca {
+            Some((name, pem)) => {
+                written
+                    .entry((svc_ns.clone(), "ConfigMap".into(), name.clone()))
+                    .or_insert_with(|| {
+                        json!({
+                            "apiVersion": "v1",
+                            "kind": "ConfigMap",
+                            "metadata": {"name": name, "namespace": svc_ns},
+                            "data": {"ca.crt": pem},
+                        })
+                    });
+                name.clone()
+            }
+            None => format!("{svc}-backend-ca"),
+        };
+        let policy_name = format!("{svc}-backend-tls");
+        let policy = json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "BackendTLSPolicy",
+            "metadata": {"name": policy_name, "namespace": svc_ns},
+            "spec": {
+                "targetRefs": [{"group": "", "kind": "Service", "name": svc}],
+                "validation": {
+                    "caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": config_map}],
+                    "hostname": hostname,
+                },
+            },
+        });
+        let key = (
+            svc_ns.clone(),
+            "BackendTLSPolicy".to_string(),
+            policy_name.clone(),
+        );
+        match written.get(&key) {
+            Some(first) if first["spec"] != policy["spec"] => why.push(format!(
+                "Service {svc_ns}/{svc} already has a BackendTLSPolicy with other settings from an older Ingress, which is kept"
+            )),
+            Some(_) => {}
+            None => {
+                written.insert(key, policy);
+            }
+        }
+        names.push(format!(
+            "BackendTLSPolicy {svc_ns}/{policy_name} (hostname {hostname}, CA ConfigMap {config_map})"
+        ));
+    }
+    if tls.hostname.is_none() {
+        why.push(
+            "without proxy-ssl-name the certificate is verified for the Service's cluster DNS name, sent as SNI; ingress-nginx sends no SNI and checks no name unless told".into(),
+        );
+    }
+    match (&ca, tls.verify) {
+        (Some(_), true) => {}
+        (Some(_), false) => why.push(format!(
+            "ingress-nginx does not verify the backend's certificate (proxy-ssl-verify off, its default); the BackendTLSPolicy verifies it against the ca.crt of Secret {}: a certificate that CA did not issue is refused where nginx accepts it",
+            tls.secret.as_deref().unwrap_or_default()
+        )),
+        (None, verify) => why.push(format!(
+            "{}; a BackendTLSPolicy always verifies against caCertificateRefs (wellKnownCACertificates System would be stricter still, and sluice does not take it): create ConfigMap <service>-backend-ca with the CA of the backend's certificate under ca.crt; until then sluice answers the requests with 502",
+            if verify {
+                "proxy-ssl-verify on without a CA that the conversion can read"
+            } else {
+                "ingress-nginx does not verify the backend's certificate (proxy-ssl-verify off, its default), which the Gateway API cannot express"
+            }
+        )),
+    }
+    let written_names = names.join(", ");
+    let verdict = if why.is_empty() {
+        Verdict::Converted
+    } else {
+        Verdict::Approximated(format!("{written_names}: {}", why.join("; ")))
+    };
+    report.push(&object, format!("{PREFIX}backend-protocol"), verdict);
+}
+
+/// The `affinity` line of a main Ingress with `affinity: cookie`: each of
+/// its rules has the `sessionPersistence`. ingress-nginx checks the
+/// session before any canary rule (`route_to_alternative_balancer`): a
+/// request pinned to the primary stays there, one pinned to a sticky
+/// canary stays there. A weighted rule with both backends and the
+/// session is that; a header or cookie canary rule is a rule of its own,
+/// chosen before any session is read, so there a session is not checked
+/// first.
+fn report_affinity(ing: &Ingress, s: &RuleSettings, locs: &[&Location], report: &mut Report) {
+    let mut why: Vec<String> = Vec::new();
+    for l in locs {
+        if let Some(c) = &l.canary
+            && (!c.canary.header.is_empty() || !c.canary.cookie.is_empty())
+        {
+            why.push(format!(
+                "host {:?} path {:?}: the canary's header and cookie rules are chosen before any session is read, so a request pinned to the primary goes to the canary when its header or cookie says so, where ingress-nginx keeps it on the primary (sessions are exact on the weighted rule)",
+                l.host, l.path
+            ));
+        }
+    }
+    if !s.affinity_persistent {
+        why.push(BALANCED.into());
+    }
+    if !s.samesite_strict {
+        why.push("sluice's session cookie is SameSite=Strict, ingress-nginx's has no SameSite: a cross-site navigation does not carry it and starts a new session".into());
+    }
+    let verdict = if why.is_empty() {
+        Verdict::Converted
+    } else {
+        Verdict::Approximated(format!(
+            "each rule gets a Cookie sessionPersistence; {}",
+            why.join("; ")
+        ))
+    };
+    report.push(&object_name(ing), format!("{PREFIX}affinity"), verdict);
 }
 
 /// Escapes whose meaning differs between PCRE (ASCII) and Rust's regex
@@ -552,6 +772,9 @@ fn http_route(
         }
         if let Some(t) = &s.timeouts {
             r["timeouts"] = t.clone();
+        }
+        if let Some(sp) = &s.session {
+            r["sessionPersistence"] = sp.clone();
         }
         r
     };
@@ -988,6 +1211,9 @@ mod tests {
                 Some("Service") => input
                     .services
                     .push(serde_json::from_value(doc.value).expect("a Service")),
+                Some("Secret") => input
+                    .secrets
+                    .push(serde_json::from_value(doc.value).expect("a Secret")),
                 _ => panic!("unexpected document"),
             }
         }
@@ -1431,5 +1657,175 @@ mod tests {
                 .find("Ingress default/main", "default proxy-body-size"),
             Some(Verdict::Default(_))
         ));
+    }
+
+    fn of_kind<'a>(c: &'a Conversion, kind: &str) -> Vec<&'a Value> {
+        c.objects.iter().filter(|o| o["kind"] == kind).collect()
+    }
+
+    const CA_PEM: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+
+    #[test]
+    fn backend_protocol_https_writes_a_backend_tls_policy_with_the_secret_s_ca() {
+        let secret = format!(
+            "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: backend-ca, namespace: default}}\nstringData: {{ca.crt: {CA_PEM:?}}}\n"
+        );
+        let exact = "nginx.ingress.kubernetes.io/backend-protocol: HTTPS, nginx.ingress.kubernetes.io/proxy-ssl-secret: default/backend-ca, nginx.ingress.kubernetes.io/proxy-ssl-verify: 'on', nginx.ingress.kubernetes.io/proxy-ssl-name: app.internal";
+        let yaml = ingress("main", exact, &path("/", "Prefix", "main")) + &secret;
+        let c = convert(&input(&yaml), &Options::default());
+        assert!(c.report.is_exact(), "{:?}", c.report);
+        let policies = of_kind(&c, "BackendTLSPolicy");
+        assert_eq!(policies.len(), 1);
+        assert_eq!(
+            policies[0]["spec"],
+            json!({"targetRefs": [{"group": "", "kind": "Service", "name": "main"}],
+                   "validation": {"caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": "backend-ca-ca"}],
+                                  "hostname": "app.internal"}})
+        );
+        let maps = of_kind(&c, "ConfigMap");
+        assert_eq!(maps[0]["data"]["ca.crt"], CA_PEM);
+
+        // ingress-nginx's default: no verification, no CA: the strict
+        // form, approximated, and the ConfigMap left to write.
+        let yaml = ingress(
+            "main",
+            "nginx.ingress.kubernetes.io/backend-protocol: HTTPS",
+            &path("/", "Prefix", "main"),
+        );
+        let c = convert(&input(&yaml), &Options::default());
+        assert!(
+            matches!(
+                c.report.find("Ingress default/main", "nginx.ingress.kubernetes.io/backend-protocol"),
+                Some(Verdict::Approximated(why)) if why.contains("does not verify") && why.contains("main-backend-ca")
+            ),
+            "{:?}",
+            c.report
+        );
+        let policies = of_kind(&c, "BackendTLSPolicy");
+        assert_eq!(
+            policies[0]["spec"]["validation"]["hostname"],
+            "main.default.svc.cluster.local"
+        );
+        assert!(of_kind(&c, "ConfigMap").is_empty());
+
+        // A Secret not in the input: an error on proxy-ssl-secret.
+        let yaml = ingress("main", exact, &path("/", "Prefix", "main"));
+        let c = convert(&input(&yaml), &Options::default());
+        assert!(matches!(
+            c.report.find("Ingress default/main", "nginx.ingress.kubernetes.io/proxy-ssl-secret"),
+            Some(Verdict::Error(why)) if why.contains("not in the input")
+        ));
+    }
+
+    #[test]
+    fn backend_protocol_grpcs_is_a_grpcroute_over_tls_for_primary_and_canary() {
+        let yaml = ingress(
+            "main",
+            "nginx.ingress.kubernetes.io/backend-protocol: GRPCS, nginx.ingress.kubernetes.io/proxy-ssl-name: rpc.internal",
+            &path("/", "Prefix", "main"),
+        ) + &ingress(
+            "canary",
+            &format!("{CANARY}, nginx.ingress.kubernetes.io/canary-weight: '10'"),
+            &path("/", "Prefix", "canary"),
+        );
+        let c = convert(&input(&yaml), &Options::default());
+        assert_eq!(of_kind(&c, "GRPCRoute").len(), 1);
+        let targets: Vec<&Value> = of_kind(&c, "BackendTLSPolicy")
+            .iter()
+            .map(|p| &p["spec"]["targetRefs"][0]["name"])
+            .collect();
+        assert_eq!(targets, [&json!("canary"), &json!("main")]);
+    }
+
+    #[test]
+    fn affinity_becomes_session_persistence_on_every_rule() {
+        let yaml = ingress(
+            "main",
+            "nginx.ingress.kubernetes.io/affinity: cookie, nginx.ingress.kubernetes.io/affinity-mode: persistent, nginx.ingress.kubernetes.io/session-cookie-samesite: Strict, nginx.ingress.kubernetes.io/session-cookie-name: route, nginx.ingress.kubernetes.io/session-cookie-expires: '5400'",
+            &path("/", "Prefix", "main"),
+        ) + &ingress(
+            "canary",
+            &format!("{CANARY}, nginx.ingress.kubernetes.io/canary-weight: '10'"),
+            &path("/", "Prefix", "canary"),
+        );
+        let c = convert(&input(&yaml), &Options::default());
+        let route = c.objects.iter().find(|o| o["kind"] == "HTTPRoute").unwrap();
+        assert_eq!(
+            route["spec"]["rules"][0]["sessionPersistence"],
+            json!({"type": "Cookie", "sessionName": "route", "absoluteTimeout": "1h30m",
+                   "cookieConfig": {"lifetimeType": "Permanent"}})
+        );
+        // Weight only, persistent, SameSite Strict: exact.
+        assert!(c.report.is_exact(), "{:?}", c.report);
+
+        // A header canary is chosen before the session is read; balanced
+        // moves sessions; legacy pins no canary session.
+        let yaml = ingress(
+            "main",
+            "nginx.ingress.kubernetes.io/affinity: cookie",
+            &path("/", "Prefix", "main"),
+        ) + &ingress(
+            "canary",
+            &format!(
+                "{CANARY}, nginx.ingress.kubernetes.io/canary-by-header: X-C, nginx.ingress.kubernetes.io/affinity-canary-behavior: legacy"
+            ),
+            &path("/", "Prefix", "canary"),
+        );
+        let c = convert(&input(&yaml), &Options::default());
+        let why = match c.report.find(
+            "Ingress default/main",
+            "nginx.ingress.kubernetes.io/affinity",
+        ) {
+            Some(Verdict::Approximated(why)) => why.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            why.contains("header and cookie rules")
+                && why.contains("balanced")
+                && why.contains("SameSite"),
+            "{why}"
+        );
+        assert!(matches!(
+            c.report.find(
+                "Ingress default/canary",
+                "nginx.ingress.kubernetes.io/affinity-canary-behavior"
+            ),
+            Some(Verdict::Approximated(_))
+        ));
+        let route = c.objects.iter().find(|o| o["kind"] == "HTTPRoute").unwrap();
+        assert_eq!(
+            route["spec"]["rules"][2]["sessionPersistence"]["sessionName"],
+            "INGRESSCOOKIE"
+        );
+
+        let bad = ingress(
+            "main",
+            "nginx.ingress.kubernetes.io/affinity: ip, nginx.ingress.kubernetes.io/session-cookie-name: x",
+            &path("/", "Prefix", "main"),
+        );
+        let c = convert(&input(&bad), &Options::default());
+        assert!(matches!(
+            c.report.find(
+                "Ingress default/main",
+                "nginx.ingress.kubernetes.io/affinity"
+            ),
+            Some(Verdict::Error(_))
+        ));
+        let route = c.objects.iter().find(|o| o["kind"] == "HTTPRoute").unwrap();
+        assert!(
+            route["spec"]["rules"][0]
+                .get("sessionPersistence")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn gateway_durations_fit_five_digits_per_unit() {
+        use super::super::annotations::gateway_duration;
+        assert_eq!(gateway_duration(172_800).as_deref(), Some("48h"));
+        assert_eq!(gateway_duration(90).as_deref(), Some("1m30s"));
+        assert_eq!(gateway_duration(3_661).as_deref(), Some("1h1m1s"));
+        assert_eq!(gateway_duration(0).as_deref(), Some("0s"));
+        assert_eq!(gateway_duration(100_000 * 3600), None);
     }
 }

@@ -19,7 +19,7 @@ pub use report::{Report, ReportLine, Verdict};
 
 use serde_json::Value;
 
-/// Add the Ingresses and Services of one file's documents to `input`; a
+/// Add the Ingresses, Services and Secrets of one file's documents to `input`; a
 /// document that does not fit its type is an error naming file and line.
 pub fn read_documents_into(
     file: &str,
@@ -45,6 +45,10 @@ pub fn read_documents_into(
             ("v1", "Service") => match serde_path_to_error::deserialize(doc.value.clone()) {
                 Ok(s) => input.services.push(s),
                 Err(e) => errors.push(format!("{at}: Service: {}: {}", e.path(), e.inner())),
+            },
+            ("v1", "Secret") => match serde_path_to_error::deserialize(doc.value.clone()) {
+                Ok(s) => input.secrets.push(s),
+                Err(e) => errors.push(format!("{at}: Secret: {}: {}", e.path(), e.inner())),
             },
             (a, "Ingress") => errors.push(format!(
                 "{at}: Ingress of apiVersion {a:?}: only networking.k8s.io/v1 is read"

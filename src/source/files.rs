@@ -397,7 +397,7 @@ impl FileWatch {
 
 /// The Ingresses and Services of the files read (a file that does not
 /// parse is already reported by the manifests' own loading).
-fn ingress_input(reads: &[FileRead]) -> (crate::ingress_nginx::Input, Vec<ConfigError>) {
+pub(crate) fn ingress_input(reads: &[FileRead]) -> (crate::ingress_nginx::Input, Vec<ConfigError>) {
     let mut input = crate::ingress_nginx::Input::default();
     let mut messages = Vec::new();
     for read in reads {

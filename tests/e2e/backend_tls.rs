@@ -36,8 +36,8 @@ use crate::support::{
 
 /// What the TLS backend saw of one connection.
 #[derive(Debug, Clone, Default)]
-struct Seen {
-    sni: Option<String>,
+pub(crate) struct Seen {
+    pub(crate) sni: Option<String>,
     client_cert: Option<CertificateDer<'static>>,
 }
 
@@ -55,8 +55,8 @@ struct SeenRequest {
 /// connection, each request, and the handshakes that failed. Client
 /// certificates are asked for (verified against `client_ca`) but not
 /// required.
-struct TlsBackend {
-    addr: SocketAddr,
+pub(crate) struct TlsBackend {
+    pub(crate) addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
     requests: Arc<Mutex<Vec<SeenRequest>>>,
     failed_handshakes: Arc<AtomicUsize>,
@@ -71,7 +71,7 @@ impl Drop for TlsBackend {
 
 impl TlsBackend {
     /// A backend answering 200.
-    async fn start(server: &Leaf, client_ca: &TestCa) -> TlsBackend {
+    pub(crate) async fn start(server: &Leaf, client_ca: &TestCa) -> TlsBackend {
         TlsBackend::answering(server, client_ca, StatusCode::OK).await
     }
 
@@ -163,7 +163,7 @@ impl TlsBackend {
         }
     }
 
-    fn seen(&self) -> Vec<Seen> {
+    pub(crate) fn seen(&self) -> Vec<Seen> {
         self.seen.lock().expect("lock").clone()
     }
 

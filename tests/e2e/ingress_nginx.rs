@@ -736,3 +736,279 @@ async fn serve_on_app(routes: &str) -> (Pods, Sluice) {
     .await;
     (app, gw)
 }
+
+/// `backend-protocol: HTTPS` converted and served to a TLS backend the
+/// test runs. With `proxy-ssl-verify: on`, `proxy-ssl-name` and the CA in
+/// the `proxy-ssl-secret` Secret: exact (exit 0), the CA written as a
+/// ConfigMap, and the backend reached over TLS with that name as SNI.
+/// With ingress-nginx's default (no verification, no CA): approximated
+/// (exit 1), and the strict form fails the requests (502) until the
+/// ConfigMap the policy names is given, then reaches the backend with
+/// the Service's cluster DNS name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_protocol_https_reaches_a_tls_backend_through_a_backend_tls_policy() {
+    use crate::backend_tls::TlsBackend;
+    let ca = TestCa::new();
+    let leaf = ca.issue(&["app.internal", "app.default.svc.cluster.local"]);
+    let backend = TlsBackend::start(&leaf, &TestCa::named("client CA, unused")).await;
+    let ingress = |annotations: &str| {
+        format!(
+            r#"apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: app
+  namespace: default
+  annotations:
+    nginx.ingress.kubernetes.io/backend-protocol: HTTPS
+{annotations}spec:
+  ingressClassName: nginx
+  rules:
+  - host: app.example.com
+    http:
+      paths:
+      - {{path: /, pathType: Prefix, backend: {{service: {{name: app, port: {{number: 443}}}}}}}}
+"#
+        )
+    };
+    let secret = format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: backend-ca, namespace: default}}\ndata:\n  ca.crt: {}\n",
+        base64(ca.pem.as_bytes())
+    );
+    let base = gateway() + &static_service("app", Some("https"), 443, None, backend.addr.port());
+
+    let verified = ingress(
+        "    nginx.ingress.kubernetes.io/proxy-ssl-verify: \"on\"\n    nginx.ingress.kubernetes.io/proxy-ssl-secret: default/backend-ca\n    nginx.ingress.kubernetes.io/proxy-ssl-name: app.internal\n",
+    ) + &secret;
+    let (code, routes, report) = convert(&verified, &["--gateway", "default/gw"]);
+    assert_eq!(code, 0, "verified with the Secret's CA is exact: {report}");
+    assert!(
+        routes.contains("kind: BackendTLSPolicy") && routes.contains("\nkind: ConfigMap\n"),
+        "{routes}"
+    );
+    let gw = Sluice::start(&[("base.yaml", base.clone()), ("routes.yaml", routes.clone())]).await;
+    let r = gw.connect().await.get("app.example.com", "/cart").await;
+    assert_eq!(r.status, 200, "{routes}");
+    assert_eq!(&r.body[..], b"hello over TLS");
+    assert_eq!(
+        backend.seen().last().and_then(|s| s.sni.clone()).as_deref(),
+        Some("app.internal")
+    );
+    drop(gw);
+
+    let (code, routes, report) = convert(&ingress(""), &["--gateway", "default/gw"]);
+    assert_eq!(code, 1, "{report}");
+    assert!(
+        report.contains(
+            "Ingress default/app: nginx.ingress.kubernetes.io/backend-protocol: approximated ("
+        ) && report.contains("does not verify the backend's certificate"),
+        "{report}"
+    );
+    assert!(!routes.contains("\nkind: ConfigMap\n"), "{routes}");
+    let gw = Sluice::start(&[("base.yaml", base.clone()), ("routes.yaml", routes.clone())]).await;
+    let r = gw.connect().await.get("app.example.com", "/cart").await;
+    assert_eq!(r.status, 502, "no CA yet: the requests fail\n{routes}");
+    drop(gw);
+    let gw = Sluice::start(&[
+        ("base.yaml", base + &ca_config_map("app-backend-ca", &ca)),
+        ("routes.yaml", routes.clone()),
+    ])
+    .await;
+    let r = gw.connect().await.get("app.example.com", "/cart").await;
+    assert_eq!(r.status, 200, "{routes}");
+    assert_eq!(
+        backend.seen().last().and_then(|s| s.sni.clone()).as_deref(),
+        Some("app.default.svc.cluster.local")
+    );
+}
+
+/// `affinity: cookie` on the main Ingress of a 50% weight canary
+/// (`affinity-canary-behavior` at its default, sticky), converted and
+/// served: each new client is balanced and gets ingress-nginx's cookie
+/// name, and every later request with the cookie stays on the pod it
+/// first reached, on the primary and on the canary alike, as ingress-nginx
+/// checks the session before the weight. Reported approximated (the
+/// default affinity-mode balanced, SameSite).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn affinity_pins_sessions_on_primary_and_canary_before_the_weight() {
+    let pair = ingress_pair(&[("canary-weight", "50")]).replace(
+        "metadata: {name: shop, namespace: default, creationTimestamp: \"2026-01-01T00:00:00Z\"}",
+        "metadata:\n  name: shop\n  namespace: default\n  annotations: {nginx.ingress.kubernetes.io/affinity: cookie}",
+    );
+    let (code, routes, report) = convert(&pair, &["--gateway", "default/gw"]);
+    assert_eq!(code, 1, "{report}");
+    assert!(
+        report
+            .contains("Ingress default/shop: nginx.ingress.kubernetes.io/affinity: approximated (")
+            && report.contains("balanced"),
+        "{report}"
+    );
+    let primary = Pods::start("default", "primary", 2).await;
+    let canary = Pods::start("default", "canary", 2).await;
+    let manifests = gateway() + &primary.manifests() + &canary.manifests();
+    let gw = Sluice::start(&[("base.yaml", manifests), ("routes.yaml", routes.clone())]).await;
+    let mut first_pods = std::collections::BTreeSet::new();
+    for client in 0..16 {
+        let mut conn = gw.connect().await;
+        let r = conn.get("shop.example.com", "/api").await;
+        assert_eq!(r.status, 200, "{routes}");
+        let pod = r.pod();
+        let cookie = r
+            .headers
+            .get("set-cookie")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .unwrap_or_else(|| panic!("client {client}: no session cookie\n{routes}"))
+            .to_string();
+        assert!(cookie.starts_with("INGRESSCOOKIE="), "{cookie}");
+        for _ in 0..5 {
+            let again = conn
+                .get_with("shop.example.com", "/api", &[("cookie", &cookie)])
+                .await
+                .pod();
+            assert_eq!(again, pod, "client {client} with {cookie}");
+        }
+        first_pods.insert(pod);
+    }
+    let services: std::collections::BTreeSet<&str> = first_pods
+        .iter()
+        .map(|p| p.rsplit_once('-').map_or(p.as_str(), |(s, _)| s))
+        .collect();
+    assert_eq!(
+        services.into_iter().collect::<Vec<_>>(),
+        ["canary", "primary"],
+        "new clients follow the weight: {first_pods:?}"
+    );
+}
+
+/// `sluice check --ingress-class nginx --ingress-gateway default/gw`
+/// through the binary: the converted routes are checked with the other
+/// objects and the conversion report is printed; an exact pair exits 0,
+/// an unsupported annotation is a problem (exit 1), and without the flags
+/// the Ingresses are not checked.
+#[test]
+fn check_with_ingress_class_shows_the_converted_routes_and_the_report() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let base = gateway().replace("{{PORT}}", "8080")
+        + &static_service("primary", Some("http"), 8080, None, 9)
+        + &static_service("canary", None, 8080, None, 9);
+    std::fs::write(dir.path().join("base.yaml"), base).unwrap();
+    let check = |ingresses: &str, flags: bool| {
+        std::fs::write(dir.path().join("ingresses.yaml"), ingresses).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.arg("check").arg("-f").arg(dir.path());
+        if flags {
+            cmd.args([
+                "--ingress-class",
+                "nginx",
+                "--ingress-gateway",
+                "default/gw",
+            ]);
+        }
+        let out = cmd.output().expect("sluice runs");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8(out.stdout).unwrap(),
+        )
+    };
+    // The pair's own Service `primary` would be a duplicate of base.yaml's.
+    let pair = ingress_pair(&[("canary-by-header", "X-Canary")]);
+    let pair = &pair[..pair.rfind("---\napiVersion: v1\nkind: Service").unwrap()];
+    let (code, out) = check(pair, true);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("HTTPRoute default/shop "), "{out}");
+    assert!(
+        out.contains(
+            "ingress-nginx conversion (Ingresses of class nginx, routes on Gateway default/gw"
+        ) && out.contains(
+            "  Ingress default/shop-canary: nginx.ingress.kubernetes.io/canary-by-header: converted"
+        ),
+        "{out}"
+    );
+
+    let snippet = pair.replace(
+        "metadata: {name: shop, namespace: default, creationTimestamp: \"2026-01-01T00:00:00Z\"}",
+        "metadata:\n  name: shop\n  namespace: default\n  annotations: {nginx.ingress.kubernetes.io/configuration-snippet: \"more_set_headers x;\"}",
+    );
+    let (code, out) = check(&snippet, true);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(
+            "Ingress default/shop: nginx.ingress.kubernetes.io/configuration-snippet: unsupported ("
+        ) && out.contains("FAIL"),
+        "{out}"
+    );
+
+    let (code, out) = check(pair, false);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        !out.contains("HTTPRoute default/shop") && !out.contains("ingress-nginx conversion"),
+        "{out}"
+    );
+}
+
+/// `backend-protocol: GRPCS` with the backend's CA in `proxy-ssl-secret`,
+/// `proxy-ssl-verify: on` and `proxy-ssl-name`: a GRPCRoute and a
+/// BackendTLSPolicy (exact, exit 0), served: a call reaches the TLS gRPC
+/// backend over HTTP/2 with that name as SNI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_protocol_grpcs_reaches_a_tls_grpc_backend() {
+    use sluice::echo::EchoIdentity;
+    use sluice::grpc_echo::{GrpcEchoServer, code};
+    const SERVICE: &str = "gateway_api_conformance.echo_basic.grpcecho.GrpcEcho";
+    let ca = TestCa::new();
+    let backend = GrpcEchoServer::start_tls(
+        EchoIdentity {
+            pod: "primary".into(),
+            namespace: "default".into(),
+            service: "primary".into(),
+        },
+        ca.issue(&["rpc.internal"]).server_config(),
+    )
+    .await
+    .expect("TLS gRPC backend");
+    let ingress = format!(
+        r#"apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: rpc
+  namespace: default
+  annotations:
+    nginx.ingress.kubernetes.io/backend-protocol: GRPCS
+    nginx.ingress.kubernetes.io/proxy-ssl-verify: "on"
+    nginx.ingress.kubernetes.io/proxy-ssl-secret: default/rpc-ca
+    nginx.ingress.kubernetes.io/proxy-ssl-name: rpc.internal
+spec:
+  ingressClassName: nginx
+  rules:
+  - host: rpc.example.com
+    http:
+      paths:
+      - {{path: /{SERVICE}, pathType: Prefix, backend: {{service: {{name: primary, port: {{number: 8443}}}}}}}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: rpc-ca, namespace: default}}
+data:
+  ca.crt: {}
+"#,
+        base64(ca.pem.as_bytes())
+    );
+    let (code, routes, report) = convert(&ingress, &["--gateway", "default/gw"]);
+    assert_eq!(code, 0, "{report}");
+    assert!(
+        routes.contains("kind: GRPCRoute") && routes.contains("kind: BackendTLSPolicy"),
+        "{routes}"
+    );
+    let manifests =
+        gateway() + &static_service("primary", None, 8443, None, backend.local_addr().port());
+    let gw = Sluice::start(&[("base.yaml", manifests), ("routes.yaml", routes.clone())]).await;
+    let reply = sluice::grpc_echo::call_h2c(gw.addr(), "rpc.example.com", "Echo", &[])
+        .await
+        .expect("the gateway answers the call");
+    assert_eq!(reply.code, code::OK, "{reply:?}\n{routes}");
+    let a = reply.response.expect("a response").assertions;
+    assert_eq!(a.context.pod, "primary");
+    let tls = a.tls.expect("the backend saw TLS");
+    assert_eq!(tls.server_name, "rpc.internal");
+    assert_eq!(tls.negotiated_protocol, "h2");
+}

@@ -100,6 +100,9 @@ pub fn convert(
     let mut input = crate::ingress_nginx::Input {
         ingresses: Vec::new(),
         services: services.to_vec(),
+        // sluice reads only the Secrets its configuration names: a
+        // `proxy-ssl-secret` is reported as not in the input.
+        secrets: Vec::new(),
     };
     let mut served = ServedIngresses::default();
     for value in ingresses {
