@@ -330,7 +330,12 @@ impl Judge {
                 let stable = counts(s_events, s_requests);
                 let canary = format!("{who} {} {}", gate.what(), counts(c_events, c_requests));
                 // Judged against the stable too: a limit the stable breaks
-                // alike is a shared outage, not the canary's doing.
+                // alike is a shared outage, not the canary's doing. Alike
+                // at the same confidence: the stable's rate is shown
+                // above `limit / r0` (its lower bound), not merely
+                // measured there. A point estimate would let a few
+                // unlucky stable errors at low traffic excuse a canary
+                // at ten times the stable's rate.
                 let tolerance = gates.iter().find_map(|g| match g.bound {
                     Bound::Stable { degradation } if g.signal == gate.signal => {
                         Some(Gate::r0(degradation))
@@ -339,7 +344,7 @@ impl Judge {
                 });
                 if let Some(r0) = tolerance
                     && s_requests > 0
-                    && s_events as f64 / s_requests as f64 * r0 >= p
+                    && lower_bound(s_events, s_requests, alpha) * r0 >= p
                 {
                     return Verdict::Excused(format!(
                         "{canary} is above {} at {conf} confidence, but the stable fails too ({stable} over the same time): not the canary's doing",
@@ -737,6 +742,25 @@ mod tests {
         };
         assert!(
             m.contains("but the stable fails too (2900 of 95,000 (3.05%)"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_few_unlucky_stable_errors_do_not_excuse_a_far_worse_canary() {
+        // 10 rps: the stable's 7 of 750 (0.93%, times 1.25 above the limit)
+        // is chance at a true 0.5%, not a shared outage; the canary's 52
+        // of 1,050 (5%) is its own.
+        let gates = [limit("1%"), STABLE];
+        let mut j = Judge::default();
+        j.observe(&gates, &totals(1_050, 52), &totals(750, 7));
+        let (c, s) = j.totals();
+        let v = j.verdict(&gates, Confidence::DEFAULT, &concurrent(c, s), "canary");
+        let Verdict::Breached(m) = v else {
+            panic!("{v:?}")
+        };
+        assert!(
+            m.contains("is above maxErrorRate 1% at 99% confidence"),
             "{m}"
         );
     }
