@@ -392,8 +392,8 @@ impl<'a, 't> Forwarding<'a, 't> {
     /// are plain functions, and the request's two waits (a chunked body's
     /// first chunk, the backend's answer) are this function's own: a phase
     /// as an `async fn` is a future of its own, built with the request in
-    /// it and moved into this one (+3.1% instructions per request when
-    /// the body and send phases were, docs/performance.md).
+    /// it, moved into this one and copying its arguments again when first
+    /// polled (docs/performance.md, issue 23 item 1).
     async fn run(
         &self,
         req: Request<RequestBody>,
