@@ -18,7 +18,7 @@ use super::filters::{
 use super::retry::{Endpoints, Trying};
 use super::session::Sticky;
 use super::{cors, grpc, retry};
-use crate::metrics::{Rejection, RequestKey};
+use crate::metrics::{Metrics, Rejection, RequestKey};
 use crate::proxy::Shared;
 use crate::proxy::body::{BodyTimedOut, ClientBody, RequestBody, ResponseBody, Tee, UpstreamBody};
 use crate::proxy::error::ProxyError;
@@ -29,7 +29,7 @@ use crate::proxy::outbound::upstream::{ClientUpstream, Upstream, origin_uri};
 use crate::proxy::upgrade::UpgradeRequest;
 use crate::route::{
     Backend, BackendChoice, BackendTarget, CorsPolicy, EndpointSet, Failure, Filter, InFlight,
-    Lookup, Mirror, PathMatch, RouteTable, Rule, SetHealth, normalize_host,
+    Lookup, Mirror, PathMatch, RetryPolicy, RouteTable, Rule, SetHealth, normalize_host,
 };
 
 /// How long a mirrored request may take before it is abandoned.
@@ -346,8 +346,54 @@ struct Admitted<'t> {
     _in_flight: InFlight<'t>,
 }
 
-impl<'t> Forwarding<'_, 't> {
-    /// The phases of a matched request, in the order they run.
+/// A request ready for its backend, as [`Forwarding::send`] leaves it.
+enum Sending<'a, 't> {
+    /// Sent once (no retry policy, or a body too large to send again).
+    Once {
+        req: Request<UpstreamBody>,
+        upstream: Upstream,
+        /// The rule's `timeouts.backendRequest`.
+        per_try: Option<Duration>,
+    },
+    /// Sent under the rule's retry policy.
+    Retrying(Retrying<'a, 't>),
+}
+
+/// What the retry loop needs, owned, so that its boxed future holds it.
+struct Retrying<'a, 't> {
+    to: Endpoints<'a, 't>,
+    policy: &'t RetryPolicy,
+    head: Parts,
+    replay: Option<Replay>,
+}
+
+impl<'t> Retrying<'_, 't> {
+    async fn send(
+        self,
+        first: usize,
+        trying: &mut Trying<'t>,
+        metrics: &Metrics,
+    ) -> (usize, Result<Response<ResponseBody>, ProxyError>) {
+        retry::send_with_retries(
+            &self.to,
+            self.policy,
+            first,
+            &self.head,
+            self.replay,
+            trying,
+            metrics,
+        )
+        .await
+    }
+}
+
+impl<'a, 't> Forwarding<'a, 't> {
+    /// The phases of a matched request, in the order they run. The phases
+    /// are plain functions, and the request's two waits (a chunked body's
+    /// first chunk, the backend's answer) are this function's own: a phase
+    /// as an `async fn` is a future of its own, built with the request in
+    /// it, moved into this one and copying its arguments again when first
+    /// polled (docs/performance.md, issue 23 item 1).
     async fn run(
         &self,
         req: Request<RequestBody>,
@@ -359,27 +405,53 @@ impl<'t> Forwarding<'_, 't> {
             RuleFilters::Forward(filtered) => filtered,
             RuleFilters::Answered(answer) => return Ok(answer),
         };
-        let body = self
-            .request_body(body, prepared.chunked, &parts, &filtered)
-            .await?;
+        let (body, length) = self.request_body(body);
+        let body = match body {
+            Some(mut body) => {
+                // A chunked body is refused before any backend sees the
+                // request when its first chunk is malformed.
+                if prepared.chunked {
+                    body.read_ahead().await.map_err(first_chunk_error)?;
+                }
+                UpstreamBody::Incoming(body)
+            }
+            None => UpstreamBody::Empty,
+        };
+        let body = self.mirror(body, length, &parts, &filtered);
         outcome.user = self.rule.backends.user(&parts.headers);
         let chosen = self.choose_backend(&parts, outcome.user)?;
         outcome.backend = Some(chosen.backend);
         let admitted = self.admit(chosen.backend)?;
         self.backend_filters(chosen.backend, &mut parts, &mut filtered.path)?;
         let index = self.pick_endpoint(&chosen, &admitted);
-        let (index, resp) = self
-            .send(
-                parts,
-                body,
-                &prepared,
-                filtered.path.as_deref(),
-                &admitted,
-                index,
-                outcome,
-            )
-            .await?;
-        Ok(self.respond(resp, prepared, filtered, &chosen, &admitted, index))
+        let sending = self.send(parts, body, &prepared, filtered.path.as_deref(), &admitted)?;
+        let (index, resp) = match sending {
+            // One try, written out rather than through `Endpoints::send`:
+            // this future is part of every request's and is moved whole.
+            Sending::Once {
+                req,
+                upstream,
+                per_try,
+            } => {
+                outcome.trying = Some((admitted.health, index));
+                let pending = upstream.send(admitted.endpoints.addrs()[index], req);
+                let result = match per_try {
+                    Some(limit) => tokio::time::timeout(limit, pending)
+                        .await
+                        .unwrap_or(Err(ProxyError::Timeout)),
+                    None => pending.await,
+                };
+                outcome.trying = None;
+                retry::record_try(&self.shared.health, admitted.health, index, &result);
+                (index, result)
+            }
+            // Boxed: the retry loop is large and only rules with a retry
+            // policy take it; the common path's future stays small.
+            Sending::Retrying(retrying) => {
+                Box::pin(retrying.send(index, &mut outcome.trying, &self.shared.metrics)).await
+            }
+        };
+        Ok(self.respond(resp?, prepared, filtered, &chosen, &admitted, index))
     }
 
     /// Prepare headers: the Host an HTTP/2 request names only in its
@@ -477,41 +549,34 @@ impl<'t> Forwarding<'_, 't> {
         }))
     }
 
-    /// The body the backend will read: a chunked body's first chunk checked
-    /// before any backend sees the request, the body teed to the mirrors
-    /// the rule filters named (the last step of the rule filters).
-    async fn request_body(
+    /// The body the backend will read: the client's (`None` when it has
+    /// none), and the least number of bytes it has. [`Forwarding::run`]
+    /// checks a chunked body's first chunk next.
+    fn request_body(&self, body: RequestBody) -> (Option<ClientBody>, u64) {
+        let length = body.size_hint().lower();
+        if body.is_end_stream() {
+            (None, length)
+        } else {
+            let body = ClientBody::new(body, self.shared.limits.request_body_timeout);
+            (Some(body), length)
+        }
+    }
+
+    /// The body teed to the mirrors the rule filters named (the last step
+    /// of the rule filters), once its first chunk passed.
+    fn mirror(
         &self,
-        body: RequestBody,
-        chunked: bool,
+        body: UpstreamBody,
+        length: u64,
         parts: &Parts,
         filtered: &Filtered<'t>,
-    ) -> Result<OutgoingBody, ProxyError> {
-        let (body, body_length, no_body) = measure(body);
-        let mut body = if no_body {
-            UpstreamBody::Empty
+    ) -> OutgoingBody {
+        let body = if filtered.mirrors.is_empty() {
+            body
         } else {
-            let mut body = ClientBody::new(body, self.shared.limits.request_body_timeout);
-            if chunked {
-                // A chunked body is refused before any backend sees the
-                // request when its first chunk is malformed.
-                body.read_ahead().await.map_err(|e| {
-                    if e.is::<BodyTimedOut>() {
-                        ProxyError::BodyTimeout
-                    } else {
-                        ProxyError::BadRequest("malformed chunked body")
-                    }
-                })?;
-            }
-            UpstreamBody::Incoming(body)
+            self.spawn_mirrors(&filtered.mirrors, parts, filtered.path.as_deref(), body)
         };
-        if !filtered.mirrors.is_empty() {
-            body = self.spawn_mirrors(&filtered.mirrors, parts, filtered.path.as_deref(), body);
-        }
-        Ok(OutgoingBody {
-            body,
-            length: body_length,
-        })
+        OutgoingBody { body, length }
     }
 
     /// Choose the backend: a valid session wins (sessionPersistence), then
@@ -611,22 +676,18 @@ impl<'t> Forwarding<'_, 't> {
             .unwrap_or_else(|| self.shared.health.pick(admitted.endpoints, admitted.health))
     }
 
-    /// Send the request to the endpoint at `index`, over HTTP/1.1 or
-    /// HTTP/2 as the backend speaks, with the rule's retry policy when the
-    /// request can be sent again; returns the endpoint that answered.
-    // What the phases before it decided, passed as they are rather than
-    // bundled (this future is part of every request's).
-    #[allow(clippy::too_many_arguments)]
-    async fn send(
+    /// Send: the request made for the endpoint (origin-form URI, HTTP/1.1
+    /// or HTTP/2 as the backend speaks) and the client for it, with the
+    /// rule's retry policy when the request can be sent again.
+    /// [`Forwarding::run`] awaits the answer.
+    fn send(
         &self,
         mut parts: Parts,
         body: OutgoingBody,
         prepared: &Prepared,
         path: Option<&str>,
         admitted: &Admitted<'t>,
-        index: usize,
-        outcome: &mut Outcome<'t>,
-    ) -> Result<(usize, Response<ResponseBody>), ProxyError> {
+    ) -> Result<Sending<'a, 't>, ProxyError> {
         let Admitted {
             endpoints, health, ..
         } = *admitted;
@@ -655,50 +716,28 @@ impl<'t> Forwarding<'_, 't> {
         let retry = (prepared.upgrade.is_none() && replayable)
             .then_some(self.rule.retry.as_ref())
             .flatten();
-        let (index, resp) = match retry {
-            // Boxed: the retry loop is large and only rules with a retry
-            // policy take it; the common path's future stays small.
-            Some(policy) => {
-                let replay = match body {
-                    UpstreamBody::Empty => None,
-                    body => Some(Replay::new(body, buffer)),
-                };
-                let to = Endpoints {
+        Ok(match retry {
+            Some(policy) => Sending::Retrying(Retrying {
+                to: Endpoints {
                     health: &self.shared.health,
                     set: endpoints,
                     state: health,
                     upstream,
                     per_try,
-                };
-                Box::pin(retry::send_with_retries(
-                    &to,
-                    policy,
-                    index,
-                    &parts,
-                    replay,
-                    &mut outcome.trying,
-                    &self.shared.metrics,
-                ))
-                .await
-            }
-            // One try, written out rather than through `Endpoints::send`:
-            // this future is part of every request's and is moved whole.
-            None => {
-                outcome.trying = Some((health, index));
-                let req = Request::from_parts(parts, body);
-                let pending = upstream.send(endpoints.addrs()[index], req);
-                let result = match per_try {
-                    Some(limit) => tokio::time::timeout(limit, pending)
-                        .await
-                        .unwrap_or(Err(ProxyError::Timeout)),
-                    None => pending.await,
-                };
-                outcome.trying = None;
-                retry::record_try(&self.shared.health, health, index, &result);
-                (index, result)
-            }
-        };
-        Ok((index, resp?))
+                },
+                policy,
+                head: parts,
+                replay: match body {
+                    UpstreamBody::Empty => None,
+                    body => Some(Replay::new(body, buffer)),
+                },
+            }),
+            None => Sending::Once {
+                req: Request::from_parts(parts, body),
+                upstream,
+                per_try,
+            },
+        })
     }
 
     /// Respond: the backend's response, hop-by-hop fields removed (an
@@ -830,14 +869,13 @@ fn is_grpc(req: Request<RequestBody>) -> (Request<RequestBody>, bool) {
     (req, grpc)
 }
 
-/// The client's body, the least number of bytes it has, and whether it is
-/// empty. A function rather than borrows of `body` in
-/// [`Forwarding::request_body`]: a local borrowed once is kept in that future (part
-/// of every request's, moved whole) until its end, even once moved out.
-fn measure(body: RequestBody) -> (RequestBody, u64, bool) {
-    let length = body.size_hint().lower();
-    let empty = body.is_end_stream();
-    (body, length, empty)
+/// The error for a chunked body whose first chunk did not come.
+fn first_chunk_error(e: crate::proxy::body::BoxError) -> ProxyError {
+    if e.is::<BodyTimedOut>() {
+        ProxyError::BodyTimeout
+    } else {
+        ProxyError::BadRequest("malformed chunked body")
+    }
 }
 
 fn set_host(parts: &mut Parts, host: &str) -> Result<(), ProxyError> {
