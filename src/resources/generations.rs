@@ -181,6 +181,58 @@ mod tests {
         assert_eq!(meta(&objs[0]), (Some(2), Some(ts(100))));
     }
 
+    fn shared(o: &Object) -> Arc<HttpRoute> {
+        match o {
+            Object::HttpRoute(r) => r.clone(),
+            other => panic!("an HTTPRoute: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_route_given_again_gets_last_reloads_copy_and_a_changed_one_its_own() {
+        let mut g = Generations::new();
+        // The object as an unchanged file holds it, handed at each reload.
+        let given = route("", "a.example.com");
+        let mut objs = [given.clone()];
+        g.assign(&mut objs, ts(100));
+        let first = shared(&objs[0]);
+        assert!(!Arc::ptr_eq(&first, &shared(&given)), "filled in on a copy");
+        assert_eq!(
+            shared(&given).metadata.generation,
+            None,
+            "the given one is not written"
+        );
+
+        let mut objs = [given.clone()];
+        g.assign(&mut objs, ts(200));
+        assert!(
+            Arc::ptr_eq(&first, &shared(&objs[0])),
+            "last reload's copy again"
+        );
+        assert_eq!(meta(&objs[0]), (Some(1), Some(ts(100))));
+
+        // Parsed again (its file changed), equal spec: its own copy, the
+        // same generation and time.
+        let mut objs = [route("", "a.example.com")];
+        g.assign(&mut objs, ts(300));
+        assert!(!Arc::ptr_eq(&first, &shared(&objs[0])));
+        assert_eq!(meta(&objs[0]), (Some(1), Some(ts(100))));
+
+        // The old allocation given again after that: its spec is the same,
+        // so the generation too, and the copy kept is the newer one's.
+        let mut objs = [given.clone()];
+        g.assign(&mut objs, ts(400));
+        assert_eq!(meta(&objs[0]), (Some(1), Some(ts(100))));
+
+        // A changed spec: generation 2, whatever was kept.
+        let mut objs = [route("", "b.example.com")];
+        g.assign(&mut objs, ts(500));
+        assert_eq!(meta(&objs[0]), (Some(2), Some(ts(100))));
+        let mut objs = [given.clone()];
+        g.assign(&mut objs, ts(600));
+        assert_eq!(meta(&objs[0]), (Some(3), Some(ts(100))), "changed back: +1");
+    }
+
     #[test]
     fn labels_do_not_bump_the_generation() {
         let mut g = Generations::new();
