@@ -265,7 +265,7 @@ async fn changing_one_file_of_several_serves_it_and_keeps_the_others_as_they_wer
             .map(|i| one_of_many(i, to_green(i)))
             .collect()
     };
-    let before = |i: usize| i % 3 == 0;
+    let before = |i: usize| i.is_multiple_of(3);
     let gw = Sluice::start(&[
         (
             "base.yaml",
