@@ -51,7 +51,7 @@ pub fn apply_defaults(object: &mut Object) {
     match object {
         Object::GatewayClass(o) => gateway_class(o),
         Object::Gateway(o) => gateway(o),
-        Object::HttpRoute(o) => http_route(o),
+        Object::HttpRoute(o) => http_route(std::sync::Arc::make_mut(o)),
         Object::ListenerSet(o) => listener_set(o),
         Object::BackendTlsPolicy(o) => backend_tls_policy(o),
         Object::GrpcRoute(o) => grpc_route(o),

@@ -11,6 +11,14 @@
 //! once, when its file is parsed, and hands the bytes in
 //! ([`Generations::assign_with_specs`]): an object of an unchanged file is
 //! then the same allocation as last time, one pointer compare.
+//!
+//! HTTPRoutes are shared ([`Object::HttpRoute`] holds an `Arc`): filling
+//! in their metadata would copy each of them at every reload. The copy
+//! made last time is kept with what it was made from; an object that is
+//! the same allocation again and gets the same generation and time is
+//! given that copy, so that a reload that changed one file copies only
+//! that file's routes (and the snapshot shares the others with the last
+//! one).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,7 +26,7 @@ use std::sync::Arc;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use super::Object;
+use super::{HttpRoute, Object};
 
 /// What sluice remembers of every object it has seen, across reloads.
 #[derive(Debug, Clone, Default)]
@@ -35,6 +43,9 @@ struct Seen {
     spec: Arc<[u8]>,
     generation: i64,
     created: Timestamp,
+    /// An HTTPRoute: the object as given, and the copy with this
+    /// generation and time filled in, handed out again while both hold.
+    route: Option<(Arc<HttpRoute>, Arc<HttpRoute>)>,
 }
 
 impl Generations {
@@ -69,7 +80,7 @@ impl Generations {
             );
             let prev = self.seen.get(&key);
             let same_spec = |p: &Seen| Arc::ptr_eq(&p.spec, spec) || p.spec == *spec;
-            let meta = object.metadata_mut();
+            let meta = object.metadata();
             let generation = match (meta.generation, prev) {
                 (Some(g), _) => g,
                 (None, None) => 1,
@@ -81,14 +92,46 @@ impl Generations {
                 (None, Some(p)) => p.created,
                 (None, None) => now,
             };
-            meta.generation = Some(generation);
-            meta.creation_timestamp = Some(Time(created));
+            let given = match &*object {
+                Object::HttpRoute(r) => Some(r.clone()),
+                _ => None,
+            };
+            let filled = |r: &HttpRoute| {
+                r.metadata.generation == Some(generation)
+                    && r.metadata.creation_timestamp.as_ref().map(|t| t.0) == Some(created)
+            };
+            let again = match (&given, prev.and_then(|p| p.route.as_ref())) {
+                (Some(given), Some((was, copy))) if Arc::ptr_eq(given, was) && filled(copy) => {
+                    Some(copy.clone())
+                }
+                _ => None,
+            };
+            match again {
+                Some(copy) => *object = Object::HttpRoute(copy),
+                None => {
+                    // Written only where it differs: a shared route is
+                    // copied by the write.
+                    let meta = object.metadata();
+                    if meta.generation != Some(generation)
+                        || meta.creation_timestamp.as_ref().map(|t| t.0) != Some(created)
+                    {
+                        let meta = object.metadata_mut();
+                        meta.generation = Some(generation);
+                        meta.creation_timestamp = Some(Time(created));
+                    }
+                }
+            }
+            let route = match (given, &*object) {
+                (Some(given), Object::HttpRoute(copy)) => Some((given, copy.clone())),
+                _ => None,
+            };
             next.insert(
                 key,
                 Seen {
                     spec: spec.clone(),
                     generation,
                     created,
+                    route,
                 },
             );
         }
@@ -136,6 +179,58 @@ mod tests {
         let mut objs = [route("", "b.example.com")];
         g.assign(&mut objs, ts(300));
         assert_eq!(meta(&objs[0]), (Some(2), Some(ts(100))));
+    }
+
+    fn shared(o: &Object) -> Arc<HttpRoute> {
+        match o {
+            Object::HttpRoute(r) => r.clone(),
+            other => panic!("an HTTPRoute: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_route_given_again_gets_last_reloads_copy_and_a_changed_one_its_own() {
+        let mut g = Generations::new();
+        // The object as an unchanged file holds it, handed at each reload.
+        let given = route("", "a.example.com");
+        let mut objs = [given.clone()];
+        g.assign(&mut objs, ts(100));
+        let first = shared(&objs[0]);
+        assert!(!Arc::ptr_eq(&first, &shared(&given)), "filled in on a copy");
+        assert_eq!(
+            shared(&given).metadata.generation,
+            None,
+            "the given one is not written"
+        );
+
+        let mut objs = [given.clone()];
+        g.assign(&mut objs, ts(200));
+        assert!(
+            Arc::ptr_eq(&first, &shared(&objs[0])),
+            "last reload's copy again"
+        );
+        assert_eq!(meta(&objs[0]), (Some(1), Some(ts(100))));
+
+        // Parsed again (its file changed), equal spec: its own copy, the
+        // same generation and time.
+        let mut objs = [route("", "a.example.com")];
+        g.assign(&mut objs, ts(300));
+        assert!(!Arc::ptr_eq(&first, &shared(&objs[0])));
+        assert_eq!(meta(&objs[0]), (Some(1), Some(ts(100))));
+
+        // The old allocation given again after that: its spec is the same,
+        // so the generation too, and the copy kept is the newer one's.
+        let mut objs = [given.clone()];
+        g.assign(&mut objs, ts(400));
+        assert_eq!(meta(&objs[0]), (Some(1), Some(ts(100))));
+
+        // A changed spec: generation 2, whatever was kept.
+        let mut objs = [route("", "b.example.com")];
+        g.assign(&mut objs, ts(500));
+        assert_eq!(meta(&objs[0]), (Some(2), Some(ts(100))));
+        let mut objs = [given.clone()];
+        g.assign(&mut objs, ts(600));
+        assert_eq!(meta(&objs[0]), (Some(3), Some(ts(100))), "changed back: +1");
     }
 
     #[test]

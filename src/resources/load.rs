@@ -358,7 +358,9 @@ pub(crate) fn typed_object(
     Some(match (kind, api_version) {
         ("GatewayClass", _) if gateway => typed(value).map(Object::GatewayClass),
         ("Gateway", _) if gateway => typed(value).map(Object::Gateway),
-        ("HTTPRoute", _) if gateway => typed(value).map(Object::HttpRoute),
+        ("HTTPRoute", _) if gateway => {
+            typed(value).map(|r| Object::HttpRoute(std::sync::Arc::new(r)))
+        }
         // GRPCRoute is v1 since Gateway API 1.1 (v1alpha2 before, same
         // schema); TLSRoute is v1 since 1.5, whose schema v1alpha2 and
         // v1alpha3 manifests fit when they give hostnames and one rule.

@@ -100,7 +100,8 @@ fn applied(snapshot: &Snapshot, patches: &[StatusPatch]) -> Snapshot {
             }
             _ => {
                 for o in s.http_routes.iter_mut().filter(|o| is(&o.metadata)) {
-                    o.status = serde_json::from_value(status.clone()).expect("valid status");
+                    std::sync::Arc::make_mut(o).status =
+                        serde_json::from_value(status.clone()).expect("valid status");
                 }
             }
         }
@@ -216,7 +217,7 @@ fn a_route_detached_from_our_gateways_loses_only_our_parents() {
         &plan(&s, &report(&s, 1000), None, &RolloutReport::default()),
     );
     for route in &mut written.http_routes {
-        route.spec.parent_refs = Some(Vec::new());
+        std::sync::Arc::make_mut(route).spec.parent_refs = Some(Vec::new());
     }
     let patches = plan(
         &written,

@@ -260,7 +260,10 @@ fn same_spec(kind: RouteKind, a: &Snapshot, i: usize, b: &Snapshot, j: usize) ->
     match kind {
         // An HTTPRoute's cookie-match annotation is compiled with its spec.
         RouteKind::Http => match (a.http_routes.get(i), b.http_routes.get(j)) {
-            (Some(x), Some(y)) => x.spec == y.spec && cookie_matches(x) == cookie_matches(y),
+            // A route the source handed again is the same allocation.
+            (Some(x), Some(y)) => {
+                Arc::ptr_eq(x, y) || (x.spec == y.spec && cookie_matches(x) == cookie_matches(y))
+            }
             _ => false,
         },
         RouteKind::Grpc => match (a.grpc_routes.get(i), b.grpc_routes.get(j)) {

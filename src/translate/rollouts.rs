@@ -89,6 +89,7 @@ fn targets(snapshot: &Snapshot) -> Vec<PolicyTargets<'_>> {
                 ));
                 continue;
             };
+            let route: &HttpRoute = route;
             let indices: Vec<usize> = match &target.section_name {
                 None => (0..rules_of(route)).collect(),
                 Some(section) => {

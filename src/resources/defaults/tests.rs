@@ -255,7 +255,7 @@ fn object_json(object: &crate::resources::Object) -> Value {
     match object {
         Object::GatewayClass(o) => serde_json::to_value(o),
         Object::Gateway(o) => serde_json::to_value(o),
-        Object::HttpRoute(o) => serde_json::to_value(o),
+        Object::HttpRoute(o) => serde_json::to_value(&**o),
         Object::ReferenceGrant(o) => serde_json::to_value(o),
         Object::ListenerSet(o) => serde_json::to_value(o),
         Object::BackendTlsPolicy(o) => serde_json::to_value(o),
