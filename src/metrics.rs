@@ -337,10 +337,9 @@ impl BackendStats {
         let mut tries = 0;
         loop {
             tries += 1;
-            match self.reading() {
-                Ok(whole) => return whole,
-                Err(partial) if tries == WHOLE_READING_TRIES => return partial,
-                Err(_) => {}
+            let (reading, whole) = self.reading();
+            if whole || tries == WHOLE_READING_TRIES {
+                return reading;
             }
             if tries < WHOLE_READING_SPINS {
                 std::hint::spin_loop();
@@ -350,19 +349,15 @@ impl BackendStats {
         }
     }
 
-    /// One reading of the counters: `Ok` when whole, `Err` when some
-    /// response was being counted meanwhile.
-    fn reading(&self) -> Result<BackendTotals, BackendTotals> {
+    /// One reading of the counters, and whether it is whole (no response
+    /// was being counted meanwhile).
+    fn reading(&self) -> (BackendTotals, bool) {
         let done = self.done.load(Ordering::Acquire);
         let reading = self.read();
         fence(Ordering::Acquire);
         // No response began since the counting of those done before the
         // reading: none was half counted while it read.
-        if self.begun.load(Ordering::Relaxed) == done {
-            Ok(reading)
-        } else {
-            Err(reading)
-        }
+        (reading, self.begun.load(Ordering::Relaxed) == done)
     }
 
     fn read(&self) -> BackendTotals {
@@ -1777,7 +1772,7 @@ mod tests {
             })
             .collect();
         while writers.iter().any(|w| !w.is_finished()) {
-            if let Ok(t) = stats.reading() {
+            if let (t, true) = stats.reading() {
                 assert_eq!(t.requests, t.errors, "{t:?}");
                 assert_eq!(t.errors - t.repeated_errors, t.users_with_errors, "{t:?}");
             }
@@ -1786,7 +1781,8 @@ mod tests {
             w.join().expect("a writer");
         }
         // Nothing counted any more: the reading is whole.
-        let t = stats.reading().expect("whole");
+        let (t, whole) = stats.reading();
+        assert!(whole);
         assert_eq!((t.requests, t.users, t.users_with_errors), (40_000, 50, 50));
         assert_eq!(t.repeated_errors, 40_000 - 50);
     }
