@@ -27,7 +27,7 @@
 
 use std::collections::HashMap;
 use std::hash::Hasher;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -248,7 +248,19 @@ pub struct BackendStats {
     users: arc_swap::ArcSwap<users::StepUsers>,
     /// 5xx of a user that had one before in the same step.
     repeated_errors: AtomicU64,
+    /// Responses whose counting began and ended: a reading taken while
+    /// none was half counted is whole ([`BackendStats::totals`]).
+    begun: AtomicU64,
+    done: AtomicU64,
 }
+
+/// How many times [`BackendStats::totals`] reads again a backend's
+/// counters that responses were being counted into, before it settles
+/// for a reading that may count some of them in part: first spinning
+/// (a response is counted in nanoseconds), then yielding the thread (a
+/// thread preempted while counting one, on a busy machine, may need it).
+const WHOLE_READING_SPINS: usize = 64;
+const WHOLE_READING_TRIES: usize = 128;
 
 impl Default for BackendStats {
     fn default() -> Self {
@@ -265,6 +277,8 @@ impl Default for BackendStats {
                 UserCounts::default(),
             )),
             repeated_errors: AtomicU64::new(0),
+            begun: AtomicU64::new(0),
+            done: AtomicU64::new(0),
         }
     }
 }
@@ -273,7 +287,19 @@ impl BackendStats {
     /// Count one response (of the user whose consistent-users key hashes
     /// to `user`, if any); whether it is an event a rollout judges (a 5xx
     /// or a slow response of a governed backend).
+    ///
+    /// The counters of one response are written between `begun` and
+    /// `done` (a seqlock with many writers): a reading never sees a 5xx
+    /// counted without its user, or a repeated error as a first one.
     fn record(&self, code: u16, elapsed: Duration, user: Option<u64>) -> bool {
+        self.begun.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        let event = self.count(code, elapsed, user);
+        self.done.fetch_add(1, Ordering::Release);
+        event
+    }
+
+    fn count(&self, code: u16, elapsed: Duration, user: Option<u64>) -> bool {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let error = (500..600).contains(&code);
         if error {
@@ -300,8 +326,41 @@ impl BackendStats {
         self.latency_sum_micros.load(Ordering::Relaxed) as f64 / 1e6
     }
 
-    /// A reading of the counters.
+    /// A reading of the counters: whole, counting every response it
+    /// counts in full (its request, its 5xx, its user, whether the error
+    /// was the user's repeated one), unless responses were being counted
+    /// through [`WHOLE_READING_TRIES`] readings in a row (then the last,
+    /// which may count those in part). A rollout's look reads whole
+    /// counts: its status fields agree with each other, and its gates
+    /// never judge a repeated error as a first one.
     pub fn totals(&self) -> BackendTotals {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let (reading, whole) = self.reading();
+            if whole || tries == WHOLE_READING_TRIES {
+                return reading;
+            }
+            if tries < WHOLE_READING_SPINS {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// One reading of the counters, and whether it is whole (no response
+    /// was being counted meanwhile).
+    fn reading(&self) -> (BackendTotals, bool) {
+        let done = self.done.load(Ordering::Acquire);
+        let reading = self.read();
+        fence(Ordering::Acquire);
+        // No response began since the counting of those done before the
+        // reading: none was half counted while it read.
+        (reading, self.begun.load(Ordering::Relaxed) == done)
+    }
+
+    fn read(&self) -> BackendTotals {
         let users = self.users.load().totals();
         BackendTotals {
             requests: self.requests.load(Ordering::Relaxed),
@@ -1691,5 +1750,40 @@ mod tests {
         assert!(!text.contains("sluice_rollout_served_share{"), "{text}");
         assert!(!text.contains("sluice_rollout_phase{"), "{text}");
         assert!(text.contains("sluice_rollout_transitions_total{"), "{text}");
+    }
+
+    #[test]
+    fn a_whole_reading_counts_each_response_in_full() {
+        // Two threads count 5xx of 50 users (each user's first error, then
+        // repeated ones) while a third reads: a whole reading agrees with
+        // itself, whenever it is taken.
+        let stats = Arc::new(BackendStats::default());
+        stats.track_users(Some("5%@t"));
+        let writers: Vec<_> = (0..2u64)
+            .map(|w| {
+                let stats = stats.clone();
+                std::thread::spawn(move || {
+                    for i in 0..20_000u64 {
+                        let user =
+                            crate::route::stable_hash(format!("u{}", (i + w) % 50).as_bytes());
+                        stats.record(503, Duration::ZERO, Some(user));
+                    }
+                })
+            })
+            .collect();
+        while writers.iter().any(|w| !w.is_finished()) {
+            if let (t, true) = stats.reading() {
+                assert_eq!(t.requests, t.errors, "{t:?}");
+                assert_eq!(t.errors - t.repeated_errors, t.users_with_errors, "{t:?}");
+            }
+        }
+        for w in writers {
+            w.join().expect("a writer");
+        }
+        // Nothing counted any more: the reading is whole.
+        let (t, whole) = stats.reading();
+        assert!(whole);
+        assert_eq!((t.requests, t.users, t.users_with_errors), (40_000, 50, 50));
+        assert_eq!(t.repeated_errors, 40_000 - 50);
     }
 }
