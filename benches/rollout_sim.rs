@@ -391,7 +391,7 @@ fn healthy_and_regressions(a: &Args, checks: &mut Vec<(String, String, bool)>) {
             },
         };
         let t = Instant::now();
-        let results = simulate(&config, a.healthy_runs, &a);
+        let results = simulate(&config, a.healthy_runs, a);
         eprintln!(
             "rollout_sim: healthy {}/{}: {} ({:.1} s)",
             i + 1,
@@ -463,7 +463,7 @@ fn healthy_and_regressions(a: &Args, checks: &mut Vec<(String, String, bool)>) {
                     },
                 };
                 let t = Instant::now();
-                let results = simulate(&config, a.runs, &a);
+                let results = simulate(&config, a.runs, a);
                 done += 1;
                 eprintln!(
                     "rollout_sim: regression {done}/{total}: {} ({:.1} s)",

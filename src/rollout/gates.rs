@@ -331,11 +331,13 @@ impl Judge {
                 let canary = format!("{who} {} {}", gate.what(), counts(c_events, c_requests));
                 // Judged against the stable too: a limit the stable breaks
                 // alike is a shared outage, not the canary's doing. Alike
-                // at the same confidence: the stable's rate is shown
-                // above `limit / r0` (its lower bound), not merely
-                // measured there. A point estimate would let a few
-                // unlucky stable errors at low traffic excuse a canary
-                // at ten times the stable's rate.
+                // by the stable's measured rate: its lower confidence
+                // bound instead would blame the canary for the stable's
+                // first, still uncertain minutes of an outage (1.44% of
+                // healthy rollouts in a 3% shared outage rolled back in
+                // the simulator, against 0.13%), at the price of a few
+                // unlucky stable errors at low traffic excusing a far
+                // worse canary (docs/rollouts.md, "A shared outage").
                 let tolerance = gates.iter().find_map(|g| match g.bound {
                     Bound::Stable { degradation } if g.signal == gate.signal => {
                         Some(Gate::r0(degradation))
@@ -344,7 +346,7 @@ impl Judge {
                 });
                 if let Some(r0) = tolerance
                     && s_requests > 0
-                    && lower_bound(s_events, s_requests, alpha) * r0 >= p
+                    && s_events as f64 / s_requests as f64 * r0 >= p
                 {
                     return Verdict::Excused(format!(
                         "{canary} is above {} at {conf} confidence, but the stable fails too ({stable} over the same time): not the canary's doing",
@@ -742,25 +744,6 @@ mod tests {
         };
         assert!(
             m.contains("but the stable fails too (2900 of 95,000 (3.05%)"),
-            "{m}"
-        );
-    }
-
-    #[test]
-    fn a_few_unlucky_stable_errors_do_not_excuse_a_far_worse_canary() {
-        // 10 rps: the stable's 7 of 750 (0.93%, times 1.25 above the limit)
-        // is chance at a true 0.5%, not a shared outage; the canary's 52
-        // of 1,050 (5%) is its own.
-        let gates = [limit("1%"), STABLE];
-        let mut j = Judge::default();
-        j.observe(&gates, &totals(1_050, 52), &totals(750, 7));
-        let (c, s) = j.totals();
-        let v = j.verdict(&gates, Confidence::DEFAULT, &concurrent(c, s), "canary");
-        let Verdict::Breached(m) = v else {
-            panic!("{v:?}")
-        };
-        assert!(
-            m.contains("is above maxErrorRate 1% at 99% confidence"),
             "{m}"
         );
     }

@@ -437,8 +437,20 @@ async fn errors_sluice_answers_for_the_canary_roll_it_back_at_once() {
     wait_rollout(&sluice, "shop", "first step", at("Progressing", "50%")).await;
     let mut conn = sluice.connect().await;
     // minRequests (10) does not hold back a rollback: a few 502s prove it.
-    let seen = by_service(&conn.tally(8, HOST, "/", &[]).await);
-    assert_eq!(seen, counts(&[("stable", 4), ("<502>", 4)]));
+    // One request at a time: the rollback may land in the middle of any
+    // batch (it is taken within ms of the 502 that forces it).
+    let mut answered = 0;
+    for _ in 0..40 {
+        if policy_status(&sluice, "shop").await["rollouts"][0]["phase"] == "RolledBack" {
+            break;
+        }
+        let seen = by_service(&conn.tally(1, HOST, "/", &[]).await);
+        answered += seen.get("<502>").copied().unwrap_or(0);
+    }
+    assert!(
+        (2..10).contains(&answered),
+        "rolled back after a few 502s, before minRequests: {answered}"
+    );
     let r = wait_rollout(&sluice, "shop", "rolled back", phase("RolledBack")).await;
     let message = r["message"].as_str().unwrap_or("");
     assert!(
@@ -1548,10 +1560,19 @@ async fn overview_carries_the_evidence_over_time_of_a_rollout_in_flight() {
             );
         }
     }
-    assert!(
-        high.last() < high.get(1),
-        "the band narrows with the counts: {high:?}"
-    );
+    // The band narrows with the counts: below the no-data 1.0 of the
+    // first point, and, at the same errors, lower with more requests (an
+    // error between two points may widen it: the rate rose).
+    let last = t.len() - 1;
+    assert!(high[last] < high[0], "narrower than with no data: {high:?}");
+    if let Some(j) = (0..last)
+        .find(|&j| requests[j] > 0.0 && failed[j] == failed[last] && requests[j] < requests[last])
+    {
+        assert!(
+            high[last] < high[j],
+            "the band narrows with the counts: {high:?} over {requests:?} requests, {failed:?} errors"
+        );
+    }
     assert!(column(rates, "limit").iter().all(|l| *l == 0.05), "{rates}");
     assert!(
         column(&history["slowRate"], "limit")
