@@ -200,11 +200,16 @@ pub fn trials_to_catch(theta: f64, null_odds: f64, alpha: f64) -> Option<u64> {
         s.rejects(alpha)
     };
     // The log likelihood ratio of each alternative is linear in the
-    // trials at expected counts, so rejection is monotone: double, then
-    // halve the gap.
-    let mut hi = 1;
-    while !rejects(hi) {
-        if hi >= MOST {
+    // trials at expected counts, so rejection is monotone.
+    smallest(1, MOST, rejects)
+}
+
+/// The smallest `n >= start` where `holds` (taken as monotone): double
+/// from `start`, then halve the gap. `None` once past `most`.
+fn smallest(start: u64, most: u64, holds: impl Fn(u64) -> bool) -> Option<u64> {
+    let mut hi = start.max(1);
+    while !holds(hi) {
+        if hi >= most {
             return None;
         }
         hi *= 2;
@@ -212,7 +217,7 @@ pub fn trials_to_catch(theta: f64, null_odds: f64, alpha: f64) -> Option<u64> {
     let mut lo = hi / 2;
     while lo + 1 < hi {
         let mid = lo + (hi - lo) / 2;
-        if rejects(mid) { hi = mid } else { lo = mid }
+        if holds(mid) { hi = mid } else { lo = mid }
     }
     Some(hi)
 }
@@ -286,21 +291,9 @@ pub fn trials_to_catch_surely(theta: f64, null_odds: f64, alpha: f64, power: f64
     let start = trials_to_catch(theta, null_odds, alpha)?;
     let enough = |n: u64| power_at(n, theta, null_odds, alpha) >= power;
     // Power grows with the trials but for the steps of the discrete
-    // hits: double from the expected-count figure, then halve the gap
-    // (a figure within a few trials of the smallest).
-    let mut hi = start.max(1);
-    while !enough(hi) {
-        if hi >= MOST {
-            return None;
-        }
-        hi *= 2;
-    }
-    let mut lo = hi / 2;
-    while lo + 1 < hi {
-        let mid = lo + (hi - lo) / 2;
-        if enough(mid) { hi = mid } else { lo = mid }
-    }
-    Some(hi)
+    // hits: from the expected-count figure (a result within a few trials
+    // of the smallest).
+    smallest(start, MOST, enough)
 }
 
 /// `3x`, `1.5x`, `10,000x`.
