@@ -26,6 +26,8 @@ Runs, in order:
   scale        parse/translate time, RSS and match time for 1k/10k/50k routes
   rebuild      p99 and errors while the table of 10,000 routes is rebuilt
                every 100 ms; RSS after 1,000 rebuilds vs after the first
+  cores        (only with --only cores) requests per second with the proxy
+               on one core and on two (load generator on the same two)
 
 --quick: one short run of each, small scale; asserts only that every row
 produced numbers (never a timing). Exit status 1 when a row has none.
@@ -48,6 +50,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PROXY_CPU = "0"
 LOAD_CPU = "1"
+# Worker processes (nginx) or threads (HAProxy; sluice takes one per core
+# it may run on) and wrk's threads: 1 except in the `cores` suite.
+PROXY_WORKERS = 1
+WRK_THREADS = 1
 
 
 def log(msg):
@@ -356,7 +362,7 @@ spec:
             elif self.mode == "h2c":
                 nginx_listen = " http2"
             self.replace("nginx.conf", f"""user root;
-worker_processes 1;
+worker_processes {PROXY_WORKERS};
 pid {self.dir}/nginx.pid;
 error_log {self.dir}/error.log warn;
 worker_rlimit_nofile {max(8192, 2 * self.held + 1024)};
@@ -401,7 +407,7 @@ http {{
             elif self.mode == "h2c":
                 haproxy_bind = " proto h2"
             self.replace("haproxy.cfg", f"""global
-  nbthread 1
+  nbthread {PROXY_WORKERS}
   maxconn {max(4096, self.held + 1024)}
 defaults
   mode http
@@ -513,7 +519,7 @@ class Direct:
 
 
 def wrk(port, seconds, url=None, headers=()):
-    cmd = ["taskset", "-c", LOAD_CPU, "wrk", "-t1", "-c50", f"-d{seconds}s", "--latency"]
+    cmd = ["taskset", "-c", LOAD_CPU, "wrk", f"-t{WRK_THREADS}", "-c50", f"-d{seconds}s", "--latency"]
     for h in headers:
         cmd += ["-H", h]
     out = subprocess.run(cmd + [url or f"http://127.0.0.1:{port}/"],
@@ -1048,6 +1054,46 @@ def check_numbers(results):
 SUITES = ("closed", "fixed", "reload", "protocols", "held", "flip", "scale", "rebuild")
 
 
+def cores(args, exes, backends):
+    """Requests per second on one core and on two, per proxy (995/5).
+
+    One core: the proxy alone on core 0 (one nginx worker, one HAProxy
+    thread, one sluice worker), wrk on core 1. Two cores: the proxy on
+    cores 0 and 1 (two workers or threads; sluice takes one per core it
+    may run on) and wrk with two threads on the same two cores, so the
+    load generator competes with the proxy for them. The backends stay on
+    core 1 in both. Not part of the default run: `--only cores`.
+    """
+    global PROXY_CPU, LOAD_CPU, PROXY_WORKERS, WRK_THREADS
+    rows = []
+    seconds = 1 if args.quick else 10
+    runs = 1 if args.quick else 3
+    saved = (PROXY_CPU, LOAD_CPU, PROXY_WORKERS, WRK_THREADS)
+    try:
+        for layout, proxy_cpu, load_cpu, workers in (("1 core", "0", "1", 1),
+                                                     ("2 cores", "0,1", "0,1", 2)):
+            PROXY_CPU, LOAD_CPU, PROXY_WORKERS, WRK_THREADS = proxy_cpu, load_cpu, workers, workers
+            for kind in ("sluice", "nginx", "haproxy"):
+                target = Proxy(kind, exes, backends, (995, 5))
+                try:
+                    target.start()
+                    time.sleep(0.3)
+                    if not args.quick:
+                        wrk(target.port, 1)
+                    results = [measured(target, lambda: wrk(target.port, seconds))
+                               for _ in range(runs)]
+                    row = median_of(results)
+                    row.update(name=kind, layout=layout)
+                    rows.append(row)
+                    log(f"cores {layout} {kind}: {row['rps']:.0f} req/s, "
+                        f"{fmt(row['cpu_us_per_req'], 1)} us CPU/req")
+                finally:
+                    target.stop()
+    finally:
+        PROXY_CPU, LOAD_CPU, PROXY_WORKERS, WRK_THREADS = saved
+    return rows
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
@@ -1088,6 +1134,8 @@ def main():
             results["scale"] = scale(args, exes)
         if "rebuild" in only:
             results["rebuild"] = rebuild(args, exes, backends)
+        if "cores" in only:
+            results["cores"] = cores(args, exes, backends)
     finally:
         stop(backends.proc)
     results["meta"]["seconds"] = round(time.time() - started, 1)
