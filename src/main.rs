@@ -221,6 +221,9 @@ struct LimitArgs {
     /// TLS listeners: largest ClientHello in bytes; larger is closed [default: 65536].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Limits")]
     max_client_hello_bytes: Option<u64>,
+    /// Threads serving client connections, each keeping its connections (thread per core); 0 serves them on the runtime of the control plane [default: one per core the process may run on, 0 on one core].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1024), help_heading = "Limits")]
+    workers: Option<u64>,
 }
 
 impl LimitArgs {
@@ -289,6 +292,13 @@ impl LimitArgs {
         if let Some(v) = self.max_client_hello_bytes {
             l.max_client_hello_bytes = size(v);
         }
+        l.workers = match self.workers {
+            Some(v) => size(v),
+            None => match cores() {
+                1 => 0,
+                n => n,
+            },
+        };
         l
     }
 }
@@ -346,7 +356,9 @@ fn main() -> ExitCode {
         } => {
             let limits = limits.limits();
             init_tracing();
-            let Some(runtime) = runtime() else {
+            // With worker threads serving the connections, the control
+            // plane needs no more than one thread of its own.
+            let Some(runtime) = runtime(if limits.workers > 0 { 1 } else { cores() }) else {
                 return ExitCode::from(1);
             };
             let ingresses = ingress_gateway.map(|gateway| sluice::source::files::IngressServing {
@@ -463,7 +475,7 @@ fn main() -> ExitCode {
             verbose,
             keep_running,
         } => {
-            let Some(runtime) = runtime() else {
+            let Some(runtime) = runtime(cores()) else {
                 return ExitCode::from(1);
             };
             let options = sluice::cli::demo::DemoOptions {
@@ -482,16 +494,22 @@ fn main() -> ExitCode {
     }
 }
 
-/// The async runtime: one worker thread per core the process may run on
-/// (`available_parallelism` honours CPU affinity, e.g. `taskset`). On one
-/// core, a current-thread runtime: the same work without the work-stealing
+/// The cores the process may run on (`available_parallelism` honours CPU
+/// affinity, e.g. `taskset`).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The async runtime, with `threads` worker threads. On one, a
+/// current-thread runtime: the same work without the work-stealing
 /// scheduler's cross-thread bookkeeping on every wake-up.
-fn runtime() -> Option<tokio::runtime::Runtime> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut builder = if cores == 1 {
+fn runtime(threads: usize) -> Option<tokio::runtime::Runtime> {
+    let mut builder = if threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
     } else {
-        tokio::runtime::Builder::new_multi_thread()
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(threads);
+        builder
     };
     match builder.enable_all().build() {
         Ok(rt) => Some(rt),

@@ -106,6 +106,11 @@ pub struct ProxyLimits {
     /// TLS listeners: the largest ClientHello accepted, in bytes; a larger
     /// one is closed. Envoy's TLS inspector: `max_client_hello_size: 64KiB`.
     pub max_client_hello_bytes: usize,
+    /// Threads serving client connections, each with a runtime of its own
+    /// (thread per core, `proxy::workers`); 0 serves them on the runtime
+    /// that applies the tables. The `sluice` executable starts one per
+    /// core when it may run on more than one.
+    pub workers: usize,
 }
 
 impl Default for ProxyLimits {
@@ -135,6 +140,7 @@ impl Default for ProxyLimits {
             forwarded: ForwardedTrust::default(),
             client_hello_timeout: Duration::from_secs(15),
             max_client_hello_bytes: 64 * 1024,
+            workers: 0,
         }
     }
 }

@@ -31,6 +31,11 @@
 //! On shutdown the proxy stops accepting and drains: open connections
 //! finish their requests within the drain period.
 //!
+//! With [`ProxyLimits::workers`] set (the `sluice` executable: one per
+//! core), client connections are served thread per core ([`workers`]):
+//! each worker accepts on every socket and keeps its connections, their
+//! timers and its own pool of backend connections on its own thread.
+//!
 //! Not supported yet: timeouts cover the time to the response headers, not
 //! the streaming of the body after them.
 
@@ -42,6 +47,7 @@ mod limits;
 mod outbound;
 mod request;
 mod upgrade;
+mod workers;
 
 pub use body::ResponseBody;
 pub use error::{ErrorSource, ProxyError, UpstreamError};
@@ -90,16 +96,23 @@ pub(crate) struct Shared {
     table: ArcSwap<RouteTable>,
     metrics: Arc<Metrics>,
     /// HTTP/1.1 to endpoints (cleartext, and TLS per BackendTLSPolicy),
-    /// pooled per endpoint address and TLS setting; outlives tables.
-    pool: Arc<pool::Pool>,
+    /// pooled per endpoint address and TLS setting; outlives tables. One
+    /// pool per worker (a connection is registered with the reactor of
+    /// the thread that opened it), the first for threads that are none.
+    pools: Box<[Arc<pool::Pool>]>,
     /// HTTP/2 (`appProtocol: kubernetes.io/h2c`, GRPCRoute backends), one
     /// client per endpoint; outlives tables.
     h2: Arc<h2::H2Clients>,
     /// How client connections are served: HTTP/1.1 with keep-alive, or
     /// HTTP/2 with prior knowledge (h2c), detected per connection.
     server: auto::Builder<TokioExecutor>,
-    /// The accept loop of each bound socket, by its configured address.
-    listeners: Mutex<BTreeMap<SocketAddr, AbortHandle>>,
+    /// The accept loops of each bound socket (one per worker, or one),
+    /// by its configured address.
+    listeners: Mutex<BTreeMap<SocketAddr, Vec<AbortHandle>>>,
+    /// The threads serving client connections, when there are workers;
+    /// otherwise connections are served on the runtime that applies
+    /// tables.
+    workers: Option<workers::Workers>,
     limits: ProxyLimits,
     /// One permit per open client connection, across all sockets.
     connections: Arc<Semaphore>,
@@ -111,6 +124,15 @@ pub(crate) struct Shared {
     /// Set once on shutdown: every connection finishes what it is doing
     /// and closes.
     draining: watch::Sender<bool>,
+}
+
+impl Shared {
+    /// The pool of connections to endpoints of the calling thread's
+    /// worker.
+    pub(crate) fn pool(&self) -> &Arc<pool::Pool> {
+        let worker = workers::current();
+        &self.pools[if worker < self.pools.len() { worker } else { 0 }]
+    }
 }
 
 /// The running proxy. Cheap to clone.
@@ -125,6 +147,9 @@ impl Proxy {
         Self::with_limits(metrics, ProxyLimits::default())
     }
 
+    /// A proxy held to `limits`. With `limits.workers` above 0 it starts
+    /// that many worker threads; when they cannot be started it says so
+    /// and serves on the caller's runtime.
     pub fn with_limits(metrics: Arc<Metrics>, mut limits: ProxyLimits) -> Self {
         limits.max_connections = limits.max_connections.min(Semaphore::MAX_PERMITS);
         limits.max_connections_per_listener = limits
@@ -152,12 +177,26 @@ impl Proxy {
             .max_header_list_size(
                 u32::try_from(limits.max_request_header_bytes).unwrap_or(u32::MAX),
             );
+        let workers = match limits.workers {
+            0 => None,
+            n => match workers::Workers::start(n) {
+                Ok(workers) => Some(workers),
+                Err(e) => {
+                    tracing::warn!(workers = n, error = %e, "cannot start the proxy's worker threads; serving on the main runtime");
+                    None
+                }
+            },
+        };
+        let pools = (0..=workers.as_ref().map_or(0, |w| w.handles().len()))
+            .map(|_| pool::Pool::new(POOL_IDLE_TIMEOUT))
+            .collect();
         Proxy {
             shared: Arc::new(Shared {
                 server,
                 table: ArcSwap::from_pointee(RouteTable::default()),
                 metrics: metrics.clone(),
-                pool: pool::Pool::new(POOL_IDLE_TIMEOUT),
+                pools,
+                workers,
                 h2: Default::default(),
                 listeners: Mutex::new(BTreeMap::new()),
                 connections: Arc::new(Semaphore::new(limits.max_connections)),
@@ -236,12 +275,12 @@ impl Proxy {
     /// their requests.
     pub fn shutdown(&self) {
         let mut listeners = self.lock_listeners();
-        for (_, accept) in std::mem::take(&mut *listeners) {
+        for accept in std::mem::take(&mut *listeners).into_values().flatten() {
             accept.abort();
         }
     }
 
-    fn lock_listeners(&self) -> std::sync::MutexGuard<'_, BTreeMap<SocketAddr, AbortHandle>> {
+    fn lock_listeners(&self) -> std::sync::MutexGuard<'_, BTreeMap<SocketAddr, Vec<AbortHandle>>> {
         // A panic while holding this lock cannot leave the map inconsistent
         // (each change is one insert or remove), so poisoning is ignored.
         self.shared
@@ -252,11 +291,11 @@ impl Proxy {
 
     fn sync_listeners(&self, wanted: &[SocketAddr]) -> Vec<BindFailure> {
         let mut listeners = self.lock_listeners();
-        listeners.retain(|bind, accept| {
+        listeners.retain(|bind, accepts| {
             let keep = wanted.contains(bind);
             if !keep {
                 tracing::info!(%bind, "listener removed, no longer accepting");
-                accept.abort();
+                accepts.iter().for_each(AbortHandle::abort);
             }
             keep
         });
@@ -265,12 +304,10 @@ impl Proxy {
             if listeners.contains_key(&bind) {
                 continue;
             }
-            match listen(bind) {
-                Ok(listener) => {
+            match self.accept_on(bind) {
+                Ok(accepts) => {
                     tracing::info!(%bind, "listening");
-                    let shared = self.shared.clone();
-                    let task = tokio::spawn(accept_loop(shared, listener, bind));
-                    listeners.insert(bind, task.abort_handle());
+                    listeners.insert(bind, accepts);
                 }
                 Err(e) => {
                     tracing::warn!(%bind, error = %e, "cannot listen");
@@ -282,5 +319,51 @@ impl Proxy {
             }
         }
         failures
+    }
+
+    /// Bind `bind` and start accepting on it: on every worker, each with
+    /// the listening socket's descriptor registered in its own reactor,
+    /// or on the calling runtime. The socket's connection limit is one
+    /// for all of them.
+    fn accept_on(&self, bind: SocketAddr) -> std::io::Result<Vec<AbortHandle>> {
+        let per_listener = Arc::new(Semaphore::new(
+            self.shared.limits.max_connections_per_listener,
+        ));
+        let Some(workers) = &self.shared.workers else {
+            let listener = listen(bind)?;
+            let task = tokio::spawn(accept_loop(
+                self.shared.clone(),
+                listener,
+                bind,
+                per_listener,
+            ));
+            return Ok(vec![task.abort_handle()]);
+        };
+        let socket = {
+            let _worker = workers.handles()[0].enter();
+            listen(bind)?.into_std()?
+        };
+        let mut accepts = Vec::with_capacity(workers.handles().len());
+        for handle in workers.handles() {
+            let listener = {
+                let _worker = handle.enter();
+                tokio::net::TcpListener::from_std(socket.try_clone()?)
+            };
+            let listener = match listener {
+                Ok(listener) => listener,
+                Err(e) => {
+                    accepts.iter().for_each(AbortHandle::abort);
+                    return Err(e);
+                }
+            };
+            let task = handle.spawn(accept_loop(
+                self.shared.clone(),
+                listener,
+                bind,
+                per_listener.clone(),
+            ));
+            accepts.push(task.abort_handle());
+        }
+        Ok(accepts)
     }
 }

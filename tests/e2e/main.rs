@@ -30,3 +30,4 @@ mod status;
 mod tls_routes;
 mod upstream;
 mod weights;
+mod workers;

@@ -246,6 +246,11 @@ impl Sluice {
         }
     }
 
+    /// The gateway's process id (to read its threads in /proc).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("sluice.log.txt")).unwrap_or_default()
     }

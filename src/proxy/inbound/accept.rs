@@ -40,11 +40,12 @@ pub(in crate::proxy) async fn accept_loop(
     shared: Arc<Shared>,
     listener: TcpListener,
     bind: SocketAddr,
+    per_listener: Arc<Semaphore>,
 ) {
-    // Built once per socket; the certificate is picked per handshake from
-    // the current table, so reloads change certificates without rebinding.
+    // Built once per socket (and worker); the certificate is picked per
+    // handshake from the current table, so reloads change certificates
+    // without rebinding.
     let acceptor = TlsAcceptor::from(tls::server_config(shared.clone(), bind));
-    let per_listener = Arc::new(Semaphore::new(shared.limits.max_connections_per_listener));
     loop {
         let (stream, client) = match listener.accept().await {
             Ok(accepted) => accepted,

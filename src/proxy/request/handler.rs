@@ -789,7 +789,7 @@ impl<'a, 't> Forwarding<'a, 't> {
                 shared.h2.clone(),
                 endpoints.tls.clone(),
             ))),
-            tls => Upstream::Pool(shared.pool.clone(), tls.clone()),
+            tls => Upstream::Pool(shared.pool().clone(), tls.clone()),
         }
     }
 
