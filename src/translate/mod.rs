@@ -339,26 +339,34 @@ fn attach_routes<'a>(
             ));
             continue;
         }
-        resolver.tls.set_route_gateways(
-            parents
-                .iter()
-                .filter_map(|p| p.accepted.as_ref().ok())
-                .flatten()
-                .map(|a| {
-                    (
-                        views[a.gateway].namespace.clone(),
-                        views[a.gateway].name.clone(),
-                    )
-                })
-                .collect(),
-        );
+        // The Gateways the route is accepted by, which BackendTLSPolicies
+        // are checked against while the route compiles. Set only when it
+        // compiles: a reused route is not compiled (reuse needs a snapshot
+        // without BackendTLSPolicies), and with 10,000 routes reused the
+        // list was 30,000 allocations a flip for nothing.
+        let views_ref = &*views;
         let compiled = reuse.route(
             snapshot,
             head.kind,
             head.namespace,
             head.name,
             index,
-            || compile(resolver),
+            || {
+                resolver.tls.set_route_gateways(
+                    parents
+                        .iter()
+                        .filter_map(|p| p.accepted.as_ref().ok())
+                        .flatten()
+                        .map(|a| {
+                            (
+                                views_ref[a.gateway].namespace.clone(),
+                                views_ref[a.gateway].name.clone(),
+                            )
+                        })
+                        .collect(),
+                );
+                compile(resolver)
+            },
         );
         let order = RouteOrder {
             created: created_nanos(head.meta),
