@@ -130,8 +130,7 @@ impl Shared {
     /// The pool of connections to endpoints of the calling thread's
     /// worker.
     pub(crate) fn pool(&self) -> &Arc<pool::Pool> {
-        let worker = workers::current();
-        &self.pools[if worker < self.pools.len() { worker } else { 0 }]
+        self.pools.get(workers::current()).unwrap_or(&self.pools[0])
     }
 }
 
@@ -323,32 +322,23 @@ impl Proxy {
 
     /// Bind `bind` and start accepting on it: on every worker, each with
     /// the listening socket's descriptor registered in its own reactor,
-    /// or on the calling runtime. The socket's connection limit is one
-    /// for all of them.
+    /// or on the calling runtime when there are no workers. The socket's
+    /// connection limit is one for all of them.
     fn accept_on(&self, bind: SocketAddr) -> std::io::Result<Vec<AbortHandle>> {
         let per_listener = Arc::new(Semaphore::new(
             self.shared.limits.max_connections_per_listener,
         ));
-        let Some(workers) = &self.shared.workers else {
-            let listener = listen(bind)?;
-            let task = tokio::spawn(accept_loop(
-                self.shared.clone(),
-                listener,
-                bind,
-                per_listener,
-            ));
-            return Ok(vec![task.abort_handle()]);
+        let handles = match &self.shared.workers {
+            Some(workers) => workers.handles().to_vec(),
+            None => vec![tokio::runtime::Handle::current()],
         };
-        let socket = {
-            let _worker = workers.handles()[0].enter();
-            listen(bind)?.into_std()?
-        };
-        let mut accepts = Vec::with_capacity(workers.handles().len());
-        for handle in workers.handles() {
-            let listener = {
-                let _worker = handle.enter();
-                tokio::net::TcpListener::from_std(socket.try_clone()?)
-            };
+        let socket = listen(bind)?.into_std()?;
+        let mut accepts = Vec::with_capacity(handles.len());
+        for handle in &handles {
+            let listener = socket.try_clone().and_then(|socket| {
+                let _runtime = handle.enter();
+                tokio::net::TcpListener::from_std(socket)
+            });
             let listener = match listener {
                 Ok(listener) => listener,
                 Err(e) => {

@@ -10,8 +10,8 @@
 //! connection lives and dies on the worker that accepted it: its socket,
 //! timers and wake-ups stay on that thread, and so do its pooled
 //! connections to backends (one pool per worker, [`current`] picks it).
-//! What the workers share is read-mostly: the route table (one atomic
-//! load per request), the limits' semaphores and the metrics' counters.
+//! What the workers share is read-mostly: the route table (a reference
+//! taken per request), the limits' semaphores and the metrics' counters.
 //!
 //! Every worker accepts on the same listening socket (its descriptor
 //! duplicated into each worker's reactor): one bind per listener, so a
