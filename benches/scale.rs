@@ -306,7 +306,7 @@ fn overview(args: &[String]) -> Result<(), String> {
         translation
             .rules
             .iter()
-            .flat_map(sluice::translate::RuleSummary::share_rows)
+            .flat_map(|r| r.share_rows())
             .collect(),
     );
     let mut backends = 0usize;

@@ -68,7 +68,7 @@ pub struct Published {
     pub status: StatusReport,
     pub errors: Vec<ConfigError>,
     /// Every attached rule with its backends' shares and state.
-    pub rules: Arc<Vec<RuleSummary>>,
+    pub rules: Arc<Vec<Arc<RuleSummary>>>,
     /// Number of the route table in service.
     pub generation: u64,
 }

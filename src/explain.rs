@@ -12,6 +12,7 @@
 //! as JSON, with the names `/status` and the dashboard use.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use serde::Serialize;
@@ -168,7 +169,7 @@ pub const EXIT_UNREADABLE: i32 = 2;
 /// Explain `request` against `table` (the rules' shares from `rules`).
 pub fn explain(
     table: &RouteTable,
-    rules: &[RuleSummary],
+    rules: &[Arc<RuleSummary>],
     request: &ExplainRequest,
 ) -> Result<Explanation, BadRequest> {
     let (host, port, path, query) = request.target()?;

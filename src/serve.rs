@@ -247,7 +247,7 @@ struct Current {
     objects: usize,
     /// The rule summaries of the table in service: what each rule serves,
     /// for the rollouts of newly governed rules.
-    rules: Arc<Vec<RuleSummary>>,
+    rules: Arc<Vec<Arc<RuleSummary>>>,
 }
 
 /// Turns each configuration, and each rollout step, into a served table
@@ -472,13 +472,8 @@ impl Server {
             errors = current.errors.len(),
             "{what}"
         );
-        self.metrics.set_shares(
-            routing
-                .rules
-                .iter()
-                .flat_map(RuleSummary::share_rows)
-                .collect(),
-        );
+        self.metrics
+            .set_shares(routing.rules.iter().flat_map(|r| r.share_rows()).collect());
         let rules = Arc::new(routing.rules);
         let replaced = self.state.publish(Published {
             status,

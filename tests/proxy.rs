@@ -314,11 +314,11 @@ fn tables(binds: &[SocketAddr], rules: Vec<RuleSpec>) -> RouteTable {
         .map(|bind| b.add_listener(*bind, format!("listener/{bind}"), HostPattern::Any))
         .collect();
     for spec in rules {
-        let order = RouteOrder {
+        let order = Arc::new(RouteOrder {
             created: 0,
             namespace: "test".into(),
             name: spec.route.into(),
-        };
+        });
         let rule = Arc::new(Rule {
             id: RuleId {
                 kind: RouteKind::Http,

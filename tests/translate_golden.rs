@@ -128,7 +128,7 @@ fn run_case(input: &Path) -> String {
             })
             .collect(),
         status: t.status.objects,
-        rules: t.rules,
+        rules: t.rules.iter().map(|r| (**r).clone()).collect(),
         warnings: t.warnings,
         probes: probes(&text).iter().map(|p| probe(&t.table, p)).collect(),
     };

@@ -497,7 +497,7 @@ pub fn report_json(checked: &Checked, out: &mut impl Write) -> std::io::Result<i
             "notRun": crate::resources::crd::rules_not_run().iter().map(|(r, why)| serde_json::json!({"rule": r, "why": why})).collect::<Vec<_>>(),
         },
         "status": checked.translation.status.objects,
-        "rules": checked.translation.rules,
+        "rules": checked.translation.rules.iter().map(|r| &**r).collect::<Vec<&crate::translate::RuleSummary>>(),
         "ingressConversion": checked.ingress_conversion.as_ref().map(|(_, report)| {
             report.lines.iter().map(|l| serde_json::json!({
                 "object": l.object,

@@ -135,14 +135,7 @@ impl Snapshot {
         let mut omitted_weights = BTreeSet::new();
         let mut objects = Vec::new();
         for l in loaded {
-            if !l.omitted_weights.is_empty() {
-                let route = l.object.id();
-                omitted_weights.extend(
-                    l.omitted_weights
-                        .iter()
-                        .map(|&(i, j)| (route.clone(), i, j)),
-                );
-            }
+            note_omitted(&l, &mut omitted_weights);
             objects.push(l.object);
         }
         assign(&mut objects);
@@ -150,6 +143,39 @@ impl Snapshot {
             omitted_weights,
             ..Snapshot::from_objects(objects)
         }
+    }
+
+    /// [`Snapshot::from_loaded`] from borrowed objects (a source's, kept
+    /// for the next reload): only the objects are cloned, an HTTPRoute a
+    /// reference count.
+    pub fn from_loaded_refs<'a>(
+        loaded: impl IntoIterator<Item = &'a LoadedObject>,
+        assign: impl FnOnce(&mut Vec<Object>),
+    ) -> Snapshot {
+        let mut omitted_weights = BTreeSet::new();
+        let mut objects = Vec::new();
+        for l in loaded {
+            note_omitted(l, &mut omitted_weights);
+            objects.push(l.object.clone());
+        }
+        assign(&mut objects);
+        Snapshot {
+            omitted_weights,
+            ..Snapshot::from_objects(objects)
+        }
+    }
+}
+
+/// The weights `l`'s manifest omitted, as [`Snapshot::omitted_weights`]
+/// keeps them.
+fn note_omitted(l: &LoadedObject, into: &mut BTreeSet<(String, usize, usize)>) {
+    if !l.omitted_weights.is_empty() {
+        let route = l.object.id();
+        into.extend(
+            l.omitted_weights
+                .iter()
+                .map(|&(i, j)| (route.clone(), i, j)),
+        );
     }
 }
 

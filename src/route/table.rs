@@ -901,7 +901,7 @@ impl RouteTableBuilder {
         &mut self,
         listener: ListenerHandle,
         hostnames: &[HostPattern],
-        route: &RouteOrder,
+        route: &Arc<RouteOrder>,
         rule: Arc<Rule>,
         matches: Vec<RequestMatch>,
     ) {
@@ -909,7 +909,6 @@ impl RouteTableBuilder {
             .binds
             .get_mut(&listener.bind)
             .expect("handle from this builder")[listener.index];
-        let route = Arc::new(route.clone());
         let matches = if matches.is_empty() {
             vec![RequestMatch::default()]
         } else {
@@ -922,7 +921,7 @@ impl RouteTableBuilder {
             for (match_index, m) in matches.into_iter().enumerate() {
                 listener.candidates.push(CandidateBuild {
                     candidate: Candidate {
-                        key: PrecedenceKey::new(&m, &route, rule.id.index, match_index),
+                        key: PrecedenceKey::new(&m, route, rule.id.index, match_index),
                         matcher: m,
                         rule: rule.clone(),
                         host: host.clone(),
@@ -1087,12 +1086,12 @@ mod tests {
         })
     }
 
-    fn order(name: &str, created: i128) -> RouteOrder {
-        RouteOrder {
+    fn order(name: &str, created: i128) -> Arc<RouteOrder> {
+        Arc::new(RouteOrder {
             created,
             namespace: "default".into(),
             name: name.into(),
-        }
+        })
     }
 
     fn path(p: PathMatch) -> RequestMatch {
@@ -1656,7 +1655,7 @@ mod tests {
 
         struct Entry {
             hostnames: Vec<HostPattern>,
-            order: RouteOrder,
+            order: Arc<RouteOrder>,
             rule: Arc<Rule>,
             matches: Vec<RequestMatch>,
         }

@@ -129,15 +129,16 @@ impl FileSource {
         self.loaded_once = true;
         self.path_problems = errors.clone();
 
-        let (mut loaded, mut specs, file_errors) = self.files.merged_with_specs();
+        let (loaded, mut specs, file_errors) = self.files.merged_with_specs();
         errors.extend(file_errors);
+        let mut converted = Vec::new();
         if let (Some(serving), Some((input, read_errors))) = (&self.ingresses, ingress_input) {
             let (objects, conversion_errors, _) =
                 converted_ingresses(serving, &input, &self.files.crds());
             // Converted at every reload: their specs are serialized here
             // (one per object, as for the files' own).
             specs.extend(objects.iter().map(|l| l.object.spec_json().into()));
-            loaded.extend(objects);
+            converted = objects;
             errors.extend(read_errors);
             errors.extend(conversion_errors);
         }
@@ -147,11 +148,12 @@ impl FileSource {
         }
         self.reported = errors.clone();
 
-        let count = loaded.len();
+        let count = loaded.len() + converted.len();
         let generations = &mut self.generations;
-        let snapshot = Snapshot::from_loaded(loaded, |objects| {
-            generations.assign_with_specs(objects, &specs, k8s_openapi::jiff::Timestamp::now());
-        });
+        let snapshot =
+            Snapshot::from_loaded_refs(loaded.into_iter().chain(&converted), |objects| {
+                generations.assign_with_specs(objects, &specs, k8s_openapi::jiff::Timestamp::now());
+            });
         Some(SourceUpdate {
             snapshot,
             errors,

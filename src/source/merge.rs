@@ -276,13 +276,14 @@ impl FileSet {
     /// duplicates found).
     pub fn merged(&self) -> (Vec<LoadedObject>, Vec<ConfigError>) {
         let (objects, _, errors) = self.merged_with_specs();
-        (objects, errors)
+        (objects.into_iter().cloned().collect(), errors)
     }
 
-    /// [`FileSet::merged`], with each object's [`Object::spec_json`] as
-    /// computed when its file was parsed (`specs[i]` of `objects[i]`), for
+    /// [`FileSet::merged`], borrowed, with each object's
+    /// [`Object::spec_json`] as computed when its file was parsed
+    /// (`specs[i]` of `objects[i]`), for
     /// [`crate::resources::Generations::assign_with_specs`].
-    pub fn merged_with_specs(&self) -> (Vec<LoadedObject>, Vec<Arc<[u8]>>, Vec<ConfigError>) {
+    pub fn merged_with_specs(&self) -> Merged<'_> {
         // Borrowed from the files: 10,000 objects are merged at every
         // reload without copying their names.
         let mut seen: BTreeMap<ObjectKey<'_>, (&str, usize)> = BTreeMap::new();
@@ -311,7 +312,7 @@ impl FileSet {
                     continue;
                 }
                 seen.insert(key, (loaded.file.as_str(), loaded.line));
-                objects.push(loaded.clone());
+                objects.push(loaded);
                 specs.push(spec.clone());
             }
         }
@@ -319,6 +320,10 @@ impl FileSet {
         (objects, specs, errors)
     }
 }
+
+/// [`FileSet::merged_with_specs`]: the objects to serve (borrowed from the
+/// files), their specs, and every current problem.
+pub type Merged<'a> = (Vec<&'a LoadedObject>, Vec<Arc<[u8]>>, Vec<ConfigError>);
 
 /// A file that produced errors and no object at all failed as a whole
 /// (YAML syntax, not a manifest): its previous objects keep serving.

@@ -38,7 +38,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::resources::{CONTROLLER_NAME, Snapshot};
@@ -120,7 +119,7 @@ pub fn translate_served_at(
 pub struct Routing {
     pub table: RouteTable,
     /// As [`Translation::rules`].
-    pub rules: Vec<RuleSummary>,
+    pub rules: Vec<Arc<RuleSummary>>,
     /// As [`Translation::warnings`].
     pub warnings: Vec<String>,
 }
@@ -319,9 +318,9 @@ fn attach_routes<'a>(
     labels: &dyn Fn(&str) -> BTreeMap<String, String>,
     reuse: &mut Reuse<'_>,
     warnings: &mut Vec<String>,
-) -> (Vec<AttachedRoute<'a>>, Vec<RuleSummary>) {
-    let mut routes = all_routes(snapshot, served);
-    routes.sort_by(|(a, ..), (b, ..)| {
+) -> (Vec<AttachedRoute<'a>>, Vec<Arc<RuleSummary>>) {
+    let mut routes = all_routes(snapshot);
+    routes.sort_by(|(a, _), (b, _)| {
         (sort_key_ref(a.meta), a.kind).cmp(&(sort_key_ref(b.meta), b.kind))
     });
     let mut attached_routes = Vec::new();
@@ -329,8 +328,10 @@ fn attach_routes<'a>(
     // Hostnames HTTPRoutes and GRPCRoutes hold on each (gateway, listener),
     // by kind: a route looks only at the other kind's claims, so that
     // 10,000 HTTPRoutes on one listener are not compared pairwise.
-    let mut claims: Claims = BTreeMap::new();
-    for (head, index, compile) in routes {
+    // Only read when both kinds are there: otherwise not kept at all.
+    let mixed_kinds = !snapshot.http_routes.is_empty() && !snapshot.grpc_routes.is_empty();
+    let mut claims: Claims<'a> = BTreeMap::new();
+    for (head, index) in routes {
         let mut parents = routes::attach(&head, views, labels);
         if parents.is_empty() {
             warnings.push(format!(
@@ -365,19 +366,20 @@ fn attach_routes<'a>(
                         })
                         .collect(),
                 );
-                compile(resolver)
+                compile(snapshot, &head, index, resolver, served)
             },
         );
-        let order = RouteOrder {
+        // Shared by every (rule, match) the route adds to the table.
+        let order = Arc::new(RouteOrder {
             created: created_nanos(head.meta),
             namespace: head.namespace.to_string(),
             name: head.name.to_string(),
-        };
+        });
         // (gateway, listener) pairs the route is attached to already.
         let mut attached: BTreeSet<(usize, usize)> = BTreeSet::new();
         let mut accepted_anywhere = false;
         if compiled.unsupported.is_empty() {
-            if head.kind != RouteKind::Tls {
+            if mixed_kinds && head.kind != RouteKind::Tls {
                 resolve_kind_conflicts(&head, &mut parents, &mut claims, views);
             }
             for attachments in parents.iter().filter_map(|p| p.accepted.as_ref().ok()) {
@@ -425,82 +427,80 @@ fn attach_routes<'a>(
     (attached_routes, rules)
 }
 
-/// Compiles one route, given the backend resolver.
-type Compile<'a> = Box<dyn FnOnce(&BackendResolver<'_>) -> CompiledRoute + 'a>;
-
-/// Every route of the snapshot, with its index in its kind's list and what
-/// compiles it (and the shares rollouts serve, by route kind, name and
-/// rule).
-fn all_routes<'a>(
-    snapshot: &'a Snapshot,
-    served: &'a ServedShares,
-) -> Vec<(RouteHead<'a>, usize, Compile<'a>)> {
-    /// A route's head, and its compile step (`compile` given the route's
-    /// namespace and name).
-    fn entry<'a, P: routes::RouteParentRef>(
-        kind: RouteKind,
-        meta: &'a ObjectMeta,
-        hostnames: &'a [String],
-        parent_refs: &[P],
-        index: usize,
-        compile: impl FnOnce(&'a str, &'a str, &BackendResolver<'_>) -> CompiledRoute + 'a,
-    ) -> (RouteHead<'a>, usize, Compile<'a>) {
-        let head = RouteHead::new(kind, meta, hostnames, parent_refs);
-        let (ns, name) = (head.namespace, head.name);
-        (head, index, Box::new(move |res| compile(ns, name, res)))
-    }
+/// Every route of the snapshot, with its index in its kind's list.
+fn all_routes(snapshot: &Snapshot) -> Vec<(RouteHead<'_>, usize)> {
     let http = snapshot.http_routes.iter().enumerate().map(|(i, r)| {
-        entry(
+        let head = RouteHead::new(
             RouteKind::Http,
             &r.metadata,
             r.spec.hostnames.as_deref().unwrap_or_default(),
             r.spec.parent_refs.as_deref().unwrap_or_default(),
-            i,
-            move |ns, name, res| routes::compile_route(r, ns, name, res, served),
-        )
+        );
+        (head, i)
     });
     let grpc = snapshot.grpc_routes.iter().enumerate().map(|(i, r)| {
-        entry(
+        let head = RouteHead::new(
             RouteKind::Grpc,
             &r.metadata,
             r.spec.hostnames.as_deref().unwrap_or_default(),
             r.spec.parent_refs.as_deref().unwrap_or_default(),
-            i,
-            move |ns, name, res| grpcroutes::compile_route(r, ns, name, res, served),
-        )
+        );
+        (head, i)
     });
     let tls = snapshot.tls_routes.iter().enumerate().map(|(i, r)| {
-        entry(
+        let head = RouteHead::new(
             RouteKind::Tls,
             &r.metadata,
             &r.spec.hostnames,
             r.spec.parent_refs.as_deref().unwrap_or_default(),
-            i,
-            move |ns, name, res| tlsroutes::compile_route(r, ns, name, res, served),
-        )
+        );
+        (head, i)
     });
     http.chain(grpc).chain(tls).collect()
 }
 
+/// Compile route `head` (number `index` of its kind in `snapshot`) by its
+/// kind's module, with the shares rollouts serve.
+fn compile(
+    snapshot: &Snapshot,
+    head: &RouteHead<'_>,
+    index: usize,
+    resolver: &BackendResolver<'_>,
+    served: &ServedShares,
+) -> CompiledRoute {
+    let (ns, name) = (head.namespace, head.name);
+    match head.kind {
+        RouteKind::Http => {
+            routes::compile_route(&snapshot.http_routes[index], ns, name, resolver, served)
+        }
+        RouteKind::Grpc => {
+            grpcroutes::compile_route(&snapshot.grpc_routes[index], ns, name, resolver, served)
+        }
+        RouteKind::Tls => {
+            tlsroutes::compile_route(&snapshot.tls_routes[index], ns, name, resolver, served)
+        }
+    }
+}
+
 /// The hostnames accepted HTTPRoutes and GRPCRoutes hold, by (gateway,
 /// listener, route kind), in the order they were claimed.
-type Claims = BTreeMap<(usize, usize, RouteKind), Vec<Claim>>;
+type Claims<'a> = BTreeMap<(usize, usize, RouteKind), Vec<Claim<'a>>>;
 
 /// A hostname an accepted HTTPRoute or GRPCRoute holds on a listener.
-struct Claim {
+struct Claim<'a> {
     host: HostPattern,
-    /// `HTTPRoute ns/name`, for the loser's message.
-    route: String,
+    /// The route's kind, namespace and name, for the loser's message.
+    route: (RouteKind, &'a str, &'a str),
 }
 
 /// Drop the attachments of `route` (an HTTPRoute or GRPCRoute) to
 /// listeners where a route of the other kind, attached before it, holds an
 /// intersecting hostname; a parentRef left with none is not accepted
 /// (`HostnameConflict`). The attachments kept claim their hostnames.
-fn resolve_kind_conflicts(
-    route: &RouteHead<'_>,
+fn resolve_kind_conflicts<'a>(
+    route: &RouteHead<'a>,
     parents: &mut [routes::ParentResult],
-    claims: &mut Claims,
+    claims: &mut Claims<'a>,
     views: &[GatewayView],
 ) {
     for parent in parents.iter_mut() {
@@ -519,10 +519,13 @@ fn resolve_kind_conflicts(
                     })
                 });
             match held {
-                Some(c) => {
+                Some(Claim {
+                    host,
+                    route: (kind, namespace, name),
+                }) => {
                     lost.push(format!(
-                        "{} holds hostname {} on listener {} (the older route wins: the spec lets only one of an HTTPRoute and a GRPCRoute serve a hostname on a listener)",
-                        c.route, c.host, views[a.gateway].listeners[a.listener].name
+                        "{kind} {namespace}/{name} holds hostname {host} on listener {} (the older route wins: the spec lets only one of an HTTPRoute and a GRPCRoute serve a hostname on a listener)",
+                        views[a.gateway].listeners[a.listener].name
                     ));
                     false
                 }
@@ -540,7 +543,7 @@ fn resolve_kind_conflicts(
             for h in &a.hostnames {
                 held.push(Claim {
                     host: h.clone(),
-                    route: route.id(),
+                    route: (route.kind, route.namespace, route.name),
                 });
             }
         }

@@ -6,6 +6,7 @@
 //! depends on how translate computed them.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -21,7 +22,7 @@ pub struct Translation {
     /// Every route rule that is attached somewhere, with its backends'
     /// shares (what `sluice check` prints), in (kind, namespace, name,
     /// rule) order.
-    pub rules: Vec<RuleSummary>,
+    pub rules: Vec<Arc<RuleSummary>>,
     /// Traps worth a warning that are not errors (an omitted weight next to
     /// explicit ones, a backend whose share will get 500 or 503, ...).
     pub warnings: Vec<String>,

@@ -9,6 +9,7 @@
 //! so a step is a new table like any reload.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use gateway_api::experimental::httproutes::{HttpRoute, HttpRouteRules};
 use k8s_openapi::jiff::Timestamp;
@@ -170,7 +171,7 @@ pub(crate) fn spec_weight(weight: Option<i32>) -> u32 {
 /// What the rollout state machine needs: every governed rule with its
 /// spec weights, its backends' readiness and what the table in service
 /// (`previous`, the rule summaries of the last translation) serves.
-pub fn rollout_inputs(snapshot: &Snapshot, previous: &[RuleSummary]) -> RolloutInputs {
+pub fn rollout_inputs(snapshot: &Snapshot, previous: &[Arc<RuleSummary>]) -> RolloutInputs {
     if snapshot.rollout_policies.is_empty() {
         return RolloutInputs::default();
     }

@@ -60,7 +60,7 @@ pub(crate) struct CompiledRoute {
     pub unsupported: Vec<String>,
     /// backendRefs that do not resolve: `ResolvedRefs=False`.
     pub ref_failures: Vec<RefFailure>,
-    pub summaries: Vec<RuleSummary>,
+    pub summaries: Vec<Arc<RuleSummary>>,
     pub warnings: Vec<String>,
 }
 
@@ -417,13 +417,13 @@ fn compile_rule(scope: &Scope<'_, '_>, rule: &HttpRouteRules, i: usize, out: &mu
         resolver,
         &id_prefix,
     );
-    out.summaries.push(RuleSummary {
+    out.summaries.push(Arc::new(RuleSummary {
         kind: kind.as_str().to_string(),
         route: format!("{ns}/{name}"),
         rule: i,
         backends: summaries,
         rollout,
-    });
+    }));
     out.rules.push(CompiledRule {
         rule: Arc::new(Rule {
             id,
@@ -611,7 +611,8 @@ route_parent_ref!(
 /// What one parentRef that names one of our Gateways came to.
 #[derive(Debug)]
 pub(crate) struct ParentResult {
-    pub parent_ref: ParentRef,
+    /// Which of the route's parentRefs ([`RouteHead::parent_refs`]).
+    pub parent_ref: usize,
     /// `Err((reason, message))` when the route is not accepted here.
     pub accepted: Result<Vec<Attachment>, (Reason, String)>,
 }
@@ -636,7 +637,7 @@ pub(crate) fn attach(
             .collect()
     };
     let mut out = Vec::new();
-    for parent in &route.parent_refs {
+    for (parent_index, parent) in route.parent_refs.iter().enumerate() {
         let group = parent.group.as_deref().unwrap_or(GATEWAY_GROUP);
         let kind = parent.kind.as_deref().unwrap_or("Gateway");
         if group != GATEWAY_GROUP {
@@ -784,7 +785,7 @@ pub(crate) fn attach(
             }
         };
         out.push(ParentResult {
-            parent_ref: parent.clone(),
+            parent_ref: parent_index,
             accepted,
         });
     }
@@ -868,7 +869,7 @@ pub(crate) fn route_status(
                 }
             }
         };
-        let p = &parent.parent_ref;
+        let p = &route.head.parent_refs[parent.parent_ref];
         parents.push(HttpRouteStatusParents {
             conditions: vec![accepted, resolved.clone()],
             controller_name: CONTROLLER_NAME.to_string(),
