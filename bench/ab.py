@@ -30,7 +30,7 @@ def main():
     rows = [(label, "sluice", path) for label, path in (s.split("=", 1) for s in a.sluices)]
     rows += [(peer, peer, None) for peer in a.peers.split(",") if peer]
     backends = d.Backends(tools["backend"])
-    cpu = {}
+    cpu, user, sys_, rps = {}, {}, {}, {}
     try:
         for round_ in range(a.rounds):
             for label, kind, path in rows:
@@ -42,14 +42,22 @@ def main():
                 finally:
                     target.stop()
                 cpu.setdefault(label, []).append(r["cpu_us_per_req"])
-                print(f"round {round_ + 1} {label:>12}: {r['cpu_us_per_req']:5.1f} us CPU/req, "
+                user.setdefault(label, []).append(r["user_us_per_req"])
+                sys_.setdefault(label, []).append(r["sys_us_per_req"])
+                rps.setdefault(label, []).append(r["rps"])
+                print(f"round {round_ + 1} {label:>12}: {r['cpu_us_per_req']:5.1f} us CPU/req "
+                      f"({r['user_us_per_req']:5.1f} user, {r['sys_us_per_req']:5.1f} kernel), "
                       f"{r['rps']:8.0f} req/s, {r['errors']} errors", flush=True)
     finally:
         d.stop(backends.proc)
-    for label, values in cpu.items():
+    def median(values):
         values = sorted(v for v in values if v is not None)
-        print(f"median {label:>12}: {values[len(values) // 2]:5.1f} us CPU/req" if values
-              else f"median {label:>12}: no numbers")
+        return values[len(values) // 2] if values else None
+
+    for label in cpu:
+        c, u, s, q = (median(m[label]) for m in (cpu, user, sys_, rps))
+        print(f"median {label:>12}: {c:5.1f} us CPU/req ({u:5.1f} user, {s:5.1f} kernel), "
+              f"{q:8.0f} req/s" if c is not None else f"median {label:>12}: no numbers")
 
 
 if __name__ == "__main__":

@@ -174,7 +174,12 @@ def tree(pid):
 
 def cpu_ticks(pids):
     """utime + stime of the processes (all their threads), in clock ticks."""
-    total = 0
+    return sum(cpu_split(pids))
+
+
+def cpu_split(pids):
+    """(utime, stime) of the processes (all their threads), in clock ticks."""
+    user = system = 0
     for p in pids:
         try:
             with open(f"/proc/{p}/stat") as f:
@@ -182,8 +187,9 @@ def cpu_ticks(pids):
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2:].split()
-        total += int(fields[11]) + int(fields[12])
-    return total
+        user += int(fields[11])
+        system += int(fields[12])
+    return user, system
 
 
 def status_kib(pids, field):
@@ -558,12 +564,17 @@ def measured(target, run):
     """Run `run()` and add the proxy's CPU per request and the backends' split."""
     pids = target.pids()
     target.backends.reset()
-    before = cpu_ticks(pids)
+    before = cpu_split(pids)
     result = run()
-    after = cpu_ticks(pids)
+    after = cpu_split(pids)
     stable, canary = target.backends.counts()
     served = stable + canary
-    result["cpu_us_per_req"] = (after - before) * 1e6 / CLK_TCK / served if served else None
+    per_req = lambda ticks: ticks * 1e6 / CLK_TCK / served if served else None
+    result["cpu_us_per_req"] = per_req(sum(after) - sum(before))
+    # User and kernel time apart (what the kernel spends on the sockets'
+    # system calls is the second).
+    result["user_us_per_req"] = per_req(after[0] - before[0])
+    result["sys_us_per_req"] = per_req(after[1] - before[1])
     result["stable"], result["canary"] = stable, canary
     result["peak_rss_kib"] = status_kib(target.pids(), "VmHWM")
     return result

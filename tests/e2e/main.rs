@@ -17,6 +17,8 @@ mod hostnames;
 mod https;
 mod ingress_nginx;
 mod inputs;
+#[cfg(feature = "io-uring")]
+mod io_uring;
 mod listenerset;
 mod matching;
 mod outliers;
