@@ -8,10 +8,7 @@
 //!                                                                                       v
 //! request -> proxy (listener -> route lookup -> filters -> weighted backend -> endpoint -> forward)
 //! ```
-// No unsafe code, but for the io_uring prototype's one module when its
-// feature is on (src/proxy/uring.rs).
-#![cfg_attr(not(feature = "io-uring"), forbid(unsafe_code))]
-#![cfg_attr(feature = "io-uring", deny(unsafe_code))]
+#![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
 pub mod admin;

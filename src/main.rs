@@ -224,10 +224,6 @@ struct LimitArgs {
     /// Threads serving client connections, each keeping its connections (thread per core); 0 serves them on the runtime of the control plane [default: one per core the process may run on, 0 on one core].
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1024), help_heading = "Limits")]
     workers: Option<u64>,
-    /// Read and write cleartext HTTP/1.1 client connections through io_uring, a ring per worker (at least one worker; epoll where io_uring is refused). A prototype: see docs/performance.md, "Issue 23, item 3".
-    #[cfg(feature = "io-uring")]
-    #[arg(long, help_heading = "Limits")]
-    io_uring: bool,
 }
 
 impl LimitArgs {
@@ -303,14 +299,6 @@ impl LimitArgs {
                 n => n,
             },
         };
-        #[cfg(feature = "io-uring")]
-        {
-            // A ring is a worker's: one core gets one worker.
-            l.io_uring = self.io_uring;
-            if l.io_uring && l.workers == 0 {
-                l.workers = 1;
-            }
-        }
         l
     }
 }

@@ -111,12 +111,6 @@ pub struct ProxyLimits {
     /// that applies the tables. The `sluice` executable starts one per
     /// core when it may run on more than one.
     pub workers: usize,
-    /// Cleartext HTTP/1.1 client connections read and written through
-    /// io_uring (a ring per worker; needs at least one worker, and falls
-    /// back to epoll where io_uring is refused). The io_uring prototype,
-    /// cargo feature `io-uring`.
-    #[cfg(feature = "io-uring")]
-    pub io_uring: bool,
 }
 
 impl Default for ProxyLimits {
@@ -147,8 +141,6 @@ impl Default for ProxyLimits {
             client_hello_timeout: Duration::from_secs(15),
             max_client_hello_bytes: 64 * 1024,
             workers: 0,
-            #[cfg(feature = "io-uring")]
-            io_uring: false,
         }
     }
 }

@@ -47,8 +47,6 @@ mod limits;
 mod outbound;
 mod request;
 mod upgrade;
-#[cfg(feature = "io-uring")]
-mod uring;
 mod workers;
 
 pub use body::ResponseBody;
@@ -136,26 +134,6 @@ impl Shared {
     }
 }
 
-/// Whether `--io-uring` can be had: io_uring is set up per worker, so at
-/// least one is started; where the kernel (or a container's seccomp
-/// filter) refuses io_uring, the proxy says so and serves with epoll.
-#[cfg(feature = "io-uring")]
-fn uring_usable(limits: &mut ProxyLimits) -> bool {
-    if let Err(e) = uring::probe() {
-        tracing::warn!(error = %e, "io_uring unavailable: serving client connections with epoll");
-        limits.io_uring = false;
-        return false;
-    }
-    if limits.workers == 0 {
-        limits.workers = 1;
-    }
-    tracing::info!(
-        workers = limits.workers,
-        "cleartext HTTP/1.1 client connections read and written through io_uring"
-    );
-    true
-}
-
 /// The running proxy. Cheap to clone.
 #[derive(Clone)]
 pub struct Proxy {
@@ -198,13 +176,9 @@ impl Proxy {
             .max_header_list_size(
                 u32::try_from(limits.max_request_header_bytes).unwrap_or(u32::MAX),
             );
-        #[cfg(feature = "io-uring")]
-        let io_uring = limits.io_uring && uring_usable(&mut limits);
-        #[cfg(not(feature = "io-uring"))]
-        let io_uring = false;
         let workers = match limits.workers {
             0 => None,
-            n => match workers::Workers::start(n, io_uring) {
+            n => match workers::Workers::start(n) {
                 Ok(workers) => Some(workers),
                 Err(e) => {
                     tracing::warn!(workers = n, error = %e, "cannot start the proxy's worker threads; serving on the main runtime");

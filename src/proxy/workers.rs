@@ -22,10 +22,6 @@
 //!
 //! The control plane (file watch or Kubernetes, translation, status, the
 //! admin listener) stays on the main runtime.
-//!
-//! With `--io-uring` (cargo feature `io-uring`) each worker also owns an
-//! io_uring, whose driver is a task of the worker's runtime
-//! ([`super::uring`]).
 
 use std::cell::Cell;
 use std::io;
@@ -54,8 +50,8 @@ pub(crate) struct Workers {
 }
 
 impl Workers {
-    /// Start `n` workers, each with an io_uring when `io_uring`.
-    pub fn start(n: usize, io_uring: bool) -> io::Result<Workers> {
+    /// Start `n` workers.
+    pub fn start(n: usize) -> io::Result<Workers> {
         let mut handles = Vec::with_capacity(n);
         let mut stops = Vec::with_capacity(n);
         for i in 0..n {
@@ -74,10 +70,6 @@ impl Workers {
                             return;
                         }
                     };
-                    if io_uring && let Err(e) = start_uring(&runtime) {
-                        let _ = started.send(Err(e));
-                        return;
-                    }
                     INDEX.with(|index| index.set(i + 1));
                     let _ = started.send(Ok(runtime.handle().clone()));
                     // Runs the connections' tasks until the set is dropped.
@@ -101,20 +93,6 @@ impl Workers {
     }
 }
 
-/// Set up the calling worker thread's ring and spawn its driver.
-#[cfg(feature = "io-uring")]
-fn start_uring(runtime: &tokio::runtime::Runtime) -> io::Result<()> {
-    let _context = runtime.enter();
-    let driver = super::uring::install()?;
-    runtime.spawn(driver);
-    Ok(())
-}
-
-#[cfg(not(feature = "io-uring"))]
-fn start_uring(_: &tokio::runtime::Runtime) -> io::Result<()> {
-    Err(io::Error::other("built without the io-uring feature"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,7 +100,7 @@ mod tests {
     #[test]
     fn each_worker_knows_its_index_and_other_threads_are_none() {
         assert_eq!(current(), 0);
-        let workers = Workers::start(3, false).unwrap();
+        let workers = Workers::start(3).unwrap();
         let seen: Vec<usize> = workers
             .handles()
             .iter()

@@ -17,8 +17,6 @@ mod hostnames;
 mod https;
 mod ingress_nginx;
 mod inputs;
-#[cfg(feature = "io-uring")]
-mod io_uring;
 mod listenerset;
 mod matching;
 mod outliers;

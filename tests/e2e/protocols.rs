@@ -22,13 +22,13 @@ const STEP: Duration = Duration::from_secs(15);
 /// A tiny upgrade backend: answers any request that asks for
 /// `Upgrade: websocket` with 101 and then echoes every byte back; anything
 /// else gets 400. Records the request heads it saw.
-pub(crate) struct UpgradeBackend {
+struct UpgradeBackend {
     addr: SocketAddr,
     heads: Arc<Mutex<Vec<String>>>,
 }
 
 impl UpgradeBackend {
-    pub(crate) async fn start() -> UpgradeBackend {
+    async fn start() -> UpgradeBackend {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let heads: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -67,7 +67,7 @@ impl UpgradeBackend {
 
     /// Service `name` (port 8080, with `appProtocol` when given) and its
     /// EndpointSlice.
-    pub(crate) fn manifests(&self, name: &str, app_protocol: Option<&str>) -> String {
+    fn manifests(&self, name: &str, app_protocol: Option<&str>) -> String {
         static_service(name, None, 8080, app_protocol, self.addr.port())
     }
 }
@@ -88,7 +88,7 @@ async fn read_head(stream: &mut TcpStream) -> std::io::Result<String> {
 
 /// Open a connection to the gateway and ask to upgrade `path` on `host`.
 /// Returns the response head and the connection.
-pub(crate) async fn upgrade(sluice: &Sluice, host: &str, path: &str) -> (String, TcpStream) {
+async fn upgrade(sluice: &Sluice, host: &str, path: &str) -> (String, TcpStream) {
     let mut stream = TcpStream::connect(sluice.addr()).await.unwrap();
     let req = format!(
         "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
@@ -103,7 +103,7 @@ pub(crate) async fn upgrade(sluice: &Sluice, host: &str, path: &str) -> (String,
 }
 
 /// Write `msg` and read back exactly as many bytes.
-pub(crate) async fn echo(stream: &mut TcpStream, msg: &[u8]) -> Vec<u8> {
+async fn echo(stream: &mut TcpStream, msg: &[u8]) -> Vec<u8> {
     stream.write_all(msg).await.unwrap();
     let mut back = vec![0u8; msg.len()];
     tokio::time::timeout(STEP, stream.read_exact(&mut back))

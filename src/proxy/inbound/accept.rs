@@ -2,10 +2,7 @@
 //! (per socket, in total, per client address), then, per connection, what
 //! it speaks: TLS listeners go to [`passthrough`], HTTPS sockets through
 //! the TLS handshake (ALPN picks HTTP/2 or HTTP/1.1), cleartext sockets by
-//! their first bytes (the HTTP/2 preface or not). With `--io-uring`, a
-//! cleartext HTTP/1.1 connection is then read and written through the
-//! worker's ring ([`crate::proxy::uring`]); accepting, the peek, TLS,
-//! HTTP/2 and TLS passthrough stay on epoll.
+//! their first bytes (the HTTP/2 preface or not).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -158,24 +155,6 @@ async fn serve_cleartext(
     } else {
         // The first head is due by the same deadline as the first bytes.
         let peer = handler::Peer::new(client);
-        #[cfg(feature = "io-uring")]
-        if crate::proxy::uring::active() {
-            // This worker has a ring (`--io-uring`): the connection leaves
-            // tokio's reactor for it.
-            let stream = match stream
-                .into_std()
-                .and_then(crate::proxy::uring::UringStream::new)
-            {
-                Ok(stream) => stream,
-                Err(e) => {
-                    tracing::debug!(%client, error = %e, "cannot move the connection to io_uring");
-                    return;
-                }
-            };
-            let h1 = h1_conn::serve(shared, stream, None, peer, bind, permits, Some(deadline));
-            tokio::spawn(h1);
-            return;
-        }
         let h1 = h1_conn::serve(shared, stream, None, peer, bind, permits, Some(deadline));
         tokio::spawn(h1);
     }
