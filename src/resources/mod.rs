@@ -132,17 +132,7 @@ impl Snapshot {
         loaded: impl IntoIterator<Item = LoadedObject>,
         assign: impl FnOnce(&mut Vec<Object>),
     ) -> Snapshot {
-        let mut omitted_weights = BTreeSet::new();
-        let mut objects = Vec::new();
-        for l in loaded {
-            note_omitted(&l, &mut omitted_weights);
-            objects.push(l.object);
-        }
-        assign(&mut objects);
-        Snapshot {
-            omitted_weights,
-            ..Snapshot::from_objects(objects)
-        }
+        Self::sorted(loaded, |l| l.object, assign)
     }
 
     /// [`Snapshot::from_loaded`] from borrowed objects (a source's, kept
@@ -152,11 +142,21 @@ impl Snapshot {
         loaded: impl IntoIterator<Item = &'a LoadedObject>,
         assign: impl FnOnce(&mut Vec<Object>),
     ) -> Snapshot {
+        Self::sorted(loaded, |l| l.object.clone(), assign)
+    }
+
+    /// What both forms of `from_loaded` do, `object` taking each one's
+    /// object out (moved or cloned).
+    fn sorted<L: std::borrow::Borrow<LoadedObject>>(
+        loaded: impl IntoIterator<Item = L>,
+        object: impl Fn(L) -> Object,
+        assign: impl FnOnce(&mut Vec<Object>),
+    ) -> Snapshot {
         let mut omitted_weights = BTreeSet::new();
         let mut objects = Vec::new();
         for l in loaded {
-            note_omitted(l, &mut omitted_weights);
-            objects.push(l.object.clone());
+            note_omitted(l.borrow(), &mut omitted_weights);
+            objects.push(object(l));
         }
         assign(&mut objects);
         Snapshot {
