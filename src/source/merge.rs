@@ -13,12 +13,14 @@
 //! - the same object (kind, namespace, name) in two places: the first in
 //!   sorted file order (then document order) wins, the others are reported.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::FastMap;
 use crate::resources::crd::{self, Crds};
 use crate::resources::{
     LoadError, LoadedObject, Object, load_documents, object_id, read_documents,
@@ -286,9 +288,12 @@ impl FileSet {
     pub fn merged_with_specs(&self) -> Merged<'_> {
         // Borrowed from the files: 10,000 objects are merged at every
         // reload without copying their names.
-        let mut seen: BTreeMap<ObjectKey<'_>, (&str, usize)> = BTreeMap::new();
-        let mut objects = Vec::new();
-        let mut specs = Vec::new();
+        // Hashed: a sorted map of 10,000 keys was a fifth of a reload.
+        let count = self.files.values().map(|e| e.good.len()).sum();
+        let mut seen: FastMap<ObjectKey<'_>, (&str, usize)> =
+            FastMap::with_capacity_and_hasher(count, Default::default());
+        let mut objects = Vec::with_capacity(count);
+        let mut specs = Vec::with_capacity(count);
         let mut errors: Vec<ConfigError> = self
             .crd_files
             .values()
@@ -298,20 +303,24 @@ impl FileSet {
         for entry in self.files.values() {
             errors.extend(entry.errors.iter().chain(&entry.crd_errors).cloned());
             for (loaded, spec) in entry.good.iter().zip(&entry.specs) {
-                let key = ObjectKey::of(&loaded.object);
-                if let Some((file, line)) = seen.get(&key) {
-                    duplicates.push(ConfigError {
-                        file: loaded.file.clone(),
-                        line: Some(loaded.line),
-                        object: Some(key.to_string()),
-                        field: None,
-                        message: format!(
-                            "duplicate object: already defined at {file}:{line}, which is the one served"
-                        ),
-                    });
-                    continue;
+                match seen.entry(ObjectKey::of(&loaded.object)) {
+                    Entry::Occupied(first) => {
+                        let (file, line) = first.get();
+                        duplicates.push(ConfigError {
+                            file: loaded.file.clone(),
+                            line: Some(loaded.line),
+                            object: Some(first.key().to_string()),
+                            field: None,
+                            message: format!(
+                                "duplicate object: already defined at {file}:{line}, which is the one served"
+                            ),
+                        });
+                        continue;
+                    }
+                    Entry::Vacant(slot) => {
+                        slot.insert((loaded.file.as_str(), loaded.line));
+                    }
                 }
-                seen.insert(key, (loaded.file.as_str(), loaded.line));
                 objects.push(loaded);
                 specs.push(spec.clone());
             }
@@ -346,7 +355,7 @@ impl From<&LoadError> for ConfigError {
 }
 
 /// Identity of an object: two manifests with the same key are one object.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct ObjectKey<'a> {
     kind: &'static str,
     namespace: Option<&'a str>,

@@ -41,7 +41,7 @@ use crate::resources::{CONTROLLER_NAME, GATEWAY_GROUP, Gateway, GatewayClass, Sn
 use crate::route::{HostPattern, RouteKind, TlsMode};
 
 /// Which namespaces a listener accepts routes from.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum AllowedNamespaces {
     Same,
     All,

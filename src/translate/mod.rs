@@ -175,6 +175,7 @@ fn translate_core(
     let (class_statuses, classes) = gateways::gateway_classes(snapshot, now);
     let mut views = gateways::gateways(snapshot, &classes, options, &labels, now, &mut warnings);
     let mut listeners = bind_listeners(&views);
+    reuse.set_attach_key(reuse::AttachKey::of(&views), snapshot);
     let resolver = BackendResolver::new(snapshot);
     let (attached, rules) = attach_routes(
         snapshot,
@@ -319,10 +320,7 @@ fn attach_routes<'a>(
     reuse: &mut Reuse<'_>,
     warnings: &mut Vec<String>,
 ) -> (Vec<AttachedRoute<'a>>, Vec<Arc<RuleSummary>>) {
-    let mut routes = all_routes(snapshot);
-    routes.sort_by(|(a, _), (b, _)| {
-        (sort_key_ref(a.meta), a.kind).cmp(&(sort_key_ref(b.meta), b.kind))
-    });
+    let routes = routes_by_age(snapshot, reuse);
     let mut attached_routes = Vec::new();
     let mut rules = Vec::new();
     // Hostnames HTTPRoutes and GRPCRoutes hold on each (gateway, listener),
@@ -332,7 +330,14 @@ fn attach_routes<'a>(
     let mixed_kinds = !snapshot.http_routes.is_empty() && !snapshot.grpc_routes.is_empty();
     let mut claims: Claims<'a> = BTreeMap::new();
     for (head, index) in routes {
-        let mut parents = routes::attach(&head, views, labels);
+        let mut parents = reuse.parents(
+            snapshot,
+            head.kind,
+            head.namespace,
+            head.name,
+            index,
+            || routes::attach(&head, views, labels),
+        );
         if parents.is_empty() {
             warnings.push(format!(
                 "{}: no parentRef names a Gateway of {CONTROLLER_NAME}, or a ListenerSet whose parent is one; the route is ignored",
@@ -380,7 +385,14 @@ fn attach_routes<'a>(
         let mut accepted_anywhere = false;
         if compiled.unsupported.is_empty() {
             if mixed_kinds && head.kind != RouteKind::Tls {
-                resolve_kind_conflicts(&head, &mut parents, &mut claims, views);
+                // Other routes decide it: the attachments kept for the next
+                // translation are the ones before it (copied here).
+                resolve_kind_conflicts(
+                    &head,
+                    Arc::make_mut(&mut parents).as_mut_slice(),
+                    &mut claims,
+                    views,
+                );
             }
             for attachments in parents.iter().filter_map(|p| p.accepted.as_ref().ok()) {
                 accepted_anywhere = true;
@@ -425,6 +437,62 @@ fn attach_routes<'a>(
     }
     rules.sort_by(|a, b| (&a.kind, &a.route, a.rule).cmp(&(&b.kind, &b.route, b.rule)));
     (attached_routes, rules)
+}
+
+/// The order routes attach in: oldest first, then by namespace, name and
+/// kind.
+fn by_age(a: &RouteHead<'_>, b: &RouteHead<'_>) -> std::cmp::Ordering {
+    (sort_key_ref(a.meta), a.kind).cmp(&(sort_key_ref(b.meta), b.kind))
+}
+
+/// Every route of the snapshot, with its index in its kind's list, in
+/// attach order ([`by_age`]). The last translation's order is tried first:
+/// when it is still strictly in order (one pass of comparisons, where a
+/// sort of 10,000 routes makes fourteen), it is the order a sort gives.
+fn routes_by_age<'a>(snapshot: &'a Snapshot, reuse: &mut Reuse<'_>) -> Vec<(RouteHead<'a>, usize)> {
+    let mut routes = all_routes(snapshot);
+    let base = |kind| match kind {
+        RouteKind::Http => (0, snapshot.http_routes.len()),
+        RouteKind::Grpc => (snapshot.http_routes.len(), snapshot.grpc_routes.len()),
+        RouteKind::Tls => (
+            snapshot.http_routes.len() + snapshot.grpc_routes.len(),
+            snapshot.tls_routes.len(),
+        ),
+    };
+    // Positions in `routes` of the last order's routes: every index in
+    // range for its kind and as many as there are routes, so the same
+    // (kind, index) pairs, each once.
+    let previous = reuse.previous_order();
+    let positions: Option<Vec<usize>> = (previous.len() == routes.len())
+        .then(|| {
+            previous
+                .iter()
+                .map(|&(kind, i)| {
+                    let (start, count) = base(kind);
+                    ((i as usize) < count).then_some(start + i as usize)
+                })
+                .collect()
+        })
+        .flatten();
+    let kept = positions.filter(|p| {
+        p.windows(2)
+            .all(|w| by_age(&routes[w[0]].0, &routes[w[1]].0) == std::cmp::Ordering::Less)
+    });
+    match kept {
+        Some(positions) => {
+            let mut slots: Vec<Option<(RouteHead<'a>, usize)>> =
+                routes.into_iter().map(Some).collect();
+            routes = positions.iter().filter_map(|&p| slots[p].take()).collect();
+        }
+        None => routes.sort_by(|(a, _), (b, _)| by_age(a, b)),
+    }
+    reuse.keep_order(|| {
+        routes
+            .iter()
+            .map(|(head, i)| (head.kind, *i as u32))
+            .collect()
+    });
+    routes
 }
 
 /// Every route of the snapshot, with its index in its kind's list.

@@ -14,6 +14,11 @@
 //! table and status are the ones a full translation gives
 //! (`reusing_gives_what_a_full_translation_gives` below).
 //!
+//! A route's attachments ([`super::routes::attach`]: its parentRefs to
+//! listeners, hostnames intersected) are kept the same way, reused for a
+//! route whose spec is equal while what attaching reads of the Gateways
+//! ([`AttachKey`]) and the Namespaces (label selectors) are equal too.
+//!
 //! BackendTLSPolicies: while there are any, nothing is reused. Compiling
 //! against them also records which Gateways use each policy (their
 //! status), and a route's TLS settings depend on the Gateways it attaches
@@ -29,8 +34,11 @@ use crate::resources::Snapshot;
 use crate::rollout::ServedShares;
 use crate::route::RouteKind;
 
+use super::gateways::{AllowedNamespaces, GatewayView};
 use super::meta::namespace_of;
-use super::routes::CompiledRoute;
+use super::routes::{CompiledRoute, ParentResult};
+use crate::route::HostPattern;
+use crate::translate::conditions::Reason;
 
 /// Compiled routes by kind (HTTP, gRPC, TLS), each list indexed like the
 /// kind's list in the snapshot they were compiled from (`None`: a route
@@ -38,6 +46,69 @@ use super::routes::CompiledRoute;
 /// usual case: one file changed, nothing added before it) costs a name
 /// compare, no key built and no map.
 type ByIndex = [Vec<Option<Arc<CompiledRoute>>>; 3];
+
+/// Each route's attachments, indexed as [`ByIndex`].
+type ParentsByIndex = [Vec<Option<Arc<Vec<ParentResult>>>>; 3];
+
+/// What [`super::routes::attach`] reads of the Gateways: for each (in the
+/// order translate lists them, as attachments name them by index) its
+/// name, its ListenerSets' names and whether each was rejected, and each
+/// listener's name, port, hostname, kinds, allowed namespaces and owner.
+/// Equal keys (and equal Namespaces) attach an equal route the same way.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct AttachKey(Vec<GatewayKey>);
+
+#[derive(Debug, PartialEq)]
+struct GatewayKey {
+    namespace: String,
+    name: String,
+    /// (namespace, name, why rejected) of each ListenerSet.
+    listener_sets: Vec<ListenerSetKey>,
+    listeners: Vec<ListenerKey>,
+}
+
+type ListenerSetKey = (String, String, Option<(Reason, String)>);
+
+#[derive(Debug, PartialEq)]
+struct ListenerKey {
+    name: String,
+    port: i32,
+    hostname: HostPattern,
+    kinds: Vec<RouteKind>,
+    namespaces: AllowedNamespaces,
+    owner: Option<usize>,
+}
+
+impl AttachKey {
+    pub(super) fn of(views: &[GatewayView]) -> Self {
+        AttachKey(
+            views
+                .iter()
+                .map(|v| GatewayKey {
+                    namespace: v.namespace.clone(),
+                    name: v.name.clone(),
+                    listener_sets: v
+                        .listener_sets
+                        .iter()
+                        .map(|s| (s.namespace.clone(), s.name.clone(), s.rejected.clone()))
+                        .collect(),
+                    listeners: v
+                        .listeners
+                        .iter()
+                        .map(|l| ListenerKey {
+                            name: l.name.clone(),
+                            port: l.port,
+                            hostname: l.hostname.clone(),
+                            kinds: l.kinds.clone(),
+                            namespaces: l.namespaces.clone(),
+                            owner: l.owner,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        )
+    }
+}
 
 fn slot(kind: RouteKind) -> usize {
     match kind {
@@ -68,8 +139,14 @@ pub struct CompiledRoutes {
     inputs: Option<(Arc<Snapshot>, ServedShares)>,
     /// By kind and index in `inputs`' snapshot.
     routes: ByIndex,
+    /// Their attachments, and what of the Gateways they were made with.
+    parents: ParentsByIndex,
+    attach_key: AttachKey,
     /// How many routes the last translation compiled, and reused.
     counts: (usize, usize),
+    /// The order the last translation attached its routes in (kind, index
+    /// in its kind's list), which the next one checks before sorting.
+    order: Vec<(RouteKind, u32)>,
 }
 
 impl std::fmt::Debug for CompiledRoutes {
@@ -108,6 +185,17 @@ pub(super) struct Reuse<'c> {
     /// What this translation compiled, for the next; `None` when nothing
     /// is kept (a full translation).
     next: Option<ByIndex>,
+    /// The last translation's attach order, whatever its inputs, and this
+    /// one's for the next.
+    previous_order: &'c [(RouteKind, u32)],
+    next_order: Vec<(RouteKind, u32)>,
+    /// The last translation's attachments, until [`Reuse::set_attach_key`]
+    /// finds they may not be reused, and this one's.
+    previous_parents: Option<&'c ParentsByIndex>,
+    next_parents: Option<ParentsByIndex>,
+    /// The previous attach key, then this translation's.
+    previous_attach_key: Option<&'c AttachKey>,
+    attach_key: AttachKey,
     compiled: usize,
     reused: usize,
 }
@@ -119,6 +207,12 @@ impl<'c> Reuse<'c> {
             previous: None,
             by_name: None,
             next: None,
+            previous_order: &[],
+            next_order: Vec::new(),
+            previous_parents: None,
+            next_parents: None,
+            previous_attach_key: None,
+            attach_key: AttachKey::default(),
             compiled: 0,
             reused: 0,
         }
@@ -130,6 +224,9 @@ impl<'c> Reuse<'c> {
             shared_inputs_equal(prev, snapshot, prev_served, served)
                 .then_some((&**prev, &cache.routes))
         });
+        // Attachments may be reused once the Gateways' key is known to be
+        // unchanged too (`set_attach_key`); they need the Namespaces equal
+        // (listeners' label selectors).
         Reuse {
             previous,
             by_name: None,
@@ -138,6 +235,16 @@ impl<'c> Reuse<'c> {
                 vec![None; snapshot.grpc_routes.len()],
                 vec![None; snapshot.tls_routes.len()],
             ]),
+            previous_order: &cache.order,
+            next_order: Vec::new(),
+            previous_parents: Some(&cache.parents),
+            next_parents: Some([
+                vec![None; snapshot.http_routes.len()],
+                vec![None; snapshot.grpc_routes.len()],
+                vec![None; snapshot.tls_routes.len()],
+            ]),
+            previous_attach_key: Some(&cache.attach_key),
+            attach_key: AttachKey::default(),
             compiled: 0,
             reused: 0,
         }
@@ -220,12 +327,76 @@ impl<'c> Reuse<'c> {
         compiled
     }
 
+    /// What this translation's Gateways give attaching ([`AttachKey`]):
+    /// the last translation's attachments are reused only when it is equal
+    /// to the last one's, as are the Namespaces and the shared inputs of
+    /// compiled routes.
+    pub fn set_attach_key(&mut self, key: AttachKey, snapshot: &Snapshot) {
+        let same = self
+            .previous
+            .is_some_and(|(prev, _)| prev.namespaces == snapshot.namespaces)
+            && self.previous_attach_key.is_some_and(|k| *k == key);
+        if !same {
+            self.previous_parents = None;
+        }
+        self.attach_key = key;
+    }
+
+    /// The attachments of route number `index` of its kind in `snapshot`:
+    /// the previous translation's when its spec is unchanged and they may
+    /// be reused, else `attach()`.
+    pub fn parents(
+        &mut self,
+        snapshot: &Snapshot,
+        kind: RouteKind,
+        namespace: &str,
+        name: &str,
+        index: usize,
+        attach: impl FnOnce() -> Vec<ParentResult>,
+    ) -> Arc<Vec<ParentResult>> {
+        let kept = match (self.previous, self.previous_parents) {
+            (Some((prev, _)), Some(parents)) => self
+                .previous_index(prev, kind, namespace, name, index)
+                .and_then(|old| {
+                    let kept = parents[slot(kind)].get(old)?.as_ref()?;
+                    same_spec(kind, prev, old, snapshot, index).then(|| kept.clone())
+                }),
+            _ => None,
+        };
+        let parents = kept.unwrap_or_else(|| Arc::new(attach()));
+        if let Some(cell) = self
+            .next_parents
+            .as_mut()
+            .and_then(|next| next[slot(kind)].get_mut(index))
+        {
+            *cell = Some(parents.clone());
+        }
+        parents
+    }
+
+    /// The order the last translation attached routes in (kind, index):
+    /// a guess for this one's, to be checked (empty when there is none).
+    pub fn previous_order(&self) -> &'c [(RouteKind, u32)] {
+        self.previous_order
+    }
+
+    /// This translation's attach order, kept for the next when anything
+    /// is kept.
+    pub fn keep_order(&mut self, order: impl FnOnce() -> Vec<(RouteKind, u32)>) {
+        if self.next.is_some() {
+            self.next_order = order();
+        }
+    }
+
     /// Keep what this translation compiled (of `snapshot`, with `served`)
     /// in `cache`, for the next.
     pub fn keep(self, cache: &mut CompiledRoutes, snapshot: Arc<Snapshot>, served: &ServedShares) {
         cache.inputs = Some((snapshot, served.clone()));
         cache.routes = self.next.unwrap_or_default();
         cache.counts = (self.compiled, self.reused);
+        cache.order = self.next_order;
+        cache.parents = self.next_parents.unwrap_or_default();
+        cache.attach_key = self.attach_key;
     }
 }
 
@@ -375,6 +546,12 @@ spec:
         let gateway = GATEWAY.to_string();
         let other_listener = GATEWAY.replace("'*.example.com'", "'*.example.org'");
         let some = routes(&[("a", 10), ("b", 20), ("c", 30)]);
+        let selecting = GATEWAY.replace(
+            "from: All",
+            "from: Selector, selector: {matchLabels: {team: web}}",
+        );
+        let labelled = "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: default, labels: {team: web}}\n";
+        let unlabelled = "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: default}\n";
         // (what changed, the configuration, whether anything is reused)
         let steps: Vec<(&str, String, bool)> = vec![
             (
@@ -449,6 +626,29 @@ spec:
             (
                 "GRPCRoute deleted",
                 format!("{base}{gateway}{}", routes(&[("a", 10), ("c", 30)])),
+                true,
+            ),
+            // Attachments kept while the Gateways are equal must follow
+            // the Namespaces' labels.
+            (
+                "listener selects namespaces by label",
+                format!("{base}{selecting}{}", routes(&[("a", 10), ("c", 30)])),
+                true,
+            ),
+            (
+                "namespace labelled",
+                format!(
+                    "{base}{selecting}{labelled}{}",
+                    routes(&[("a", 10), ("c", 30)])
+                ),
+                true,
+            ),
+            (
+                "label removed",
+                format!(
+                    "{base}{selecting}{unlabelled}{}",
+                    routes(&[("a", 10), ("c", 30)])
+                ),
                 true,
             ),
         ];

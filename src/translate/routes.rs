@@ -527,18 +527,18 @@ pub(crate) struct Attachment {
 /// these fields).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct ParentRef {
+pub(crate) struct ParentRef<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
+    pub group: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
-    pub name: String,
+    pub kind: Option<&'a str>,
+    pub name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
+    pub namespace: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub port: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub section_name: Option<String>,
+    pub section_name: Option<&'a str>,
 }
 
 /// What attaching a route and reporting on it need, whatever its kind.
@@ -550,7 +550,7 @@ pub(crate) struct RouteHead<'a> {
     pub name: &'a str,
     /// `spec.hostnames` (none: any hostname).
     pub hostnames: &'a [String],
-    pub parent_refs: Vec<ParentRef>,
+    pub parent_refs: Vec<ParentRef<'a>>,
 }
 
 impl<'a> RouteHead<'a> {
@@ -560,7 +560,7 @@ impl<'a> RouteHead<'a> {
         kind: RouteKind,
         meta: &'a ObjectMeta,
         hostnames: &'a [String],
-        parent_refs: &[P],
+        parent_refs: &'a [P],
     ) -> Self {
         RouteHead {
             kind,
@@ -582,20 +582,20 @@ impl<'a> RouteHead<'a> {
 /// fields), as a [`ParentRef`]. Copied field by field: a JSON round trip
 /// per parentRef was a visible part of translating 10,000 routes.
 pub(crate) trait RouteParentRef {
-    fn parent_ref(&self) -> ParentRef;
+    fn parent_ref(&self) -> ParentRef<'_>;
 }
 
 macro_rules! route_parent_ref {
     ($($t:ty),*) => {$(
         impl RouteParentRef for $t {
-            fn parent_ref(&self) -> ParentRef {
+            fn parent_ref(&self) -> ParentRef<'_> {
                 ParentRef {
-                    group: self.group.clone(),
-                    kind: self.kind.clone(),
-                    name: self.name.clone(),
-                    namespace: self.namespace.clone(),
+                    group: self.group.as_deref(),
+                    kind: self.kind.as_deref(),
+                    name: &self.name,
+                    namespace: self.namespace.as_deref(),
                     port: self.port,
-                    section_name: self.section_name.clone(),
+                    section_name: self.section_name.as_deref(),
                 }
             }
         }
@@ -609,7 +609,7 @@ route_parent_ref!(
 );
 
 /// What one parentRef that names one of our Gateways came to.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct ParentResult {
     /// Which of the route's parentRefs ([`RouteHead::parent_refs`]).
     pub parent_ref: usize,
@@ -638,12 +638,12 @@ pub(crate) fn attach(
     };
     let mut out = Vec::new();
     for (parent_index, parent) in route.parent_refs.iter().enumerate() {
-        let group = parent.group.as_deref().unwrap_or(GATEWAY_GROUP);
-        let kind = parent.kind.as_deref().unwrap_or("Gateway");
+        let group = parent.group.unwrap_or(GATEWAY_GROUP);
+        let kind = parent.kind.unwrap_or("Gateway");
         if group != GATEWAY_GROUP {
             continue;
         }
-        let parent_ns = parent.namespace.as_deref().unwrap_or(ns);
+        let parent_ns = parent.namespace.unwrap_or(ns);
         // The Gateway, and whose listeners the parentRef can reach: a
         // Gateway parentRef reaches the Gateway's own listeners only, a
         // ListenerSet parentRef that ListenerSet's.
@@ -675,10 +675,7 @@ pub(crate) fn attach(
             .listeners_of(owner)
             .filter(|&l| {
                 let listener = &view.listeners[l];
-                parent
-                    .section_name
-                    .as_ref()
-                    .is_none_or(|s| s == &listener.name)
+                parent.section_name.is_none_or(|s| s == listener.name)
                     && parent.port.is_none_or(|p| p == listener.port)
             })
             .collect();
@@ -798,8 +795,10 @@ pub(crate) fn attach(
 pub(crate) struct AttachedRoute<'a> {
     pub head: RouteHead<'a>,
     /// One per parentRef that names one of our Gateways (or a ListenerSet
-    /// of one), in the route's order.
-    pub parents: Vec<ParentResult>,
+    /// of one), in the route's order. Shared with the next translation,
+    /// which reuses it for an unchanged route while the Gateways are
+    /// unchanged ([`super::reuse`]).
+    pub parents: Arc<Vec<ParentResult>>,
     /// What compiling found that sluice cannot honour
     /// ([`CompiledRoute::unsupported`]).
     pub unsupported: Vec<String>,
@@ -842,7 +841,7 @@ pub(crate) fn route_status(
         ),
     };
     let mut parents = Vec::new();
-    for parent in &route.parents {
+    for parent in route.parents.iter() {
         let accepted = if !route.unsupported.is_empty() {
             cond.make(
                 ConditionType::Accepted,
@@ -874,12 +873,12 @@ pub(crate) fn route_status(
             conditions: vec![accepted, resolved.clone()],
             controller_name: CONTROLLER_NAME.to_string(),
             parent_ref: HttpRouteStatusParentsParentRef {
-                group: p.group.clone(),
-                kind: p.kind.clone(),
-                name: p.name.clone(),
-                namespace: p.namespace.clone(),
+                group: p.group.map(str::to_string),
+                kind: p.kind.map(str::to_string),
+                name: p.name.to_string(),
+                namespace: p.namespace.map(str::to_string),
                 port: p.port,
-                section_name: p.section_name.clone(),
+                section_name: p.section_name.map(str::to_string),
             },
         });
     }
