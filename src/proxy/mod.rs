@@ -63,7 +63,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::AbortHandle;
 
 use crate::metrics::Metrics;
@@ -124,9 +124,22 @@ pub(crate) struct Shared {
     /// Set once on shutdown: every connection finishes what it is doing
     /// and closes.
     draining: watch::Sender<bool>,
+    /// Wakes idle HTTP/1.1 connections when `draining` is set: a
+    /// `Notified` is half the size of a watch's `changed()` in each idle
+    /// connection's task. One per worker thread (by its index), as the
+    /// watch spreads its waiters, so that threads do not take one lock.
+    drain_notify: [Notify; DRAIN_NOTIFIES],
 }
 
+/// How many [`Shared::drain_notify`] there are.
+const DRAIN_NOTIFIES: usize = 8;
+
 impl Shared {
+    /// What wakes this thread's idle HTTP/1.1 connections on drain.
+    fn drain_notify(&self) -> &Notify {
+        &self.drain_notify[workers::current() % DRAIN_NOTIFIES]
+    }
+
     /// The pool of connections to endpoints of the calling thread's
     /// worker.
     pub(crate) fn pool(&self) -> &Arc<pool::Pool> {
@@ -203,6 +216,7 @@ impl Proxy {
                 health: outliers::Health::new(Outliers::new(limits.outliers), metrics.clone()),
                 limits,
                 draining: watch::Sender::new(false),
+                drain_notify: Default::default(),
             }),
         }
     }
@@ -224,6 +238,9 @@ impl Proxy {
     pub async fn drain(&self) -> usize {
         self.shutdown();
         self.shared.draining.send_replace(true);
+        for notify in &self.shared.drain_notify {
+            notify.notify_waiters();
+        }
         let deadline = tokio::time::Instant::now() + self.shared.limits.drain_timeout;
         loop {
             let open = self.open_connections();

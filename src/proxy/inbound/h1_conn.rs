@@ -16,7 +16,7 @@
 //! per-thread [`Spare`] list for the next request, so that busy
 //! connections do not pay an allocation per request for them. The
 //! connection's task is sized by its idle state (its largest), so that
-//! state is kept small: one timer, the draining watch, and the read
+//! state is kept small: one timer, the drain's notification, and the read
 //! (docs/performance.md, *Issue 13, third pass*).
 //!
 //! Everything the parser refuses is answered from its [`ProxyError`] and
@@ -43,7 +43,7 @@ use http::{HeaderMap, Method, Request, StatusCode, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::proxy::body::{BodyTimedOut, BoxError, LeanBody, RequestBody, ResponseBody};
@@ -73,26 +73,56 @@ const BODY_FRAMES: usize = 2;
 const WRITE_BATCH: usize = 64 * 1024;
 
 /// Serve the HTTP/1.1 requests of one client connection until it closes,
-/// idles past its timeout, or the proxy drains. `_permits` hold its places
+/// idles past its timeout, or the proxy drains. `permits` hold its places
 /// under the connection limits; the first request head is due by
 /// `first_head_by`.
 ///
 /// Spawned as a task of its own (not awaited inside another future), so
-/// that the task is no larger than this future: each argument is kept in
-/// it for the connection's life.
-#[allow(
-    clippy::manual_async_fn,
-    reason = "an async fn keeps each argument twice in its future"
-)]
+/// that the task is no larger than this future. What a request needs and
+/// the wait for a head does not (the peer, the TLS details, the permits)
+/// is kept in one [`ConnInfo`] box for the connection's life: a tokio task
+/// is allocated in 128-byte steps and 128-byte aligned, a box in 16-byte
+/// ones, and the task is 512 bytes instead of 1,024.
 pub(in crate::proxy) fn serve<S>(
     shared: Arc<Shared>,
-    mut io: S,
+    io: S,
     tls: Option<TlsConnection>,
     peer: handler::Peer,
     bind: SocketAddr,
     permits: super::accept::Permits,
-    mut first_head_by: Option<Instant>,
+    first_head_by: Option<Instant>,
 ) -> impl Future<Output = ()> + Send + 'static
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let info = Box::new(ConnInfo {
+        shared,
+        tls,
+        peer,
+        bind,
+        first_head_by,
+        _permits: permits,
+    });
+    serve_with(info, io)
+}
+
+/// What a connection keeps for its requests, boxed once (see [`serve`]).
+struct ConnInfo {
+    shared: Arc<Shared>,
+    tls: Option<TlsConnection>,
+    peer: handler::Peer,
+    bind: SocketAddr,
+    /// When the first request head is due (taken by the first wait).
+    first_head_by: Option<Instant>,
+    /// Held until the connection ends.
+    _permits: super::accept::Permits,
+}
+
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps each argument twice in its future"
+)]
+fn serve_with<S>(mut info: Box<ConnInfo>, mut io: S) -> impl Future<Output = ()> + Send + 'static
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -101,38 +131,26 @@ where
     // (with `read_head`'s, 256 bytes of task per idle connection). The
     // block uses what it captures in place.
     async move {
-        // Held until the connection ends.
-        let _permits = &permits;
-        let mut draining = shared.draining.subscribe();
         let mut conn = Conn {
             buf: BytesMut::new(),
             out: Vec::new(),
         };
-        loop {
+        // The refusal is answered after the loop: awaited inside the
+        // `match`, the head's whole result (192 bytes) would be kept in the
+        // task beside the wait for a head.
+        let refused = loop {
             let head = match conn
-                .read_head(&shared, &mut io, &mut draining, first_head_by.take())
+                .read_head(&info.shared, &mut io, info.first_head_by.take())
                 .await
             {
                 Ok(Some(head)) => head,
                 Ok(None) => return,
-                Err(refused) => {
-                    let client = peer.addr;
-                    tracing::debug!(%client, error = %refused, "request head refused");
-                    let _ = Box::pin(conn.write_error(&mut io, refused)).await;
-                    return;
-                }
+                Err(refused) => break refused,
             };
             // One exchange, boxed: the connection's task is sized by its
             // largest state, and an idle connection should not keep room for a
             // request (3 KB). One allocation per request instead.
-            let exchange = Exchange {
-                shared: &shared,
-                peer: &peer,
-                tls: &tls,
-                bind,
-                draining: &draining,
-            };
-            match Box::pin(exchange.run(&mut conn, &mut io, head)).await {
+            match Box::pin(Exchange { info: &info }.run(&mut conn, &mut io, head)).await {
                 Next::Request => conn.release(),
                 Next::Close => {
                     let _ = io.shutdown().await;
@@ -148,7 +166,10 @@ where
                     return;
                 }
             }
-        }
+        };
+        let client = info.peer.addr;
+        tracing::debug!(%client, error = %refused, "request head refused");
+        let _ = Box::pin(conn.write_error(&mut io, refused)).await;
     }
 }
 
@@ -166,11 +187,7 @@ enum Next {
 
 /// What one request/response exchange of a connection needs.
 struct Exchange<'a> {
-    shared: &'a Arc<Shared>,
-    peer: &'a handler::Peer,
-    tls: &'a Option<TlsConnection>,
-    bind: SocketAddr,
-    draining: &'a watch::Receiver<bool>,
+    info: &'a ConnInfo,
 }
 
 impl Exchange<'_> {
@@ -187,7 +204,7 @@ impl Exchange<'_> {
         let minor = head.minor;
         let is_head = head.method == Method::HEAD;
         let (body, mut pump) =
-            Pump::for_framing(head.framing, self.shared.limits.request_body_timeout);
+            Pump::for_framing(head.framing, self.info.shared.limits.request_body_timeout);
         let expect_continue = head.expect_continue && pump.is_some() && conn.buf.is_empty();
         let upgrade = head.upgrade;
         let mut req = match build_request(head, &head_bytes, body) {
@@ -197,7 +214,7 @@ impl Exchange<'_> {
                 return Next::Gone;
             }
         };
-        if let Some(tls) = self.tls {
+        if let Some(tls) = &self.info.tls {
             req.extensions_mut().insert(tls.clone());
         }
         let handover = upgrade.then(|| {
@@ -215,7 +232,7 @@ impl Exchange<'_> {
         }
 
         // The handler runs while the loop reads the request body for it.
-        let handling = handler::handle(self.shared, req, self.peer, self.bind);
+        let handling = handler::handle(&self.info.shared, req, &self.info.peer, self.info.bind);
         tokio::pin!(handling);
         let resp = loop {
             match &mut pump {
@@ -229,7 +246,7 @@ impl Exchange<'_> {
                 // that goes away ends its request (and gives its place
                 // under the backend's cap back) as hyper does.
                 _ => {
-                    let limit = self.shared.limits.max_request_header_bytes;
+                    let limit = self.info.shared.limits.max_request_header_bytes;
                     tokio::select! {
                         resp = &mut handling => break resp,
                         () = closed_by_client(io, &mut conn.buf, limit) => return Next::Gone,
@@ -240,7 +257,7 @@ impl Exchange<'_> {
 
         let status = resp.status();
         let close = !keep_alive
-            || *self.draining.borrow()
+            || *self.info.shared.draining.borrow()
             || resp.headers().get(CONNECTION).is_some_and(|v| v == "close");
         let (parts, mut body) = resp.into_parts();
         let mut framing = encode_head(&mut conn.out, &parts, &body, is_head, minor, close);
@@ -314,7 +331,6 @@ impl Conn {
         &'a mut self,
         shared: &'a Shared,
         io: &'a mut S,
-        draining: &'a mut watch::Receiver<bool>,
         head_by: Option<Instant>,
     ) -> impl Future<Output = Result<Option<RequestHead>, ProxyError>> + 'a {
         // A block, not an `async fn`, as `serve`: the arguments are not
@@ -324,40 +340,53 @@ impl Conn {
             // Waiting for the first byte of the next request on a kept-alive
             // connection (pipelined bytes start the head at once).
             let mut between = head_by.is_none() && self.buf.is_empty();
-            let mut deadline = match head_by {
+            let deadline = match head_by {
                 Some(by) => by,
                 None if between => Instant::now() + l.keepalive_timeout.min(l.idle_timeout),
                 None => Instant::now() + l.request_header_timeout.min(l.idle_timeout),
             };
+            // One timer, moved when the first byte comes. The drain's
+            // notification is made before the flag is looked at, so that a
+            // drain between the two is not missed.
+            let mut timer = pin!(tokio::time::sleep_until(deadline));
+            let mut drained = pin!(shared.drain_notify().notified());
             loop {
                 if !self.buf.is_empty() {
                     let limits = HeadLimits::from_limits(l);
                     if let Some(head) = h1::parse_request(&self.buf, &limits)? {
                         return Ok(Some(head));
                     }
-                } else if *draining.borrow() {
+                } else if *shared.draining.borrow() {
                     return Ok(None);
                 }
+                // Draining is watched only while no head has started.
                 let idle = self.buf.is_empty();
-                tokio::select! {
-                    read = read_head_bytes(io, &mut self.buf) => match read {
-                        Ok(0) | Err(_) => return Ok(None),
-                        Ok(_) => {
-                            if between {
-                                between = false;
-                                deadline =
-                                    Instant::now() + l.request_header_timeout.min(l.idle_timeout);
-                            }
-                        }
-                    },
+                let buf = &mut self.buf;
+                let woke = poll_fn(|cx| {
+                    if let Poll::Ready(read) = poll_head_bytes(io, buf, cx) {
+                        return Poll::Ready(Woke::Read(read));
+                    }
                     // The head timeout (or the keep-alive or idle timeout).
-                    () = tokio::time::sleep_until(deadline) => return Ok(None),
-                    // Draining (checked above), or the proxy is gone.
-                    changed = draining.changed(), if idle => {
-                        if changed.is_err() {
-                            return Ok(None);
+                    if timer.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Woke::TimedOut);
+                    }
+                    if idle && drained.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Woke::Drained);
+                    }
+                    Poll::Pending
+                })
+                .await;
+                match woke {
+                    Woke::Read(Ok(0) | Err(_)) | Woke::TimedOut => return Ok(None),
+                    Woke::Read(Ok(_)) => {
+                        if between {
+                            between = false;
+                            let by = Instant::now() + l.request_header_timeout.min(l.idle_timeout);
+                            timer.as_mut().reset(by);
                         }
                     }
+                    // The flag is set: looked at above.
+                    Woke::Drained => {}
                 }
             }
         }
@@ -460,17 +489,17 @@ impl Conn {
     }
 }
 
+/// What ended a wait for request head bytes.
+enum Woke {
+    Read(std::io::Result<usize>),
+    TimedOut,
+    Drained,
+}
+
 /// Read the next bytes of a request head into `buf`. A connection that
 /// holds no buffer (idle) reads into room on the stack first and takes a
 /// buffer only once bytes came; a full buffer is grown first (doubled, for
 /// a head larger than [`HEAD_CHUNK`]).
-fn read_head_bytes<'a, S: AsyncRead + Unpin>(
-    io: &'a mut S,
-    buf: &'a mut BytesMut,
-) -> impl Future<Output = std::io::Result<usize>> + 'a {
-    poll_fn(move |cx| poll_head_bytes(io, buf, cx))
-}
-
 fn poll_head_bytes<S: AsyncRead + Unpin>(
     io: &mut S,
     buf: &mut BytesMut,
