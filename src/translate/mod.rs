@@ -330,14 +330,10 @@ fn attach_routes<'a>(
     let mixed_kinds = !snapshot.http_routes.is_empty() && !snapshot.grpc_routes.is_empty();
     let mut claims: Claims<'a> = BTreeMap::new();
     for (head, index) in routes {
-        let mut parents = reuse.parents(
-            snapshot,
-            head.kind,
-            head.namespace,
-            head.name,
-            index,
-            || routes::attach(&head, views, labels),
-        );
+        let unchanged = reuse.unchanged(snapshot, head.kind, head.namespace, head.name, index);
+        let mut parents = reuse.parents(head.kind, index, unchanged, || {
+            routes::attach(&head, views, labels)
+        });
         if parents.is_empty() {
             warnings.push(format!(
                 "{}: no parentRef names a Gateway of {CONTROLLER_NAME}, or a ListenerSet whose parent is one; the route is ignored",
@@ -351,29 +347,22 @@ fn attach_routes<'a>(
         // without BackendTLSPolicies), and with 10,000 routes reused the
         // list was 30,000 allocations a flip for nothing.
         let views_ref = &*views;
-        let compiled = reuse.route(
-            snapshot,
-            head.kind,
-            head.namespace,
-            head.name,
-            index,
-            || {
-                resolver.tls.set_route_gateways(
-                    parents
-                        .iter()
-                        .filter_map(|p| p.accepted.as_ref().ok())
-                        .flatten()
-                        .map(|a| {
-                            (
-                                views_ref[a.gateway].namespace.clone(),
-                                views_ref[a.gateway].name.clone(),
-                            )
-                        })
-                        .collect(),
-                );
-                compile(snapshot, &head, index, resolver, served)
-            },
-        );
+        let compiled = reuse.route(head.kind, index, unchanged, || {
+            resolver.tls.set_route_gateways(
+                parents
+                    .iter()
+                    .filter_map(|p| p.accepted.as_ref().ok())
+                    .flatten()
+                    .map(|a| {
+                        (
+                            views_ref[a.gateway].namespace.clone(),
+                            views_ref[a.gateway].name.clone(),
+                        )
+                    })
+                    .collect(),
+            );
+            compile(snapshot, &head, index, resolver, served)
+        });
         // Shared by every (rule, match) the route adds to the table.
         let order = Arc::new(RouteOrder {
             created: created_nanos(head.meta),

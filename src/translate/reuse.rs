@@ -224,9 +224,6 @@ impl<'c> Reuse<'c> {
             shared_inputs_equal(prev, snapshot, prev_served, served)
                 .then_some((&**prev, &cache.routes))
         });
-        // Attachments may be reused once the Gateways' key is known to be
-        // unchanged too (`set_attach_key`); they need the Namespaces equal
-        // (listeners' label selectors).
         Reuse {
             previous,
             by_name: None,
@@ -285,28 +282,37 @@ impl<'c> Reuse<'c> {
         by_name[slot(kind)].get(&(namespace, name)).copied()
     }
 
-    /// The compiled form of route number `index` of its kind in
-    /// `snapshot`: the previous one when its spec is unchanged, else
-    /// `compile()`.
-    pub fn route(
+    /// The index of route number `index` of its kind in `snapshot` in the
+    /// previous snapshot, when it is there with an equal spec and the
+    /// shared inputs are unchanged: what [`Reuse::route`] and
+    /// [`Reuse::parents`] may take from the last translation. Looked up
+    /// once per route for both.
+    pub fn unchanged(
         &mut self,
         snapshot: &Snapshot,
         kind: RouteKind,
         namespace: &str,
         name: &str,
         index: usize,
+    ) -> Option<usize> {
+        let (prev, _) = self.previous?;
+        let old = self.previous_index(prev, kind, namespace, name, index)?;
+        same_spec(kind, prev, old, snapshot, index).then_some(old)
+    }
+
+    /// The compiled form of route number `index` of its kind: the
+    /// previous one when it is [`Reuse::unchanged`] (`unchanged`, its
+    /// previous index), else `compile()`.
+    pub fn route(
+        &mut self,
+        kind: RouteKind,
+        index: usize,
+        unchanged: Option<usize>,
         compile: impl FnOnce() -> CompiledRoute,
     ) -> Arc<CompiledRoute> {
-        if self.next.is_none() {
-            // A full translation: nothing to look up, nothing to keep.
-            self.compiled += 1;
-            return Arc::new(compile());
-        }
-        let kept = self.previous.and_then(|(prev, routes)| {
-            let old = self.previous_index(prev, kind, namespace, name, index)?;
-            let compiled = routes[slot(kind)].get(old)?.as_ref()?;
-            same_spec(kind, prev, old, snapshot, index).then(|| compiled.clone())
-        });
+        let kept = self
+            .previous
+            .and_then(|(_, routes)| kept(routes, kind, unchanged));
         let compiled = match kept {
             Some(c) => {
                 self.reused += 1;
@@ -317,13 +323,7 @@ impl<'c> Reuse<'c> {
                 Arc::new(compile())
             }
         };
-        if let Some(cell) = self
-            .next
-            .as_mut()
-            .and_then(|next| next[slot(kind)].get_mut(index))
-        {
-            *cell = Some(compiled.clone());
-        }
+        keep_at(self.next.as_mut(), kind, index, &compiled);
         compiled
     }
 
@@ -342,35 +342,21 @@ impl<'c> Reuse<'c> {
         self.attach_key = key;
     }
 
-    /// The attachments of route number `index` of its kind in `snapshot`:
-    /// the previous translation's when its spec is unchanged and they may
-    /// be reused, else `attach()`.
+    /// The attachments of route number `index` of its kind: the previous
+    /// translation's when it is [`Reuse::unchanged`] and they may be
+    /// reused, else `attach()`.
     pub fn parents(
         &mut self,
-        snapshot: &Snapshot,
         kind: RouteKind,
-        namespace: &str,
-        name: &str,
         index: usize,
+        unchanged: Option<usize>,
         attach: impl FnOnce() -> Vec<ParentResult>,
     ) -> Arc<Vec<ParentResult>> {
-        let kept = match (self.previous, self.previous_parents) {
-            (Some((prev, _)), Some(parents)) => self
-                .previous_index(prev, kind, namespace, name, index)
-                .and_then(|old| {
-                    let kept = parents[slot(kind)].get(old)?.as_ref()?;
-                    same_spec(kind, prev, old, snapshot, index).then(|| kept.clone())
-                }),
-            _ => None,
-        };
-        let parents = kept.unwrap_or_else(|| Arc::new(attach()));
-        if let Some(cell) = self
-            .next_parents
-            .as_mut()
-            .and_then(|next| next[slot(kind)].get_mut(index))
-        {
-            *cell = Some(parents.clone());
-        }
+        let parents = self
+            .previous_parents
+            .and_then(|parents| kept(parents, kind, unchanged))
+            .unwrap_or_else(|| Arc::new(attach()));
+        keep_at(self.next_parents.as_mut(), kind, index, &parents);
         parents
     }
 
@@ -397,6 +383,29 @@ impl<'c> Reuse<'c> {
         cache.order = self.next_order;
         cache.parents = self.next_parents.unwrap_or_default();
         cache.attach_key = self.attach_key;
+    }
+}
+
+/// What the last translation kept of route `unchanged` (its previous
+/// index) of `kind`.
+fn kept<T>(
+    by_index: &[Vec<Option<Arc<T>>>; 3],
+    kind: RouteKind,
+    unchanged: Option<usize>,
+) -> Option<Arc<T>> {
+    by_index[slot(kind)].get(unchanged?)?.clone()
+}
+
+/// Keep `value` for route `index` of `kind`, for the next translation
+/// (nothing is kept when `next` is `None`: a full translation).
+fn keep_at<T>(
+    next: Option<&mut [Vec<Option<Arc<T>>>; 3]>,
+    kind: RouteKind,
+    index: usize,
+    value: &Arc<T>,
+) {
+    if let Some(cell) = next.and_then(|next| next[slot(kind)].get_mut(index)) {
+        *cell = Some(value.clone());
     }
 }
 
