@@ -465,7 +465,11 @@ async fn the_leader_counts_the_users_a_follower_answered() {
             .find(|o| o["kind"] == "RolloutPolicy")?
             .get("status")?["rollouts"][0]
             .clone();
-        (r["canaryUsers"].as_u64()? + r["stableUsers"].as_u64()? == 40).then_some(r)
+        // Both rounds reported: the second adds requests, not users, and
+        // may reach the leader a report after the first.
+        (r["canaryUsers"].as_u64()? + r["stableUsers"].as_u64()? == 40
+            && r["requests"].as_u64()? == 2 * on("canary"))
+        .then_some(r)
     })
     .await;
     assert_eq!(shown["canaryUsers"], on("canary"), "{shown}");
