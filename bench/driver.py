@@ -806,8 +806,9 @@ def held(args, exes, backends):
                 time.sleep(0.5)
                 before = status_kib(target.pids(), "VmRSS")
                 socks = hold_connections(target, n)
-                # Longer than sluice's 1 s before an idle connection frees
-                # its buffers (nginx frees them at once).
+                # Longer than sluice's 1 s before an idle connection is
+                # parked off its task (nginx holds it as a plain structure
+                # at once).
                 time.sleep(2.5)
                 after = status_kib(target.pids(), "VmRSS")
                 failed = answer_again(socks, mode)

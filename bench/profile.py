@@ -32,6 +32,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 
 import driver as d
 
@@ -111,6 +112,9 @@ def memory(target, connections, keep):
     socks = []
     try:
         socks = d.hold_connections(target, connections)
+        # Idle as driver.py's `held` row measures it: past the second after
+        # which sluice parks an idle connection off its task.
+        time.sleep(2.5)
     finally:
         # The peak is with every connection held: stop before closing them.
         target.proc.send_signal(signal.SIGTERM)

@@ -21,7 +21,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, mpsc};
 
 use sluice::metrics::Metrics;
-use sluice::proxy::Proxy;
+use sluice::proxy::{Proxy, ProxyLimits};
 use sluice::route::{
     AppProtocol, Backend, BackendSplit, BackendTarget, EndpointSet, Filter, HeaderModifier,
     HostPattern, Mirror, PathMatch, PathModifier, Redirect, RequestMatch, RouteKind, RouteOrder,
@@ -1165,4 +1165,137 @@ async fn h2c_endpoints_get_http2_and_h2c_clients_are_served() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body, "over h2");
     assert_eq!(h2.last().target, "/two");
+}
+
+// ------------------------------------------------------- idle connections
+
+/// One request on a raw HTTP/1.1 connection; the response's status line
+/// and body (by Content-Length).
+async fn raw_get(s: &mut TcpStream, path: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+    within("write", s.write_all(req.as_bytes())).await.unwrap();
+    let mut got = Vec::new();
+    within("response", async {
+        loop {
+            let mut chunk = [0u8; 4096];
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "closed before the response: {got:?}");
+            got.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&got);
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        let (name, value) = l.split_once(':')?;
+                        name.eq_ignore_ascii_case("content-length")
+                            .then(|| value.trim().parse().unwrap())
+                    })
+                    .expect("a content-length");
+                if body.len() >= length {
+                    let status = head.lines().next().unwrap().to_string();
+                    return (status, body.to_string());
+                }
+            }
+        }
+    })
+    .await
+}
+
+/// Read until the proxy closes `s` (end of stream or a reset).
+async fn closed_by_proxy(s: &mut TcpStream) {
+    use tokio::io::AsyncReadExt;
+    within("the proxy to close the connection", async {
+        let mut rest = [0u8; 64];
+        while let Ok(n) = s.read(&mut rest).await
+            && n > 0
+        {}
+    })
+    .await;
+}
+
+async fn proxy_with(limits: ProxyLimits, table: RouteTable) -> Proxy {
+    let proxy = Proxy::with_limits(Metrics::shared(), limits);
+    let failures = proxy.apply(table).await;
+    assert!(failures.is_empty(), "{failures:?}");
+    proxy
+}
+
+/// A keep-alive connection quiet for a second waits for its next request
+/// without a task of its own (parked, issue 23 item 6): it is served again
+/// when that request comes, parked again, and closed when its keep-alive
+/// timeout runs out, counted from its last response, not from its parking
+/// or waking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_parked_served_again_and_closed_at_its_keep_alive_deadline() {
+    let app = backend("app", Mode::Record).await;
+    let bind = free_addr();
+    let limits = ProxyLimits {
+        keepalive_timeout: Duration::from_secs(3),
+        ..ProxyLimits::default()
+    };
+    let rules = vec![rule(
+        "app",
+        PathMatch::prefix("/"),
+        vec![be("app", 1, endpoints(&[&app]))],
+    )];
+    let proxy = proxy_with(limits, table(bind, rules)).await;
+    let mut s = within("connect", TcpStream::connect(bind)).await.unwrap();
+    let (status, _) = raw_get(&mut s, "/first").await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    eventually("the idle connection parked", || {
+        proxy.parked_connections() == 1
+    })
+    .await;
+    assert_eq!(proxy.open_connections(), 1, "a parked connection is open");
+
+    let (status, _) = raw_get(&mut s, "/second").await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    assert_eq!(app.count(), 2);
+    assert_eq!(app.last().target, "/second");
+    let answered = std::time::Instant::now();
+    eventually("parked again", || proxy.parked_connections() == 1).await;
+
+    closed_by_proxy(&mut s).await;
+    let after = answered.elapsed();
+    assert!(
+        after >= Duration::from_millis(2500),
+        "closed {after:?} after its last response, before its keep-alive timeout (3 s)"
+    );
+    eventually("the closed connection gone", || {
+        proxy.parked_connections() == 0 && proxy.open_connections() == 0
+    })
+    .await;
+}
+
+/// Draining closes parked connections at once, as it does idle ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_closes_parked_connections_at_once() {
+    let app = backend("app", Mode::Record).await;
+    let bind = free_addr();
+    let limits = ProxyLimits {
+        keepalive_timeout: Duration::from_secs(3600),
+        drain_timeout: Duration::from_secs(3600),
+        ..ProxyLimits::default()
+    };
+    let rules = vec![rule(
+        "app",
+        PathMatch::prefix("/"),
+        vec![be("app", 1, endpoints(&[&app]))],
+    )];
+    let proxy = proxy_with(limits, table(bind, rules)).await;
+    let mut conns = Vec::new();
+    for i in 0..3 {
+        let mut s = within("connect", TcpStream::connect(bind)).await.unwrap();
+        let (status, _) = raw_get(&mut s, &format!("/{i}")).await;
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        conns.push(s);
+    }
+    eventually("all three parked", || proxy.parked_connections() == 3).await;
+    let open = within("drain", proxy.drain()).await;
+    assert_eq!(open, 0, "parked connections left open after the drain");
+    for s in &mut conns {
+        closed_by_proxy(s).await;
+    }
+    assert_eq!(proxy.parked_connections(), 0);
 }

@@ -129,6 +129,8 @@ pub(crate) struct Shared {
     /// connection's task. One per worker thread (by its index), as the
     /// watch spreads its waiters, so that threads do not take one lock.
     drain_notify: [Notify; DRAIN_NOTIFIES],
+    /// Idle HTTP/1.1 connections parked off their tasks, per worker.
+    idle: inbound::idle::IdleTables,
 }
 
 /// How many [`Shared::drain_notify`] there are.
@@ -199,7 +201,8 @@ impl Proxy {
                 }
             },
         };
-        let pools = (0..=workers.as_ref().map_or(0, |w| w.handles().len()))
+        let worker_count = workers.as_ref().map_or(0, |w| w.handles().len());
+        let pools = (0..=worker_count)
             .map(|_| pool::Pool::new(POOL_IDLE_TIMEOUT))
             .collect();
         Proxy {
@@ -217,6 +220,7 @@ impl Proxy {
                 limits,
                 draining: watch::Sender::new(false),
                 drain_notify: Default::default(),
+                idle: inbound::idle::IdleTables::new(worker_count),
             }),
         }
     }
@@ -229,6 +233,12 @@ impl Proxy {
     /// Client connections open now.
     pub fn open_connections(&self) -> usize {
         self.shared.limits.max_connections - self.shared.connections.available_permits()
+    }
+
+    /// Idle HTTP/1.1 connections parked now (each waiting for its next
+    /// request without a task of its own).
+    pub fn parked_connections(&self) -> usize {
+        self.shared.idle.parked()
     }
 
     /// Graceful shutdown: stop accepting, let every open connection finish

@@ -8,6 +8,8 @@
 //! by the loop as the handler's upstream exchange takes it (a small channel
 //! of frames), also while the response streams back.
 //!
+//! A connection quiet for a second after its response is parked off its
+//! task ([`idle`]): it then costs its socket and its [`ConnInfo`] only.
 //! While a connection idles it holds no buffer, as nginx does: the read and
 //! write buffers are given back once a response is written and nothing
 //! more was sent, and the next request's first bytes are read into room on
@@ -43,9 +45,11 @@ use http::{HeaderMap, Method, Request, StatusCode, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::idle;
 use crate::proxy::body::{BodyTimedOut, BoxError, LeanBody, RequestBody, ResponseBody};
 use crate::proxy::error::ProxyError;
 use crate::proxy::h1::{self, ChunkedWalker, Framing, HeadLimits, RequestHead};
@@ -93,27 +97,73 @@ pub(in crate::proxy) fn serve<S>(
     first_head_by: Option<Instant>,
 ) -> impl Future<Output = ()> + Send + 'static
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: ClientStream,
 {
     let info = Box::new(ConnInfo {
         shared,
         tls,
         peer,
         bind,
-        first_head_by,
+        due: first_head_by.map_or(Due::Next, Due::First),
         _permits: permits,
     });
     serve_with(info, io)
 }
 
+/// Serve a parked connection again, from its wait for a head (it became
+/// readable, or closed).
+pub(super) fn resume(parked: idle::Parked) -> impl Future<Output = ()> + Send + 'static {
+    let idle::Parked { io, mut info, by } = parked;
+    info.due = Due::KeepAlive(by);
+    serve_with(info, io)
+}
+
+/// A client connection's stream, as the loop needs it. Plain TCP streams
+/// are parked while idle ([`idle`]); others wait in their task.
+pub(in crate::proxy) trait ClientStream:
+    AsyncRead + AsyncWrite + Unpin + Send + Sized + 'static
+{
+    /// Whether an idle connection on this stream is parked.
+    const PARKS: bool = false;
+
+    /// Park the connection until `by`, idle; `Err` gives it back.
+    fn park(self, info: Box<ConnInfo>, by: Instant) -> Result<(), (Self, Box<ConnInfo>)> {
+        let _ = by;
+        Err((self, info))
+    }
+}
+
+impl ClientStream for TcpStream {
+    const PARKS: bool = true;
+
+    fn park(self, info: Box<ConnInfo>, by: Instant) -> Result<(), (Self, Box<ConnInfo>)> {
+        idle::park(idle::Parked { io: self, info, by }).map_err(|p| (p.io, p.info))
+    }
+}
+
+impl ClientStream for tokio_rustls::server::TlsStream<TcpStream> {}
+
+/// When a connection's next request head is due.
+#[derive(Clone, Copy)]
+pub(super) enum Due {
+    /// The connection's first: its whole head by then.
+    First(Instant),
+    /// After a response: its first byte within the keep-alive timeout,
+    /// then the head within the request-head timeout.
+    Next,
+    /// Parked, woken: its first byte by then (its keep-alive deadline),
+    /// then the head within the request-head timeout.
+    KeepAlive(Instant),
+}
+
 /// What a connection keeps for its requests, boxed once (see [`serve`]).
-struct ConnInfo {
-    shared: Arc<Shared>,
+pub(in crate::proxy) struct ConnInfo {
+    pub(super) shared: Arc<Shared>,
     tls: Option<TlsConnection>,
     peer: handler::Peer,
     bind: SocketAddr,
-    /// When the first request head is due (taken by the first wait).
-    first_head_by: Option<Instant>,
+    /// When the next request head is due (taken by each wait).
+    due: Due,
     /// Held until the connection ends.
     _permits: super::accept::Permits,
 }
@@ -124,7 +174,7 @@ struct ConnInfo {
 )]
 fn serve_with<S>(mut info: Box<ConnInfo>, mut io: S) -> impl Future<Output = ()> + Send + 'static
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: ClientStream,
 {
     // An `async` block, not an `async fn`: an `async fn` moves each
     // argument into a local of its own, and both are kept in the future
@@ -139,12 +189,20 @@ where
         // `match`, the head's whole result (192 bytes) would be kept in the
         // task beside the wait for a head.
         let refused = loop {
-            let head = match conn
-                .read_head(&info.shared, &mut io, info.first_head_by.take())
-                .await
-            {
-                Ok(Some(head)) => head,
-                Ok(None) => return,
+            let head = match conn.read_head(&info.shared, &mut io, &mut info.due).await {
+                Ok(Wait::Head(head)) => head,
+                Ok(Wait::Close) => return,
+                // Idle for a while: the connection waits in its worker's
+                // table, and this task ends.
+                Ok(Wait::Park(by)) => match io.park(info, by) {
+                    Ok(()) => return,
+                    // Readable already, or draining: read on.
+                    Err(back) => {
+                        (io, info) = back;
+                        info.due = Due::KeepAlive(by);
+                        continue;
+                    }
+                },
                 Err(refused) => break refused,
             };
             // One exchange, boxed: the connection's task is sized by its
@@ -316,48 +374,57 @@ impl Conn {
         Spare::give_back(buf, std::mem::take(&mut self.out));
     }
 
-    /// Wait for and parse the next request head. `Ok(None)`: the connection
-    /// is to close without an answer (closed by the client, timed out,
-    /// draining while idle).
-    ///
-    /// The head is due by `head_by` (the connection's first), or, on a
-    /// keep-alive connection, within the request-head timeout of its first
-    /// byte, which may take the keep-alive timeout to come.
+    /// Wait for and parse the next request head, due as `due` says (which
+    /// is taken: the wait after this one is [`Due::Next`]).
+    /// `Wait::Close`: the connection is to close without an answer (closed
+    /// by the client, timed out, draining while idle); `Wait::Park`: it has
+    /// waited for the first byte of its next request for [`idle::PARK_AFTER`]
+    /// (on a stream that parks), and is still due by then.
     #[allow(
         clippy::manual_async_fn,
         reason = "an async fn keeps each argument twice in its future"
     )]
-    fn read_head<'a, S: AsyncRead + Unpin>(
+    fn read_head<'a, S: ClientStream>(
         &'a mut self,
         shared: &'a Shared,
         io: &'a mut S,
-        head_by: Option<Instant>,
-    ) -> impl Future<Output = Result<Option<RequestHead>, ProxyError>> + 'a {
+        due: &'a mut Due,
+    ) -> impl Future<Output = Result<Wait, ProxyError>> + 'a {
         // A block, not an `async fn`, as `serve`: the arguments are not
         // kept twice in the future.
         async move {
             let l = &shared.limits;
-            // Waiting for the first byte of the next request on a kept-alive
-            // connection (pipelined bytes start the head at once).
-            let mut between = head_by.is_none() && self.buf.is_empty();
-            let deadline = match head_by {
-                Some(by) => by,
-                None if between => Instant::now() + l.keepalive_timeout.min(l.idle_timeout),
-                None => Instant::now() + l.request_header_timeout.min(l.idle_timeout),
+            // Scoped, so that none of this is kept in the future.
+            let (mut between, mut parking, first) = {
+                let due = std::mem::replace(due, Due::Next);
+                let now = Instant::now();
+                // Waiting for the first byte of the next request on a
+                // kept-alive connection (pipelined bytes start the head at
+                // once).
+                let between = !matches!(due, Due::First(_)) && self.buf.is_empty();
+                let deadline = match due {
+                    Due::First(by) | Due::KeepAlive(by) => by,
+                    Due::Next if between => now + l.keepalive_timeout.min(l.idle_timeout),
+                    Due::Next => now + l.request_header_timeout.min(l.idle_timeout),
+                };
+                // Parked, instead of waiting here, once quiet for a while.
+                let park_at = now + idle::PARK_AFTER;
+                let parking = S::PARKS && between && matches!(due, Due::Next) && park_at < deadline;
+                (between, parking, if parking { park_at } else { deadline })
             };
             // One timer, moved when the first byte comes. The drain's
             // notification is made before the flag is looked at, so that a
             // drain between the two is not missed.
-            let mut timer = pin!(tokio::time::sleep_until(deadline));
+            let mut timer = pin!(tokio::time::sleep_until(first));
             let mut drained = pin!(shared.drain_notify().notified());
             loop {
                 if !self.buf.is_empty() {
                     let limits = HeadLimits::from_limits(l);
                     if let Some(head) = h1::parse_request(&self.buf, &limits)? {
-                        return Ok(Some(head));
+                        return Ok(Wait::Head(head));
                     }
                 } else if *shared.draining.borrow() {
-                    return Ok(None);
+                    return Ok(Wait::Close);
                 }
                 // Draining is watched only while no head has started.
                 let idle = self.buf.is_empty();
@@ -366,7 +433,8 @@ impl Conn {
                     if let Poll::Ready(read) = poll_head_bytes(io, buf, cx) {
                         return Poll::Ready(Woke::Read(read));
                     }
-                    // The head timeout (or the keep-alive or idle timeout).
+                    // The head timeout (or the keep-alive or idle timeout,
+                    // or the time to park).
                     if timer.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(Woke::TimedOut);
                     }
@@ -377,10 +445,18 @@ impl Conn {
                 })
                 .await;
                 match woke {
-                    Woke::Read(Ok(0) | Err(_)) | Woke::TimedOut => return Ok(None),
+                    // The timer was set to park: the keep-alive deadline is
+                    // `keepalive` after the wait began.
+                    Woke::TimedOut if parking => {
+                        let began = timer.deadline() - idle::PARK_AFTER;
+                        let keepalive = l.keepalive_timeout.min(l.idle_timeout);
+                        return Ok(Wait::Park(began + keepalive));
+                    }
+                    Woke::Read(Ok(0) | Err(_)) | Woke::TimedOut => return Ok(Wait::Close),
                     Woke::Read(Ok(_)) => {
                         if between {
                             between = false;
+                            parking = false;
                             let by = Instant::now() + l.request_header_timeout.min(l.idle_timeout);
                             timer.as_mut().reset(by);
                         }
@@ -487,6 +563,14 @@ impl Conn {
         }
         io.flush().await.map_err(drop)
     }
+}
+
+/// What a wait for a request head ended with.
+enum Wait {
+    Head(RequestHead),
+    Close,
+    /// Park the connection, due by then.
+    Park(Instant),
 }
 
 /// What ended a wait for request head bytes.
@@ -869,9 +953,11 @@ mod tests {
     /// request's state belongs in the boxed exchange.
     #[test]
     fn the_idle_connection_future_stays_small() {
-        // 416 bytes in a test build (December 2026), when a release
+        // 408 bytes in a test build (December 2026), when a release
         // build's task is 512 bytes; it was 1,024 before the cold state was
-        // boxed (docs/performance.md, issue 23 item 6).
+        // boxed (docs/performance.md, issue 23 item 6). A connection idle
+        // for a second is parked and frees its task (`idle`), but a busy
+        // one's wait between requests is still this.
         let size = future_size(serve::<tokio::net::TcpStream>);
         assert!(size <= 448, "serve's future grew to {size} bytes");
     }
