@@ -26,11 +26,12 @@
 //! placement computed ([`Metrics::record_user`]).
 
 use std::collections::HashMap;
-use std::hash::Hasher;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use crate::FastMap;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -107,9 +108,11 @@ impl RequestKey<'_> {
         }
     }
 
-    /// FNV-1a over the fields, each followed by a separator.
+    /// The fields hashed, each string followed by a separator (foldhash
+    /// with a fixed seed: the hash only keys this process's map of
+    /// series; byte-wise FNV was about 200 instructions per request).
     fn hash(&self) -> u64 {
-        let mut h = Fnv::default();
+        let mut h = foldhash::fast::FixedState::default().build_hasher();
         h.write(self.kind.as_bytes());
         h.write(self.namespace.as_bytes());
         h.write_u8(0xff);
@@ -120,27 +123,6 @@ impl RequestKey<'_> {
         h.write_u8(0xff);
         h.write_u16(self.code);
         h.finish()
-    }
-}
-
-struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Hasher for Fnv {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
     }
 }
 
@@ -622,7 +604,7 @@ pub struct Metrics {
     ejected: Family<BackendLabel, Gauge>,
     rejected: Family<BackendReason, Counter>,
     /// Label-set hash -> the series with that hash (collisions share a bucket).
-    series: RwLock<HashMap<u64, Vec<CachedSeries>>>,
+    series: RwLock<FastMap<u64, Vec<CachedSeries>>>,
     /// Outcome counters per backend of each rule, and their shares.
     backends: Arc<shares::Backends>,
     refusals: Family<ReasonLabels, Counter>,
@@ -766,7 +748,7 @@ impl Metrics {
             mirror_failures,
             config_generation,
             tls_connections,
-            series: RwLock::new(HashMap::new()),
+            series: RwLock::new(FastMap::default()),
             backends,
             rollouts,
             events: RolloutEvents::default(),
