@@ -197,10 +197,19 @@ fn translate_core(
         rules,
         warnings,
     });
-    let route_statuses = attached
+    // Kept per route for the next translation, which reuses the status of
+    // a route where nothing it is built from changed.
+    let route_statuses: Vec<ObjectStatus> = attached
         .iter()
-        .map(|route| routes::route_status(route, &views, now));
-    let mut objects = assemble_status(class_statuses, &views, route_statuses, &resolver, now);
+        .map(|route| reuse.status(route, now, || routes::route_status(route, &views, now)))
+        .collect();
+    let mut objects = assemble_status(
+        class_statuses,
+        &views,
+        route_statuses.into_iter(),
+        &resolver,
+        now,
+    );
     if !snapshot.rollout_policies.is_empty() {
         let route_gateways = rollouts::route_gateways(&attached, &views);
         objects.extend(rollouts::policy_statuses(snapshot, &route_gateways, now));
@@ -420,8 +429,9 @@ fn attach_routes<'a>(
         attached_routes.push(AttachedRoute {
             head,
             parents,
-            unsupported: compiled.unsupported.clone(),
-            ref_failures: compiled.ref_failures.clone(),
+            compiled,
+            index,
+            unchanged,
         });
     }
     rules.sort_by(|a, b| (&a.kind, &a.route, a.rule).cmp(&(&b.kind, &b.route, b.rule)));

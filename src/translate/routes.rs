@@ -516,7 +516,7 @@ fn compile_retry(r: &HttpRouteRulesRetry) -> Result<RetryPolicy, String> {
 }
 
 /// A route attached to one listener, under these effective hostnames.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Attachment {
     pub gateway: usize,
     pub listener: usize,
@@ -609,7 +609,7 @@ route_parent_ref!(
 );
 
 /// What one parentRef that names one of our Gateways came to.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ParentResult {
     /// Which of the route's parentRefs ([`RouteHead::parent_refs`]).
     pub parent_ref: usize,
@@ -799,11 +799,16 @@ pub(crate) struct AttachedRoute<'a> {
     /// which reuses it for an unchanged route while the Gateways are
     /// unchanged ([`super::reuse`]).
     pub parents: Arc<Vec<ParentResult>>,
-    /// What compiling found that sluice cannot honour
-    /// ([`CompiledRoute::unsupported`]).
-    pub unsupported: Vec<String>,
-    /// backendRefs that do not resolve ([`CompiledRoute::ref_failures`]).
-    pub ref_failures: Vec<RefFailure>,
+    /// Its compiled form: what compiling found that sluice cannot honour
+    /// ([`CompiledRoute::unsupported`]) and the backendRefs that do not
+    /// resolve ([`CompiledRoute::ref_failures`]) are in its status.
+    pub compiled: Arc<CompiledRoute>,
+    /// Its index in its kind's list in the snapshot, and in the previous
+    /// translation's when it was there with an equal spec
+    /// ([`super::reuse::Reuse::unchanged`]): where its status is kept,
+    /// and may be taken from.
+    pub index: usize,
+    pub unchanged: Option<usize>,
 }
 
 /// Phase: route status. A route's `status.parents`, one entry per
@@ -821,7 +826,12 @@ pub(crate) fn route_status(
         generation: route.head.meta.generation.unwrap_or(0),
         now,
     };
-    let resolved = match route.ref_failures.first() {
+    let CompiledRoute {
+        unsupported,
+        ref_failures,
+        ..
+    } = &*route.compiled;
+    let resolved = match ref_failures.first() {
         None => cond.make(
             ConditionType::ResolvedRefs,
             true,
@@ -832,8 +842,7 @@ pub(crate) fn route_status(
             ConditionType::ResolvedRefs,
             false,
             first.reason,
-            route
-                .ref_failures
+            ref_failures
                 .iter()
                 .map(|f| f.message.as_str())
                 .collect::<Vec<_>>()
@@ -842,12 +851,12 @@ pub(crate) fn route_status(
     };
     let mut parents = Vec::new();
     for parent in route.parents.iter() {
-        let accepted = if !route.unsupported.is_empty() {
+        let accepted = if !unsupported.is_empty() {
             cond.make(
                 ConditionType::Accepted,
                 false,
                 Reason::UnsupportedValue,
-                route.unsupported.join("; "),
+                unsupported.join("; "),
             )
         } else {
             match &parent.accepted {
