@@ -38,13 +38,12 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::FastMap;
 use crate::resources::Snapshot;
 use crate::rollout::ServedShares;
-use crate::route::RouteKind;
+use crate::route::{RouteKind, RouteOrder};
 
 use super::gateways::{AllowedNamespaces, GatewayView};
 use super::meta::namespace_of;
@@ -62,6 +61,9 @@ type ByIndex = [Vec<Option<Arc<CompiledRoute>>>; 3];
 
 /// Each route's attachments, indexed as [`ByIndex`].
 type ParentsByIndex = [Vec<Option<Arc<Vec<ParentResult>>>>; 3];
+
+/// Each route's tie-break key in the route table, indexed as [`ByIndex`].
+type OrdersByIndex = [Vec<Option<Arc<RouteOrder>>>; 3];
 
 /// Each route's status, indexed as [`ByIndex`].
 type StatusesByIndex = [Vec<Option<Arc<KeptStatus>>>; 3];
@@ -175,6 +177,8 @@ pub struct CompiledRoutes {
     attach_key: AttachKey,
     /// Their statuses (made with the same Gateways).
     statuses: StatusesByIndex,
+    /// Their tie-break keys in the route table.
+    orders: OrdersByIndex,
     /// How many routes the last translation compiled, and reused; how
     /// many route statuses it built, and reused.
     counts: (usize, usize),
@@ -237,13 +241,13 @@ pub(super) struct Reuse<'c> {
     /// The previous attach key, then this translation's.
     previous_attach_key: Option<&'c AttachKey>,
     attach_key: AttachKey,
+    /// The last translation's route table keys, and this one's.
+    previous_orders: Option<&'c OrdersByIndex>,
+    next_orders: Option<OrdersByIndex>,
     /// The last translation's route statuses, while the attachments may be
     /// reused, and this one's.
     previous_statuses: Option<&'c StatusesByIndex>,
     next_statuses: Option<StatusesByIndex>,
-    /// This translation's time as a condition's `lastTransitionTime`, for
-    /// the statuses reused (made once).
-    stamp: Option<serde_json::Value>,
     compiled: usize,
     reused: usize,
     statuses_built: usize,
@@ -264,9 +268,10 @@ impl<'c> Reuse<'c> {
             next_parents: None,
             previous_attach_key: None,
             attach_key: AttachKey::default(),
+            previous_orders: None,
+            next_orders: None,
             previous_statuses: None,
             next_statuses: None,
-            stamp: None,
             compiled: 0,
             reused: 0,
             statuses_built: 0,
@@ -291,9 +296,10 @@ impl<'c> Reuse<'c> {
             next_parents: Some(per_route(snapshot)),
             previous_attach_key: Some(&cache.attach_key),
             attach_key: AttachKey::default(),
+            previous_orders: Some(&cache.orders),
+            next_orders: Some(per_route(snapshot)),
             previous_statuses: Some(&cache.statuses),
             next_statuses: Some(per_route(snapshot)),
-            stamp: None,
             compiled: 0,
             reused: 0,
             statuses_built: 0,
@@ -417,8 +423,37 @@ impl<'c> Reuse<'c> {
         parents
     }
 
+    /// The route table's tie-break key of route number `index` of its
+    /// kind, created at `created` (Unix nanoseconds) as `namespace/name`:
+    /// the previous translation's when the route is [`Reuse::unchanged`]
+    /// and was created at the same time (its name is the same, or it would
+    /// not be found), else a new one (two strings).
+    pub fn route_order(
+        &mut self,
+        kind: RouteKind,
+        index: usize,
+        unchanged: Option<usize>,
+        created: i128,
+        namespace: &str,
+        name: &str,
+    ) -> Arc<RouteOrder> {
+        let order = self
+            .previous_orders
+            .and_then(|orders| kept(orders, kind, unchanged))
+            .filter(|o| o.created == created && o.namespace == namespace && o.name == name)
+            .unwrap_or_else(|| {
+                Arc::new(RouteOrder {
+                    created,
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                })
+            });
+        keep_at(self.next_orders.as_mut(), kind, index, &order);
+        order
+    }
+
     /// The status of `route`: the previous translation's, stamped with
-    /// `now`, when the route is [`Reuse::unchanged`], the Gateways and
+    /// `stamp` (this translation's time, as conditions write it), when the route is [`Reuse::unchanged`], the Gateways and
     /// Namespaces are equal ([`Reuse::set_attach_key`]), and its
     /// generation, what compiling found (unsupported values, references
     /// that do not resolve) and its attachments (after the hostname
@@ -427,7 +462,7 @@ impl<'c> Reuse<'c> {
     pub fn status(
         &mut self,
         route: &AttachedRoute<'_>,
-        now: Timestamp,
+        stamp: &serde_json::Value,
         build: impl FnOnce() -> ObjectStatus,
     ) -> ObjectStatus {
         let kind = route.head.kind;
@@ -444,7 +479,6 @@ impl<'c> Reuse<'c> {
             Some(k) => {
                 self.statuses_reused += 1;
                 let mut status = (*k.status).clone();
-                let stamp = self.stamp.get_or_insert_with(|| time_value(now));
                 restamp(&mut status.status, stamp);
                 status
             }
@@ -500,6 +534,7 @@ impl<'c> Reuse<'c> {
         cache.parents = self.next_parents.unwrap_or_default();
         cache.attach_key = self.attach_key;
         cache.statuses = self.next_statuses.unwrap_or_default();
+        cache.orders = self.next_orders.unwrap_or_default();
         cache.status_counts = (self.statuses_built, self.statuses_reused);
     }
 }
@@ -517,12 +552,6 @@ fn per_route<T>(snapshot: &Snapshot) -> [Vec<Option<Arc<T>>>; 3] {
 /// the values it cannot honour and the references that do not resolve.
 fn same_findings(a: &Arc<CompiledRoute>, b: &Arc<CompiledRoute>) -> bool {
     Arc::ptr_eq(a, b) || (a.unsupported == b.unsupported && a.ref_failures == b.ref_failures)
-}
-
-/// `now` as [`super::conditions::ConditionMaker`] writes a condition's
-/// `lastTransitionTime`.
-fn time_value(now: Timestamp) -> serde_json::Value {
-    serde_json::to_value(Time(now)).unwrap_or_default()
 }
 
 /// Stamp every condition of a route's status (`parents[].conditions[]`)
@@ -724,6 +753,13 @@ spec:
             "metadata: {name: a, generation: 2}",
             1,
         );
+        // Route `a` deleted and created again, with an equal spec: it is
+        // now the newest, which the table's tie-breaks read.
+        let some_a_recreated = routes(&[("a", 10), ("b", 20), ("c", 30)]).replacen(
+            "metadata: {name: a}",
+            "metadata: {name: a, creationTimestamp: '2026-12-03T00:00:00Z'}",
+            1,
+        );
         // Service `shop/api` on another port than the routes ask for.
         let api_moved = API.replace("ports: [{port: 80}]", "ports: [{port: 81}]");
         // A GRPCRoute sorted before HTTPRoute `a` (`0a` < `a`) on its
@@ -855,6 +891,12 @@ spec:
             (
                 "route generation bumped, spec equal",
                 format!("{base}{gateway}{some_a_later}{}", grpc_route("g")),
+                true,
+                true,
+            ),
+            (
+                "route created again, spec equal",
+                format!("{base}{gateway}{some_a_recreated}{}", grpc_route("g")),
                 true,
                 true,
             ),
