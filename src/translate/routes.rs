@@ -893,7 +893,11 @@ pub(crate) fn route_status(
         ),
     };
     let mut parents = Vec::with_capacity(route.parents.len());
-    for parent in route.parents.iter() {
+    // Every parent has the route's ResolvedRefs: a copy each but the last,
+    // which takes it.
+    let mut resolved = Some(resolved);
+    let last = route.parents.len().saturating_sub(1);
+    for (i, parent) in route.parents.iter().enumerate() {
         let accepted = if !unsupported.is_empty() {
             condition(
                 ConditionType::Accepted,
@@ -921,9 +925,14 @@ pub(crate) fn route_status(
             }
         };
         let mut entry = Map::new();
+        let resolved = if i == last {
+            resolved.take()
+        } else {
+            resolved.clone()
+        };
         entry.insert(
             "conditions".into(),
-            Value::Array(vec![accepted, resolved.clone()]),
+            Value::Array(vec![accepted, resolved.unwrap_or_default()]),
         );
         entry.insert("controllerName".into(), CONTROLLER_NAME.into());
         entry.insert(
