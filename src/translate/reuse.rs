@@ -28,7 +28,8 @@
 //! found (values it cannot honour, references that do not resolve, which
 //! is where the Services, ReferenceGrants and ports show) and its
 //! attachments after the HTTPRoute/GRPCRoute hostname conflicts are equal
-//! to what that status was built from ([`Reuse::status`]).
+//! to what that status was built from ([`Reuse::status`]). Its key in the
+//! route table ([`RouteOrder`]) is kept while its creation time is equal.
 //!
 //! BackendTLSPolicies: while there are any, nothing is reused. Compiling
 //! against them also records which Gateways use each policy (their
