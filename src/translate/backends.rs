@@ -112,10 +112,18 @@ pub(crate) struct BackendResolver<'a> {
 impl<'a> BackendResolver<'a> {
     /// Whether the manifest of route `Kind namespace/name` omitted the weight of
     /// its rule `rule`'s backendRef `backend` (see `Snapshot::omitted_weights`).
-    pub fn weight_omitted(&self, route: &str, rule: usize, backend: usize) -> bool {
-        self.snapshot
-            .omitted_weights
-            .contains(&(route.to_string(), rule, backend))
+    pub fn weight_omitted(
+        &self,
+        route: &dyn std::fmt::Display,
+        rule: usize,
+        backend: usize,
+    ) -> bool {
+        // Most configurations give every weight: no key made then.
+        !self.snapshot.omitted_weights.is_empty()
+            && self
+                .snapshot
+                .omitted_weights
+                .contains(&(route.to_string(), rule, backend))
     }
 
     pub fn new(snapshot: &'a Snapshot) -> Self {

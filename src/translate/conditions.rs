@@ -187,6 +187,34 @@ impl ConditionMaker {
     }
 }
 
+/// `now` as a condition's `lastTransitionTime` writes it in JSON: made
+/// once per translation for [`condition_json`].
+pub(crate) fn time_json(now: Timestamp) -> serde_json::Value {
+    serde_json::to_value(Time(now)).unwrap_or_default()
+}
+
+/// The JSON of the condition [`ConditionMaker::make`] makes (as
+/// `serde_json::to_value` writes it), written directly, with `time` (from
+/// [`time_json`]) its `lastTransitionTime`: route statuses, one per route,
+/// are built so, without a typed condition to serialize again.
+pub(crate) fn condition_json(
+    type_: ConditionType,
+    status: bool,
+    reason: Reason,
+    message: String,
+    generation: i64,
+    time: &serde_json::Value,
+) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    m.insert("lastTransitionTime".into(), time.clone());
+    m.insert("message".into(), message.into());
+    m.insert("observedGeneration".into(), generation.into());
+    m.insert("reason".into(), reason.as_str().into());
+    m.insert("status".into(), status_str(status).into());
+    m.insert("type".into(), type_.as_str().into());
+    serde_json::Value::Object(m)
+}
+
 /// The condition of type `type_` among `conditions`, if its status is
 /// `status`.
 pub(crate) fn find(
@@ -265,5 +293,25 @@ mod tests {
         assert!(find(&conditions, ConditionType::Accepted, false).is_some());
         assert!(find(&conditions, ConditionType::Accepted, true).is_none());
         assert!(find(&conditions, ConditionType::Programmed, true).is_some_and(is_true));
+    }
+
+    #[test]
+    fn condition_json_is_the_made_condition_serialized() {
+        let now = Timestamp::from_second(1_764_720_000).expect("a valid time");
+        let maker = ConditionMaker { generation: 3, now };
+        for (t, status, reason, message) in [
+            (ConditionType::Accepted, true, Reason::Accepted, "attached"),
+            (
+                ConditionType::ResolvedRefs,
+                false,
+                Reason::BackendNotFound,
+                "",
+            ),
+        ] {
+            let made = serde_json::to_value(maker.make(t, status, reason, message))
+                .expect("a condition serializes");
+            let direct = condition_json(t, status, reason, message.into(), 3, &time_json(now));
+            assert_eq!(direct, made);
+        }
     }
 }

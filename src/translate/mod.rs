@@ -42,9 +42,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::resources::{CONTROLLER_NAME, Snapshot};
 use crate::rollout::ServedShares;
-use crate::route::{
-    HostPattern, ListenerHandle, RouteKind, RouteOrder, RouteTable, RouteTableBuilder,
-};
+use crate::route::{HostPattern, ListenerHandle, RouteKind, RouteTable, RouteTableBuilder};
 
 use backends::BackendResolver;
 use conditions::Reason;
@@ -197,10 +195,24 @@ fn translate_core(
         rules,
         warnings,
     });
-    let route_statuses = attached
+    // Kept per route for the next translation, which reuses the status of
+    // a route where nothing it is built from changed.
+    let stamp = conditions::time_json(now);
+    let route_statuses: Vec<ObjectStatus> = attached
         .iter()
-        .map(|route| routes::route_status(route, &views, now));
-    let mut objects = assemble_status(class_statuses, &views, route_statuses, &resolver, now);
+        .map(|route| {
+            reuse.status(route, &stamp, || {
+                routes::route_status(route, &views, &stamp)
+            })
+        })
+        .collect();
+    let mut objects = assemble_status(
+        class_statuses,
+        &views,
+        route_statuses.into_iter(),
+        &resolver,
+        now,
+    );
     if !snapshot.rollout_policies.is_empty() {
         let route_gateways = rollouts::route_gateways(&attached, &views);
         objects.extend(rollouts::policy_statuses(snapshot, &route_gateways, now));
@@ -363,12 +375,16 @@ fn attach_routes<'a>(
             );
             compile(snapshot, &head, index, resolver, served)
         });
-        // Shared by every (rule, match) the route adds to the table.
-        let order = Arc::new(RouteOrder {
-            created: created_nanos(head.meta),
-            namespace: head.namespace.to_string(),
-            name: head.name.to_string(),
-        });
+        // Shared by every (rule, match) the route adds to the table, and
+        // kept for the next translation.
+        let order = reuse.route_order(
+            head.kind,
+            index,
+            unchanged,
+            created_nanos(head.meta),
+            head.namespace,
+            head.name,
+        );
         // (gateway, listener) pairs the route is attached to already.
         let mut attached: BTreeSet<(usize, usize)> = BTreeSet::new();
         let mut accepted_anywhere = false;
@@ -420,8 +436,9 @@ fn attach_routes<'a>(
         attached_routes.push(AttachedRoute {
             head,
             parents,
-            unsupported: compiled.unsupported.clone(),
-            ref_failures: compiled.ref_failures.clone(),
+            compiled,
+            index,
+            unchanged,
         });
     }
     rules.sort_by(|a, b| (&a.kind, &a.route, a.rule).cmp(&(&b.kind, &b.route, b.rule)));

@@ -18,6 +18,18 @@
 //! listeners, hostnames intersected) are kept the same way, reused for a
 //! route whose spec is equal while what attaching reads of the Gateways
 //! ([`AttachKey`]) and the Namespaces (label selectors) are equal too.
+//! Attaching reads nothing compiling reads, so attachments are reused even
+//! when the Services or other shared inputs changed.
+//!
+//! A route's status ([`super::routes::route_status`], a JSON value: most
+//! of a translation's cost after the table) is kept too, and reused, with
+//! the new time in its conditions, for an unchanged route while the
+//! Gateways and Namespaces are equal and its generation, what compiling
+//! found (values it cannot honour, references that do not resolve, which
+//! is where the Services, ReferenceGrants and ports show) and its
+//! attachments after the HTTPRoute/GRPCRoute hostname conflicts are equal
+//! to what that status was built from ([`Reuse::status`]). Its key in the
+//! route table ([`RouteOrder`]) is kept while its creation time is equal.
 //!
 //! BackendTLSPolicies: while there are any, nothing is reused. Compiling
 //! against them also records which Gateways use each policy (their
@@ -32,11 +44,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::FastMap;
 use crate::resources::Snapshot;
 use crate::rollout::ServedShares;
-use crate::route::RouteKind;
+use crate::route::{RouteKind, RouteOrder};
 
 use super::gateways::{AllowedNamespaces, GatewayView};
 use super::meta::namespace_of;
-use super::routes::{CompiledRoute, ParentResult};
+use super::output::ObjectStatus;
+use super::routes::{AttachedRoute, CompiledRoute, ParentResult};
 use crate::route::HostPattern;
 use crate::translate::conditions::Reason;
 
@@ -49,6 +62,27 @@ type ByIndex = [Vec<Option<Arc<CompiledRoute>>>; 3];
 
 /// Each route's attachments, indexed as [`ByIndex`].
 type ParentsByIndex = [Vec<Option<Arc<Vec<ParentResult>>>>; 3];
+
+/// Each route's tie-break key in the route table, indexed as [`ByIndex`].
+type OrdersByIndex = [Vec<Option<Arc<RouteOrder>>>; 3];
+
+/// Each route's status, indexed as [`ByIndex`].
+type StatusesByIndex = [Vec<Option<Arc<KeptStatus>>>; 3];
+
+/// A route's status as a translation built it, with what it was built
+/// from other than the route's spec (which [`Reuse::unchanged`] compares)
+/// and the Gateways' listener names (in the [`AttachKey`]): the
+/// generation, the compiled form (what it cannot honour, the references
+/// that do not resolve) and the attachments after the HTTPRoute/GRPCRoute
+/// hostname conflicts. [`super::routes::route_status`] reads nothing
+/// else but the time, which a reused status is stamped with again.
+#[derive(Debug)]
+struct KeptStatus {
+    status: Arc<ObjectStatus>,
+    generation: Option<i64>,
+    compiled: Arc<CompiledRoute>,
+    parents: Arc<Vec<ParentResult>>,
+}
 
 /// What [`super::routes::attach`] reads of the Gateways: for each (in the
 /// order translate lists them, as attachments name them by index) its
@@ -142,8 +176,14 @@ pub struct CompiledRoutes {
     /// Their attachments, and what of the Gateways they were made with.
     parents: ParentsByIndex,
     attach_key: AttachKey,
-    /// How many routes the last translation compiled, and reused.
+    /// Their statuses (made with the same Gateways).
+    statuses: StatusesByIndex,
+    /// Their tie-break keys in the route table.
+    orders: OrdersByIndex,
+    /// How many routes the last translation compiled, and reused; how
+    /// many route statuses it built, and reused.
     counts: (usize, usize),
+    status_counts: (usize, usize),
     /// The order the last translation attached its routes in (kind, index
     /// in its kind's list), which the next one checks before sorting.
     order: Vec<(RouteKind, u32)>,
@@ -168,6 +208,11 @@ impl CompiledRoutes {
     pub fn last_counts(&self) -> (usize, usize) {
         self.counts
     }
+
+    /// (built, reused) route statuses at the last translation.
+    pub fn last_status_counts(&self) -> (usize, usize) {
+        self.status_counts
+    }
 }
 
 /// Index of each route of the previous snapshot by (namespace, name), per
@@ -177,9 +222,10 @@ type ByName<'c> = [FastMap<(&'c str, &'c str), usize>; 3];
 /// One translation's view of [`CompiledRoutes`]: what it may reuse, and
 /// what it compiled, for the next.
 pub(super) struct Reuse<'c> {
-    /// The previous snapshot and its routes, when the shared inputs are
-    /// unchanged.
-    previous: Option<(&'c Snapshot, &'c ByIndex)>,
+    /// The previous snapshot, whatever changed since.
+    previous: Option<&'c Snapshot>,
+    /// Its compiled routes, when the shared inputs are unchanged.
+    previous_routes: Option<&'c ByIndex>,
     /// The previous snapshot's routes by name, once needed.
     by_name: Option<ByName<'c>>,
     /// What this translation compiled, for the next; `None` when nothing
@@ -196,8 +242,17 @@ pub(super) struct Reuse<'c> {
     /// The previous attach key, then this translation's.
     previous_attach_key: Option<&'c AttachKey>,
     attach_key: AttachKey,
+    /// The last translation's route table keys, and this one's.
+    previous_orders: Option<&'c OrdersByIndex>,
+    next_orders: Option<OrdersByIndex>,
+    /// The last translation's route statuses, while the attachments may be
+    /// reused, and this one's.
+    previous_statuses: Option<&'c StatusesByIndex>,
+    next_statuses: Option<StatusesByIndex>,
     compiled: usize,
     reused: usize,
+    statuses_built: usize,
+    statuses_reused: usize,
 }
 
 impl<'c> Reuse<'c> {
@@ -205,6 +260,7 @@ impl<'c> Reuse<'c> {
     pub fn none() -> Reuse<'static> {
         Reuse {
             previous: None,
+            previous_routes: None,
             by_name: None,
             next: None,
             previous_order: &[],
@@ -213,37 +269,42 @@ impl<'c> Reuse<'c> {
             next_parents: None,
             previous_attach_key: None,
             attach_key: AttachKey::default(),
+            previous_orders: None,
+            next_orders: None,
+            previous_statuses: None,
+            next_statuses: None,
             compiled: 0,
             reused: 0,
+            statuses_built: 0,
+            statuses_reused: 0,
         }
     }
 
     /// What `cache` offers a translation of `snapshot` with `served`.
     pub fn of(cache: &'c CompiledRoutes, snapshot: &Snapshot, served: &ServedShares) -> Self {
-        let previous = cache.inputs.as_ref().and_then(|(prev, prev_served)| {
-            shared_inputs_equal(prev, snapshot, prev_served, served)
-                .then_some((&**prev, &cache.routes))
+        let previous = cache.inputs.as_ref().map(|(prev, _)| &**prev);
+        let previous_routes = cache.inputs.as_ref().and_then(|(prev, prev_served)| {
+            shared_inputs_equal(prev, snapshot, prev_served, served).then_some(&cache.routes)
         });
         Reuse {
             previous,
+            previous_routes,
             by_name: None,
-            next: Some([
-                vec![None; snapshot.http_routes.len()],
-                vec![None; snapshot.grpc_routes.len()],
-                vec![None; snapshot.tls_routes.len()],
-            ]),
+            next: Some(per_route(snapshot)),
             previous_order: &cache.order,
             next_order: Vec::new(),
             previous_parents: Some(&cache.parents),
-            next_parents: Some([
-                vec![None; snapshot.http_routes.len()],
-                vec![None; snapshot.grpc_routes.len()],
-                vec![None; snapshot.tls_routes.len()],
-            ]),
+            next_parents: Some(per_route(snapshot)),
             previous_attach_key: Some(&cache.attach_key),
             attach_key: AttachKey::default(),
+            previous_orders: Some(&cache.orders),
+            next_orders: Some(per_route(snapshot)),
+            previous_statuses: Some(&cache.statuses),
+            next_statuses: Some(per_route(snapshot)),
             compiled: 0,
             reused: 0,
+            statuses_built: 0,
+            statuses_reused: 0,
         }
     }
 
@@ -283,10 +344,11 @@ impl<'c> Reuse<'c> {
     }
 
     /// The index of route number `index` of its kind in `snapshot` in the
-    /// previous snapshot, when it is there with an equal spec and the
-    /// shared inputs are unchanged: what [`Reuse::route`] and
-    /// [`Reuse::parents`] may take from the last translation. Looked up
-    /// once per route for both.
+    /// previous snapshot, when it is there with an equal spec: what
+    /// [`Reuse::route`] (when the shared inputs are unchanged too),
+    /// [`Reuse::parents`] and [`Reuse::status`] (when the Gateways and
+    /// Namespaces are) may take from the last translation. Looked up once
+    /// per route for all three.
     pub fn unchanged(
         &mut self,
         snapshot: &Snapshot,
@@ -295,7 +357,7 @@ impl<'c> Reuse<'c> {
         name: &str,
         index: usize,
     ) -> Option<usize> {
-        let (prev, _) = self.previous?;
+        let prev = self.previous?;
         let old = self.previous_index(prev, kind, namespace, name, index)?;
         same_spec(kind, prev, old, snapshot, index).then_some(old)
     }
@@ -311,8 +373,8 @@ impl<'c> Reuse<'c> {
         compile: impl FnOnce() -> CompiledRoute,
     ) -> Arc<CompiledRoute> {
         let kept = self
-            .previous
-            .and_then(|(_, routes)| kept(routes, kind, unchanged));
+            .previous_routes
+            .and_then(|routes| kept(routes, kind, unchanged));
         let compiled = match kept {
             Some(c) => {
                 self.reused += 1;
@@ -328,16 +390,18 @@ impl<'c> Reuse<'c> {
     }
 
     /// What this translation's Gateways give attaching ([`AttachKey`]):
-    /// the last translation's attachments are reused only when it is equal
-    /// to the last one's, as are the Namespaces and the shared inputs of
-    /// compiled routes.
+    /// the last translation's attachments and route statuses are reused
+    /// only when it is equal to the last one's, as are the Namespaces.
+    /// (Attaching reads neither the Services nor anything else compiling
+    /// does.)
     pub fn set_attach_key(&mut self, key: AttachKey, snapshot: &Snapshot) {
         let same = self
             .previous
-            .is_some_and(|(prev, _)| prev.namespaces == snapshot.namespaces)
+            .is_some_and(|prev| prev.namespaces == snapshot.namespaces)
             && self.previous_attach_key.is_some_and(|k| *k == key);
         if !same {
             self.previous_parents = None;
+            self.previous_statuses = None;
         }
         self.attach_key = key;
     }
@@ -358,6 +422,93 @@ impl<'c> Reuse<'c> {
             .unwrap_or_else(|| Arc::new(attach()));
         keep_at(self.next_parents.as_mut(), kind, index, &parents);
         parents
+    }
+
+    /// The route table's tie-break key of route number `index` of its
+    /// kind, created at `created` (Unix nanoseconds) as `namespace/name`:
+    /// the previous translation's when the route is [`Reuse::unchanged`]
+    /// and was created at the same time (its name is the same, or it would
+    /// not be found), else a new one (two strings).
+    pub fn route_order(
+        &mut self,
+        kind: RouteKind,
+        index: usize,
+        unchanged: Option<usize>,
+        created: i128,
+        namespace: &str,
+        name: &str,
+    ) -> Arc<RouteOrder> {
+        let order = self
+            .previous_orders
+            .and_then(|orders| kept(orders, kind, unchanged))
+            .filter(|o| o.created == created && o.namespace == namespace && o.name == name)
+            .unwrap_or_else(|| {
+                Arc::new(RouteOrder {
+                    created,
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                })
+            });
+        keep_at(self.next_orders.as_mut(), kind, index, &order);
+        order
+    }
+
+    /// The status of `route`: the previous translation's, stamped with
+    /// `stamp` (this translation's time, as conditions write it), when the route is [`Reuse::unchanged`], the Gateways and
+    /// Namespaces are equal ([`Reuse::set_attach_key`]), and its
+    /// generation, what compiling found (unsupported values, references
+    /// that do not resolve) and its attachments (after the hostname
+    /// conflicts) are equal to what that status was built from
+    /// ([`KeptStatus`]); else `build()`.
+    pub fn status(
+        &mut self,
+        route: &AttachedRoute<'_>,
+        stamp: &serde_json::Value,
+        build: impl FnOnce() -> ObjectStatus,
+    ) -> ObjectStatus {
+        let kind = route.head.kind;
+        let generation = route.head.meta.generation;
+        let kept = self
+            .previous_statuses
+            .and_then(|statuses| kept(statuses, kind, route.unchanged))
+            .filter(|k| {
+                k.generation == generation
+                    && same_findings(&k.compiled, &route.compiled)
+                    && (Arc::ptr_eq(&k.parents, &route.parents) || k.parents == route.parents)
+            });
+        let status = match &kept {
+            Some(k) => {
+                self.statuses_reused += 1;
+                let mut status = (*k.status).clone();
+                restamp(&mut status.status, stamp);
+                status
+            }
+            None => {
+                self.statuses_built += 1;
+                build()
+            }
+        };
+        if self.next_statuses.is_some() {
+            // Kept with this translation's compiled form and attachments
+            // (equal to the ones it was built from), not the older ones,
+            // which would stay allocated for it.
+            let kept = match kept {
+                Some(k)
+                    if Arc::ptr_eq(&k.compiled, &route.compiled)
+                        && Arc::ptr_eq(&k.parents, &route.parents) =>
+                {
+                    k
+                }
+                k => Arc::new(KeptStatus {
+                    status: k.map_or_else(|| Arc::new(status.clone()), |k| k.status.clone()),
+                    generation,
+                    compiled: route.compiled.clone(),
+                    parents: route.parents.clone(),
+                }),
+            };
+            keep_at(self.next_statuses.as_mut(), kind, route.index, &kept);
+        }
+        status
     }
 
     /// The order the last translation attached routes in (kind, index):
@@ -383,6 +534,42 @@ impl<'c> Reuse<'c> {
         cache.order = self.next_order;
         cache.parents = self.next_parents.unwrap_or_default();
         cache.attach_key = self.attach_key;
+        cache.statuses = self.next_statuses.unwrap_or_default();
+        cache.orders = self.next_orders.unwrap_or_default();
+        cache.status_counts = (self.statuses_built, self.statuses_reused);
+    }
+}
+
+/// One empty slot per route of `snapshot`, by kind.
+fn per_route<T>(snapshot: &Snapshot) -> [Vec<Option<Arc<T>>>; 3] {
+    [
+        vec![None; snapshot.http_routes.len()],
+        vec![None; snapshot.grpc_routes.len()],
+        vec![None; snapshot.tls_routes.len()],
+    ]
+}
+
+/// Whether two compiled forms of a route found the same for its status:
+/// the values it cannot honour and the references that do not resolve.
+fn same_findings(a: &Arc<CompiledRoute>, b: &Arc<CompiledRoute>) -> bool {
+    Arc::ptr_eq(a, b) || (a.unsupported == b.unsupported && a.ref_failures == b.ref_failures)
+}
+
+/// Stamp every condition of a route's status (`parents[].conditions[]`)
+/// with `time`, as a status built now would be.
+fn restamp(status: &mut serde_json::Value, time: &serde_json::Value) {
+    let Some(serde_json::Value::Array(parents)) = status.get_mut("parents") else {
+        return;
+    };
+    for parent in parents {
+        let Some(serde_json::Value::Array(conditions)) = parent.get_mut("conditions") else {
+            continue;
+        };
+        for condition in conditions {
+            if let Some(t) = condition.get_mut("lastTransitionTime") {
+                t.clone_from(time);
+            }
+        }
     }
 }
 
@@ -561,16 +748,38 @@ spec:
         );
         let labelled = "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: default, labels: {team: web}}\n";
         let unlabelled = "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: default}\n";
-        // (what changed, the configuration, whether anything is reused)
-        let steps: Vec<(&str, String, bool)> = vec![
+        // Route `a` again with an equal spec, a generation later.
+        let some_a_later = routes(&[("a", 10), ("b", 20), ("c", 30)]).replacen(
+            "metadata: {name: a}",
+            "metadata: {name: a, generation: 2}",
+            1,
+        );
+        // Route `a` deleted and created again, with an equal spec: it is
+        // now the newest, which the table's tie-breaks read.
+        let some_a_recreated = routes(&[("a", 10), ("b", 20), ("c", 30)]).replacen(
+            "metadata: {name: a}",
+            "metadata: {name: a, creationTimestamp: '2026-12-03T00:00:00Z'}",
+            1,
+        );
+        // Service `shop/api` on another port than the routes ask for.
+        let api_moved = API.replace("ports: [{port: 80}]", "ports: [{port: 81}]");
+        // A GRPCRoute sorted before HTTPRoute `a` (`0a` < `a`) on its
+        // hostname: `a` loses the listener (HostnameConflict).
+        let conflicting = grpc_route("0a").replace("[0a.example.com]", "[a.example.com]");
+        let renamed = GATEWAY.replace("{name: http,", "{name: web,");
+        // (what changed, the configuration, whether any compiled route is
+        // reused, whether any route status is)
+        let steps: Vec<(&str, String, bool, bool)> = vec![
             (
                 "first",
                 format!("{base}{gateway}{some}{}", grpc_route("g")),
+                false,
                 false,
             ),
             (
                 "route added",
                 format!("{base}{gateway}{some}{}{}", grpc_route("g"), route("d", 40)),
+                true,
                 true,
             ),
             (
@@ -582,6 +791,7 @@ spec:
                     route("d", 40)
                 ),
                 true,
+                true,
             ),
             (
                 "nothing changed",
@@ -592,36 +802,43 @@ spec:
                     route("d", 40)
                 ),
                 true,
+                true,
             ),
             (
                 "backend Service removed",
                 format!("{CLASS}{GRANT}{gateway}{some}{}", grpc_route("g")),
                 false,
+                true,
             ),
             (
                 "backend Service back",
                 format!("{base}{gateway}{some}{}", grpc_route("g")),
                 false,
+                true,
             ),
             (
                 "ReferenceGrant removed",
                 format!("{CLASS}{API}{gateway}{some}{}", grpc_route("g")),
                 false,
+                true,
             ),
             (
                 "ReferenceGrant back",
                 format!("{base}{gateway}{some}{}", grpc_route("g")),
                 false,
+                true,
             ),
             (
                 "listener changed",
                 format!("{base}{other_listener}{some}{}", grpc_route("g")),
                 true,
+                false,
             ),
             (
                 "listener back",
                 format!("{base}{gateway}{some}{}", grpc_route("g")),
                 true,
+                false,
             ),
             (
                 "route deleted",
@@ -631,10 +848,12 @@ spec:
                     grpc_route("g")
                 ),
                 true,
+                true,
             ),
             (
                 "GRPCRoute deleted",
                 format!("{base}{gateway}{}", routes(&[("a", 10), ("c", 30)])),
+                true,
                 true,
             ),
             // Attachments kept while the Gateways are equal must follow
@@ -643,6 +862,7 @@ spec:
                 "listener selects namespaces by label",
                 format!("{base}{selecting}{}", routes(&[("a", 10), ("c", 30)])),
                 true,
+                false,
             ),
             (
                 "namespace labelled",
@@ -651,6 +871,7 @@ spec:
                     routes(&[("a", 10), ("c", 30)])
                 ),
                 true,
+                false,
             ),
             (
                 "label removed",
@@ -659,15 +880,69 @@ spec:
                     routes(&[("a", 10), ("c", 30)])
                 ),
                 true,
+                false,
+            ),
+            // Each input of a route's status, changed and back.
+            (
+                "listeners admit all namespaces again",
+                format!("{base}{gateway}{some}{}", grpc_route("g")),
+                true,
+                false,
+            ),
+            (
+                "route generation bumped, spec equal",
+                format!("{base}{gateway}{some_a_later}{}", grpc_route("g")),
+                true,
+                true,
+            ),
+            (
+                "route created again, spec equal",
+                format!("{base}{gateway}{some_a_recreated}{}", grpc_route("g")),
+                true,
+                true,
+            ),
+            (
+                "backend port changed",
+                format!(
+                    "{CLASS}{api_moved}{GRANT}{gateway}{some}{}",
+                    grpc_route("g")
+                ),
+                false,
+                true,
+            ),
+            (
+                "backend port back",
+                format!("{base}{gateway}{some}{}", grpc_route("g")),
+                false,
+                true,
+            ),
+            (
+                "conflicting GRPCRoute added",
+                format!("{base}{gateway}{some}{}{conflicting}", grpc_route("g")),
+                true,
+                true,
+            ),
+            (
+                "conflicting GRPCRoute removed",
+                format!("{base}{gateway}{some}{}", grpc_route("g")),
+                true,
+                true,
+            ),
+            (
+                "listener renamed",
+                format!("{base}{renamed}{some}{}", grpc_route("g")),
+                true,
+                false,
             ),
         ];
         let options = TranslateOptions {
             default_bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         };
         let served = ServedShares::default();
-        let now = Timestamp::UNIX_EPOCH;
         let mut compiled = CompiledRoutes::new();
-        for (what, yaml, reuses) in steps {
+        for (step, (what, yaml, reuses, reuses_status)) in steps.into_iter().enumerate() {
+            // A later time at each step: a reused status is stamped with it.
+            let now = Timestamp::from_second(step as i64).expect("a valid time");
             let snap: Arc<Snapshot> = Arc::new(snapshot(&yaml));
             let mut full = None;
             let full_status = translate_phased(&snap, &options, &served, now, |r| full = Some(r));
@@ -686,6 +961,12 @@ spec:
             );
             let (fresh, kept) = compiled.last_counts();
             assert_eq!(kept > 0, reuses, "{what}: {fresh} compiled, {kept} reused");
+            let (built, kept) = compiled.last_status_counts();
+            assert_eq!(
+                kept > 0,
+                reuses_status,
+                "{what}: {built} route statuses built, {kept} reused"
+            );
         }
     }
 

@@ -372,7 +372,7 @@ pub(crate) fn route_gateways(
     let mut out: BTreeMap<(String, String), BTreeSet<(String, String)>> = BTreeMap::new();
     let http = attached
         .iter()
-        .filter(|r| r.head.kind == RouteKind::Http && r.unsupported.is_empty());
+        .filter(|r| r.head.kind == RouteKind::Http && r.compiled.unsupported.is_empty());
     for route in http {
         for attachments in route
             .parents

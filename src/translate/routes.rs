@@ -19,15 +19,14 @@ use std::sync::Arc;
 use gateway_api::experimental::httproutes::{
     HttpRoute, HttpRouteRules, HttpRouteRulesRetry, HttpRouteRulesSessionPersistence,
     HttpRouteRulesSessionPersistenceCookieConfigLifetimeType, HttpRouteRulesSessionPersistenceType,
-    HttpRouteStatus, HttpRouteStatusParents, HttpRouteStatusParentsParentRef,
 };
 use http::{HeaderName, StatusCode};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
+use serde_json::{Map, Value};
 
 use super::backends::{BackendRefFields, BackendResolver, RefFailure, Resolution, backend_target};
-use super::conditions::{ConditionMaker, ConditionType, Reason};
+use super::conditions::{ConditionType, Reason, condition_json};
 use super::filters::{backend_filters_as_rule_filters, compile_filters};
 use super::gateways::{GatewayView, namespace_allowed};
 use super::matches::{compile_match, compile_timeouts};
@@ -171,6 +170,43 @@ fn is_cookie_name_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
+/// `spec.rules[i]`, as messages name a rule.
+struct RuleField(usize);
+
+impl std::fmt::Display for RuleField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "spec.rules[{}]", self.0)
+    }
+}
+
+/// `spec.rules[i].backendRefs[j]`, as messages name a backendRef.
+struct BackendField(usize, usize);
+
+impl std::fmt::Display for BackendField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "spec.rules[{}].backendRefs[{}]", self.0, self.1)
+    }
+}
+
+/// `HTTPRoute ns/name`, as warnings name a route.
+pub(crate) struct RouteId<'a>(pub RouteKind, pub &'a str, pub &'a str);
+
+impl std::fmt::Display for RouteId<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}/{}", self.0, self.1, self.2)
+    }
+}
+
+/// The field of a list of filters, for their messages: made only when
+/// there are any (a rule without filters has no message about them).
+fn filters_field<T>(filters: Option<&[T]>, field: impl FnOnce() -> String) -> String {
+    if filters.is_some_and(|f| !f.is_empty()) {
+        field()
+    } else {
+        String::new()
+    }
+}
+
 /// Compile HTTPRoute-shaped rules of a route of `kind`; a rule a rollout
 /// governs (`served`, by kind, route and rule) gets the shares it serves.
 pub(crate) fn compile_rules(
@@ -223,8 +259,10 @@ fn compile_rule(scope: &Scope<'_, '_>, rule: &HttpRouteRules, i: usize, out: &mu
         resolver,
         served,
     } = scope;
-    let field = format!("spec.rules[{i}]");
-    let route_id = format!("{kind} {ns}/{name}");
+    // Written only into messages (most rules have none): displayed when
+    // one is, not formatted for every rule.
+    let field = RuleField(i);
+    let route_id = RouteId(kind, ns, name);
     let id_prefix = format!("{}/{ns}/{name}/rule/{i}", kind.id_prefix());
 
     let mut matches = Vec::new();
@@ -247,7 +285,7 @@ fn compile_rule(scope: &Scope<'_, '_>, rule: &HttpRouteRules, i: usize, out: &mu
     let filters = compile_filters(
         kind,
         rule.filters.as_deref().unwrap_or_default(),
-        &format!("{field}.filters"),
+        &filters_field(rule.filters.as_deref(), || format!("{field}.filters")),
         &id_prefix,
         ns,
         resolver,
@@ -268,7 +306,7 @@ fn compile_rule(scope: &Scope<'_, '_>, rule: &HttpRouteRules, i: usize, out: &mu
     let mut backends = Vec::new();
     let mut summaries = Vec::new();
     for (j, b) in refs.iter().enumerate() {
-        let bfield = format!("{field}.backendRefs[{j}]");
+        let bfield = BackendField(i, j);
         let fields = BackendRefFields::of(b);
         // The label is the identity's display (see BackendResolver::label).
         let key = backend_key(ns, &fields);
@@ -327,7 +365,7 @@ fn compile_rule(scope: &Scope<'_, '_>, rule: &HttpRouteRules, i: usize, out: &mu
                 let compiled = compile_filters(
                     kind,
                     &fs,
-                    &format!("{bfield}.filters"),
+                    &filters_field(Some(fs.as_slice()), || format!("{bfield}.filters")),
                     &backend_id,
                     ns,
                     resolver,
@@ -516,7 +554,7 @@ fn compile_retry(r: &HttpRouteRulesRetry) -> Result<RetryPolicy, String> {
 }
 
 /// A route attached to one listener, under these effective hostnames.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Attachment {
     pub gateway: usize,
     pub listener: usize,
@@ -609,7 +647,7 @@ route_parent_ref!(
 );
 
 /// What one parentRef that names one of our Gateways came to.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ParentResult {
     /// Which of the route's parentRefs ([`RouteHead::parent_refs`]).
     pub parent_ref: usize,
@@ -799,11 +837,16 @@ pub(crate) struct AttachedRoute<'a> {
     /// which reuses it for an unchanged route while the Gateways are
     /// unchanged ([`super::reuse`]).
     pub parents: Arc<Vec<ParentResult>>,
-    /// What compiling found that sluice cannot honour
-    /// ([`CompiledRoute::unsupported`]).
-    pub unsupported: Vec<String>,
-    /// backendRefs that do not resolve ([`CompiledRoute::ref_failures`]).
-    pub ref_failures: Vec<RefFailure>,
+    /// Its compiled form: what compiling found that sluice cannot honour
+    /// ([`CompiledRoute::unsupported`]) and the backendRefs that do not
+    /// resolve ([`CompiledRoute::ref_failures`]) are in its status.
+    pub compiled: Arc<CompiledRoute>,
+    /// Its index in its kind's list in the snapshot, and in the previous
+    /// translation's when it was there with an equal spec
+    /// ([`super::reuse::Reuse::unchanged`]): where its status is kept,
+    /// and may be taken from.
+    pub index: usize,
+    pub unchanged: Option<usize>,
 }
 
 /// Phase: route status. A route's `status.parents`, one entry per
@@ -811,55 +854,68 @@ pub(crate) struct AttachedRoute<'a> {
 /// (`UnsupportedValue` when the route asks for something sluice cannot
 /// honour, else why the parentRef did not attach, else the listeners it
 /// attached to) and the route's `ResolvedRefs` (the first failure's reason,
-/// every failure's message).
+/// every failure's message), stamped with `time` ([`super::conditions::time_json`] of the
+/// translation's time).
+///
+/// Written as JSON directly (the value `serde_json::to_value` gives of an
+/// `HttpRouteStatus`; every route kind's status has its shape): with
+/// 10,000 routes, building the typed status and serializing it was most
+/// of the status's cost.
 pub(crate) fn route_status(
     route: &AttachedRoute<'_>,
     views: &[GatewayView],
-    now: Timestamp,
+    time: &Value,
 ) -> ObjectStatus {
-    let cond = ConditionMaker {
-        generation: route.head.meta.generation.unwrap_or(0),
-        now,
-    };
-    let resolved = match route.ref_failures.first() {
-        None => cond.make(
+    let generation = route.head.meta.generation.unwrap_or(0);
+    let condition =
+        |t, status, reason, message| condition_json(t, status, reason, message, generation, time);
+    let CompiledRoute {
+        unsupported,
+        ref_failures,
+        ..
+    } = &*route.compiled;
+    let resolved = match ref_failures.first() {
+        None => condition(
             ConditionType::ResolvedRefs,
             true,
             Reason::ResolvedRefs,
-            "all references resolved",
+            "all references resolved".into(),
         ),
-        Some(first) => cond.make(
+        Some(first) => condition(
             ConditionType::ResolvedRefs,
             false,
             first.reason,
-            route
-                .ref_failures
+            ref_failures
                 .iter()
                 .map(|f| f.message.as_str())
                 .collect::<Vec<_>>()
                 .join("; "),
         ),
     };
-    let mut parents = Vec::new();
-    for parent in route.parents.iter() {
-        let accepted = if !route.unsupported.is_empty() {
-            cond.make(
+    let mut parents = Vec::with_capacity(route.parents.len());
+    // Every parent has the route's ResolvedRefs: a copy each but the last,
+    // which takes it.
+    let mut resolved = Some(resolved);
+    let last = route.parents.len().saturating_sub(1);
+    for (i, parent) in route.parents.iter().enumerate() {
+        let accepted = if !unsupported.is_empty() {
+            condition(
                 ConditionType::Accepted,
                 false,
                 Reason::UnsupportedValue,
-                route.unsupported.join("; "),
+                unsupported.join("; "),
             )
         } else {
             match &parent.accepted {
                 Err((reason, message)) => {
-                    cond.make(ConditionType::Accepted, false, *reason, message.clone())
+                    condition(ConditionType::Accepted, false, *reason, message.clone())
                 }
                 Ok(attachments) => {
                     let names: Vec<&str> = attachments
                         .iter()
                         .map(|a| views[a.gateway].listeners[a.listener].name.as_str())
                         .collect();
-                    cond.make(
+                    condition(
                         ConditionType::Accepted,
                         true,
                         Reason::Accepted,
@@ -868,36 +924,63 @@ pub(crate) fn route_status(
                 }
             }
         };
-        let p = &route.head.parent_refs[parent.parent_ref];
-        parents.push(HttpRouteStatusParents {
-            conditions: vec![accepted, resolved.clone()],
-            controller_name: CONTROLLER_NAME.to_string(),
-            parent_ref: HttpRouteStatusParentsParentRef {
-                group: p.group.map(str::to_string),
-                kind: p.kind.map(str::to_string),
-                name: p.name.to_string(),
-                namespace: p.namespace.map(str::to_string),
-                port: p.port,
-                section_name: p.section_name.map(str::to_string),
-            },
-        });
+        let mut entry = Map::new();
+        let resolved = if i == last {
+            resolved.take()
+        } else {
+            resolved.clone()
+        };
+        entry.insert(
+            "conditions".into(),
+            Value::Array(vec![accepted, resolved.unwrap_or_default()]),
+        );
+        entry.insert("controllerName".into(), CONTROLLER_NAME.into());
+        entry.insert(
+            "parentRef".into(),
+            parent_ref_json(&route.head.parent_refs[parent.parent_ref]),
+        );
+        parents.push(Value::Object(entry));
     }
-    // Every route kind's status has HTTPRoute's shape (`RouteStatus`).
+    let mut status = Map::new();
+    status.insert("parents".into(), Value::Array(parents));
     ObjectStatus {
         api_version: api_version(),
         kind: route.head.kind.as_str().into(),
         metadata: StatusMetadata {
             name: route.head.name.to_string(),
             namespace: Some(route.head.namespace.to_string()),
-            generation: cond.generation,
+            generation,
         },
-        status: serde_json::to_value(HttpRouteStatus { parents }).unwrap_or_default(),
+        status: Value::Object(status),
     }
+}
+
+/// A route status's `parentRef` (an `HttpRouteStatusParentsParentRef` as
+/// JSON: the fields the route's parentRef sets).
+fn parent_ref_json(p: &ParentRef<'_>) -> Value {
+    let mut m = Map::new();
+    let mut set = |key: &str, value: Option<&str>| {
+        if let Some(v) = value {
+            m.insert(key.into(), v.into());
+        }
+    };
+    set("group", p.group);
+    set("kind", p.kind);
+    set("name", Some(p.name));
+    set("namespace", p.namespace);
+    if let Some(port) = p.port {
+        m.insert("port".into(), port.into());
+    }
+    if let Some(s) = p.section_name {
+        m.insert("sectionName".into(), s.into());
+    }
+    Value::Object(m)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gateway_api::experimental::httproutes::HttpRouteStatusParentsParentRef;
     use std::time::Duration;
 
     fn retry(yaml: &str) -> Result<RetryPolicy, String> {
@@ -918,6 +1001,36 @@ mod tests {
         assert_eq!(r.attempts, DEFAULT_RETRY_ATTEMPTS);
         assert_eq!(r.backoff, DEFAULT_RETRY_BACKOFF);
         assert_eq!(retry("{attempts: 0}").expect("valid").attempts, 0);
+    }
+
+    #[test]
+    fn parent_ref_json_is_the_status_parent_ref_serialized() {
+        let all = ParentRef {
+            group: Some("gateway.networking.k8s.io"),
+            kind: Some("ListenerSet"),
+            name: "set",
+            namespace: Some("infra"),
+            port: Some(8443),
+            section_name: Some("https"),
+        };
+        let bare = ParentRef {
+            name: "gw",
+            ..ParentRef::default()
+        };
+        for p in [all, bare] {
+            let typed = HttpRouteStatusParentsParentRef {
+                group: p.group.map(str::to_string),
+                kind: p.kind.map(str::to_string),
+                name: p.name.to_string(),
+                namespace: p.namespace.map(str::to_string),
+                port: p.port,
+                section_name: p.section_name.map(str::to_string),
+            };
+            assert_eq!(
+                parent_ref_json(&p),
+                serde_json::to_value(typed).expect("a parentRef serializes")
+            );
+        }
     }
 
     #[test]
