@@ -124,59 +124,124 @@ fn api_version(kind: &str) -> String {
     }
 }
 
-/// The current status of an object in the snapshot (`Null` when it has
-/// none), with its resourceVersion; `None` when the object is gone.
-fn current(snapshot: &Snapshot, object: &ObjectStatus) -> Option<(Value, Option<String>)> {
-    let ns = object.metadata.namespace.as_deref();
-    let name = object.metadata.name.as_str();
-    let same =
-        |meta: &ObjectMeta| meta.name.as_deref() == Some(name) && meta.namespace.as_deref() == ns;
+/// An object of the snapshot by kind, namespace and name: what [`plan`]
+/// looks up for every object of the report, and the report's objects by the
+/// same key. Built once per plan: looked up by a walk of the lists, as they
+/// were, a plan with 10,000 routes compared 10^8 names (seconds on the
+/// control plane's thread, after every change).
+type ObjectKey<'a> = (&'static str, Option<&'a str>, &'a str);
+
+/// Where each named object of the snapshot is in its kind's list (the
+/// first of a name, as a walk would find it).
+fn positions(snapshot: &Snapshot) -> crate::FastMap<ObjectKey<'_>, usize> {
+    fn add<'a>(
+        map: &mut crate::FastMap<ObjectKey<'a>, usize>,
+        kind: &'static str,
+        metas: impl Iterator<Item = &'a ObjectMeta>,
+    ) {
+        for (i, meta) in metas.enumerate() {
+            if let Some(name) = meta.name.as_deref() {
+                map.entry((kind, meta.namespace.as_deref(), name))
+                    .or_insert(i);
+            }
+        }
+    }
+    let mut map = crate::FastMap::default();
+    add(
+        &mut map,
+        "GatewayClass",
+        snapshot.gateway_classes.iter().map(|o| &o.metadata),
+    );
+    add(
+        &mut map,
+        "Gateway",
+        snapshot.gateways.iter().map(|o| &o.metadata),
+    );
+    add(
+        &mut map,
+        "ListenerSet",
+        snapshot.listener_sets.iter().map(|o| &o.metadata),
+    );
+    add(
+        &mut map,
+        "HTTPRoute",
+        snapshot.http_routes.iter().map(|o| &o.metadata),
+    );
+    add(
+        &mut map,
+        "GRPCRoute",
+        snapshot.grpc_routes.iter().map(|o| &o.metadata),
+    );
+    add(
+        &mut map,
+        "TLSRoute",
+        snapshot.tls_routes.iter().map(|o| &o.metadata),
+    );
+    add(
+        &mut map,
+        "BackendTLSPolicy",
+        snapshot.backend_tls_policies.iter().map(|o| &o.metadata),
+    );
+    add(
+        &mut map,
+        "RolloutPolicy",
+        snapshot.rollout_policies.iter().map(|o| &o.metadata),
+    );
+    map
+}
+
+/// The status the snapshot holds for `object` (of `kind`), and its
+/// resourceVersion; `None` when the snapshot has no such object.
+fn current(
+    snapshot: &Snapshot,
+    positions: &crate::FastMap<ObjectKey<'_>, usize>,
+    kind: &'static str,
+    object: &ObjectStatus,
+) -> Option<(Value, Option<String>)> {
+    let key = (
+        kind,
+        object.metadata.namespace.as_deref(),
+        object.metadata.name.as_str(),
+    );
+    let i = *positions.get(&key)?;
     fn found<S: serde::Serialize>(meta: &ObjectMeta, status: &S) -> (Value, Option<String>) {
         (
             serde_json::to_value(status).unwrap_or(Value::Null),
             meta.resource_version.clone(),
         )
     }
-    match object.kind.as_str() {
+    match kind {
         "GatewayClass" => snapshot
             .gateway_classes
-            .iter()
-            .find(|o| same(&o.metadata))
+            .get(i)
             .map(|o| found(&o.metadata, &o.status)),
         "Gateway" => snapshot
             .gateways
-            .iter()
-            .find(|o| same(&o.metadata))
+            .get(i)
             .map(|o| found(&o.metadata, &o.status)),
         "ListenerSet" => snapshot
             .listener_sets
-            .iter()
-            .find(|o| same(&o.metadata))
+            .get(i)
             .map(|o| found(&o.metadata, &o.status)),
         "HTTPRoute" => snapshot
             .http_routes
-            .iter()
-            .find(|o| same(&o.metadata))
+            .get(i)
             .map(|o| found(&o.metadata, &o.status)),
         "GRPCRoute" => snapshot
             .grpc_routes
-            .iter()
-            .find(|o| same(&o.metadata))
+            .get(i)
             .map(|o| found(&o.metadata, &o.status)),
         "TLSRoute" => snapshot
             .tls_routes
-            .iter()
-            .find(|o| same(&o.metadata))
+            .get(i)
             .map(|o| found(&o.metadata, &o.status)),
         "BackendTLSPolicy" => snapshot
             .backend_tls_policies
-            .iter()
-            .find(|o| same(&o.metadata))
+            .get(i)
             .map(|o| found(&o.metadata, &o.status)),
         "RolloutPolicy" => snapshot
             .rollout_policies
-            .iter()
-            .find(|o| same(&o.metadata))
+            .get(i)
             .map(|o| found(&o.metadata, &o.status)),
         _ => None,
     }
@@ -220,31 +285,40 @@ fn foreign_entries(current: &Value, list: &str) -> Vec<Value> {
         .unwrap_or_default()
 }
 
-/// Every object of a kind with a [`shared_list`]: kind, metadata and
-/// current status.
-fn with_shared_lists(snapshot: &Snapshot) -> Vec<(&'static str, &ObjectMeta, Value)> {
+/// Every object of a kind with a [`shared_list`] that `skip` does not
+/// leave out: kind, metadata and current status (serialized only for
+/// those).
+fn with_shared_lists(
+    snapshot: &Snapshot,
+    skip: impl Fn(&'static str, &ObjectMeta) -> bool,
+) -> Vec<(&'static str, &ObjectMeta, Value)> {
     fn status<S: serde::Serialize>(s: &S) -> Value {
         serde_json::to_value(s).unwrap_or(Value::Null)
     }
     let routes = snapshot
         .http_routes
         .iter()
+        .filter(|o| !skip("HTTPRoute", &o.metadata))
         .map(|r| ("HTTPRoute", &r.metadata, status(&r.status)));
     let grpc = snapshot
         .grpc_routes
         .iter()
+        .filter(|o| !skip("GRPCRoute", &o.metadata))
         .map(|r| ("GRPCRoute", &r.metadata, status(&r.status)));
     let tls = snapshot
         .tls_routes
         .iter()
+        .filter(|o| !skip("TLSRoute", &o.metadata))
         .map(|r| ("TLSRoute", &r.metadata, status(&r.status)));
     let policies = snapshot
         .backend_tls_policies
         .iter()
+        .filter(|o| !skip("BackendTLSPolicy", &o.metadata))
         .map(|p| ("BackendTLSPolicy", &p.metadata, status(&p.status)));
     let rollout_policies = snapshot
         .rollout_policies
         .iter()
+        .filter(|o| !skip("RolloutPolicy", &o.metadata))
         .map(|p| ("RolloutPolicy", &p.metadata, status(&p.status)));
     routes
         .chain(grpc)
@@ -267,11 +341,12 @@ pub fn plan(
     rollouts: &RolloutReport,
 ) -> Vec<StatusPatch> {
     let mut patches = Vec::new();
+    let positions = positions(snapshot);
     for object in &report.objects {
         let Some(kind) = static_kind(&object.kind) else {
             continue;
         };
-        let Some((current, resource_version)) = current(snapshot, object) else {
+        let Some((current, resource_version)) = current(snapshot, &positions, kind, object) else {
             continue; // deleted since: nothing to write to
         };
         let mut desired = object.status.clone();
@@ -306,20 +381,32 @@ pub fn plan(
     // Routes that no longer attach to a Gateway of ours, policies whose
     // Service no Gateway of ours uses any more: withdraw our entries (and
     // only ours) from their lists.
-    for (kind, meta, current) in with_shared_lists(snapshot) {
+    let reported: std::collections::HashSet<(&str, Option<&str>, &str)> = report
+        .objects
+        .iter()
+        .map(|o| {
+            (
+                o.kind.as_str(),
+                o.metadata.namespace.as_deref(),
+                o.metadata.name.as_str(),
+            )
+        })
+        .collect();
+    let is_reported = |kind: &'static str, meta: &ObjectMeta| {
+        let name = meta.name.as_deref().unwrap_or("");
+        reported.contains(&(kind, meta.namespace.as_deref(), name))
+    };
+    for (kind, meta, current) in with_shared_lists(snapshot, is_reported) {
         let Some(list) = shared_list(kind) else {
             continue;
         };
         let ns = meta.namespace.as_deref();
         let name = meta.name.as_deref().unwrap_or("");
-        let reported = report.objects.iter().any(|o| {
-            o.kind == kind && o.metadata.name == name && o.metadata.namespace.as_deref() == ns
-        });
         let has_ours = current
             .get(list)
             .and_then(Value::as_array)
             .is_some_and(|ps| ps.iter().any(is_ours));
-        if reported || !has_ours {
+        if !has_ours {
             continue;
         }
         let object = ObjectStatus {
