@@ -1214,11 +1214,20 @@ async fn closed_by_proxy(s: &mut TcpStream) {
     .await;
 }
 
-async fn proxy_with(limits: ProxyLimits, table: RouteTable) -> Proxy {
+/// A proxy held to `limits`, every path of one listener sent to one
+/// recording backend: the proxy, its address and the backend.
+async fn one_backend_proxy(limits: ProxyLimits) -> (Proxy, SocketAddr, TestBackend) {
+    let app = backend("app", Mode::Record).await;
+    let bind = free_addr();
+    let rules = vec![rule(
+        "app",
+        PathMatch::prefix("/"),
+        vec![be("app", 1, endpoints(&[&app]))],
+    )];
     let proxy = Proxy::with_limits(Metrics::shared(), limits);
-    let failures = proxy.apply(table).await;
+    let failures = proxy.apply(table(bind, rules)).await;
     assert!(failures.is_empty(), "{failures:?}");
-    proxy
+    (proxy, bind, app)
 }
 
 /// A keep-alive connection quiet for a second waits for its next request
@@ -1228,18 +1237,11 @@ async fn proxy_with(limits: ProxyLimits, table: RouteTable) -> Proxy {
 /// or waking.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_connection_is_parked_served_again_and_closed_at_its_keep_alive_deadline() {
-    let app = backend("app", Mode::Record).await;
-    let bind = free_addr();
-    let limits = ProxyLimits {
+    let (proxy, bind, app) = one_backend_proxy(ProxyLimits {
         keepalive_timeout: Duration::from_secs(3),
         ..ProxyLimits::default()
-    };
-    let rules = vec![rule(
-        "app",
-        PathMatch::prefix("/"),
-        vec![be("app", 1, endpoints(&[&app]))],
-    )];
-    let proxy = proxy_with(limits, table(bind, rules)).await;
+    })
+    .await;
     let mut s = within("connect", TcpStream::connect(bind)).await.unwrap();
     let (status, _) = raw_get(&mut s, "/first").await;
     assert!(status.starts_with("HTTP/1.1 200"), "{status}");
@@ -1271,19 +1273,12 @@ async fn an_idle_connection_is_parked_served_again_and_closed_at_its_keep_alive_
 /// Draining closes parked connections at once, as it does idle ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draining_closes_parked_connections_at_once() {
-    let app = backend("app", Mode::Record).await;
-    let bind = free_addr();
-    let limits = ProxyLimits {
+    let (proxy, bind, _app) = one_backend_proxy(ProxyLimits {
         keepalive_timeout: Duration::from_secs(3600),
         drain_timeout: Duration::from_secs(3600),
         ..ProxyLimits::default()
-    };
-    let rules = vec![rule(
-        "app",
-        PathMatch::prefix("/"),
-        vec![be("app", 1, endpoints(&[&app]))],
-    )];
-    let proxy = proxy_with(limits, table(bind, rules)).await;
+    })
+    .await;
     let mut conns = Vec::new();
     for i in 0..3 {
         let mut s = within("connect", TcpStream::connect(bind)).await.unwrap();

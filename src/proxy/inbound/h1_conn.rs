@@ -127,8 +127,7 @@ pub(in crate::proxy) trait ClientStream:
     const PARKS: bool = false;
 
     /// Park the connection until `by`, idle; `Err` gives it back.
-    fn park(self, info: Box<ConnInfo>, by: Instant) -> Result<(), (Self, Box<ConnInfo>)> {
-        let _ = by;
+    fn park(self, info: Box<ConnInfo>, _by: Instant) -> Result<(), (Self, Box<ConnInfo>)> {
         Err((self, info))
     }
 }
@@ -946,11 +945,11 @@ mod tests {
         std::mem::size_of::<R>()
     }
 
-    /// An idle connection's task is this future, sized by its largest state:
-    /// the wait for a head (one timer, the draining watch, the read; 888
-    /// bytes in a test build, a task of 1,024 bytes in a release build).
-    /// Whatever lives across that wait is paid per idle connection: a
-    /// request's state belongs in the boxed exchange.
+    /// A connection's task is this future, sized by its largest state: the
+    /// wait for a head (one timer, the drain's notification, the read).
+    /// Whatever lives across that wait is paid per connection between
+    /// requests (and by every idle one for its first second, before it is
+    /// parked): a request's state belongs in the boxed exchange.
     #[test]
     fn the_idle_connection_future_stays_small() {
         // 408 bytes in a test build (December 2026), when a release

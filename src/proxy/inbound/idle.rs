@@ -51,7 +51,6 @@ pub(in crate::proxy) struct Parked {
 /// The tables of one proxy, one per worker (by [`workers::current`], the
 /// first for threads that are none), each made by the first connection
 /// parked on it and kept by its own task while it runs.
-#[derive(Default)]
 pub(in crate::proxy) struct IdleTables {
     tables: Box<[Mutex<Weak<Table>>]>,
 }
