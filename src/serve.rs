@@ -298,6 +298,17 @@ impl Server {
             errors,
             objects,
         } = update;
+        // The API server's echo of status we wrote (Kubernetes mode): the
+        // status writer takes the new snapshot for its resourceVersions;
+        // what is served stays as it is, untranslated.
+        if let Some(current) = &mut self.current
+            && current.objects == objects
+            && current.errors == errors
+            && current.snapshot.only_route_status_differs(&snapshot)
+        {
+            current.snapshot = Arc::new(snapshot);
+            return;
+        }
         let snapshot = Arc::new(snapshot);
         let previous = self
             .current
@@ -540,6 +551,7 @@ async fn serve_loop(
 ) {
     loop {
         let generation = server.generation;
+        let snapshot = server.current.as_ref().map(|c| c.snapshot.clone());
         let recorded = server.rollouts.recorded().clone();
         let judging = server.rollouts.judging();
         let tick = server.rollouts.next_look();
@@ -579,6 +591,7 @@ async fn serve_loop(
         }
         if let (Some(served), Some(current)) = (&served, &server.current)
             && (server.generation != generation
+                || !snapshot.is_some_and(|s| Arc::ptr_eq(&s, &current.snapshot))
                 || !Arc::ptr_eq(server.rollouts.recorded(), &recorded))
         {
             served.send_replace(Some(Arc::new(Served {
@@ -900,14 +913,29 @@ async fn status_loop(
             writer.set_not_in_cluster(served.converted.iter().cloned());
             (served, gateway.clone())
         });
-        let mut outcome = writer
-            .sync(
-                &current.snapshot,
-                &current.published.status,
-                addresses.as_deref(),
-                &current.rollouts,
-            )
-            .await;
+        // Planning reads every object's status, 10,000 routes' after a
+        // start: off this thread, which also takes the watch events (a
+        // flip's among them) and hands over the next table.
+        let planned = {
+            let (current, addresses) = (current.clone(), addresses.clone());
+            tokio::task::spawn_blocking(move || {
+                crate::status::plan(
+                    &current.snapshot,
+                    &current.published.status,
+                    addresses.as_deref(),
+                    &current.rollouts,
+                )
+            })
+            .await
+        };
+        let planned = match planned {
+            Ok(planned) => planned,
+            Err(error) => {
+                tracing::error!(%error, "planning the status failed; the status is not written");
+                continue;
+            }
+        };
+        let mut outcome = writer.send_planned(planned).await;
         if let Some((served, (ns, name))) = served_ingresses {
             // The Gateway's addresses: the ones written to it now, else
             // the ones it holds.

@@ -606,6 +606,9 @@ pub fn ingress_plan(
         .collect()
 }
 
+/// How many status patches [`StatusWriter::send`] has in flight at once.
+pub const WRITES_IN_FLIGHT: usize = 8;
+
 /// Sends status patches, remembering what it sent so that a patch is not
 /// repeated before the watch has delivered the object it produced.
 pub struct StatusWriter {
@@ -657,7 +660,14 @@ impl StatusWriter {
         addresses: Option<&[GatewayStatusAddresses]>,
         rollouts: &RolloutReport,
     ) -> SyncOutcome {
-        let patches = plan(snapshot, report, addresses, rollouts)
+        self.send_planned(plan(snapshot, report, addresses, rollouts))
+            .await
+    }
+
+    /// Apply every patch of a [`plan`] computed elsewhere (off the async
+    /// workers) not already sent, as [`sync`](Self::sync) does.
+    pub async fn send_planned(&mut self, planned: Vec<StatusPatch>) -> SyncOutcome {
+        let patches = planned
             .into_iter()
             .filter(|p| !self.not_in_cluster.contains(&p.id()))
             .collect();
@@ -666,19 +676,37 @@ impl StatusWriter {
 
     /// Apply every patch not already sent (as [`sync`](Self::sync) does
     /// with [`plan`]'s, e.g. [`ingress_plan`]'s).
+    ///
+    /// Up to [`WRITES_IN_FLIGHT`] patches are in flight at once: each is
+    /// an API server round trip, and after a start with 10,000 routes
+    /// every route's status is written.
     pub async fn send(&mut self, patches: Vec<StatusPatch>) -> SyncOutcome {
+        use futures_util::stream::{self, StreamExt};
         let mut outcome = SyncOutcome::default();
-        for patch in patches {
+        let due: Vec<StatusPatch> = patches
+            .into_iter()
+            .filter(|patch| {
+                self.sent.get(&patch.id()).is_none_or(|(version, body)| {
+                    *version != patch.resource_version || *body != patch.body
+                })
+            })
+            .collect();
+        let this = &*self;
+        let results: Vec<(StatusPatch, Result<(), kube::Error>)> = stream::iter(due)
+            .map(|patch| async move {
+                let result = this.apply(&patch).await;
+                (patch, result)
+            })
+            .buffer_unordered(WRITES_IN_FLIGHT)
+            .collect()
+            .await;
+        for (patch, result) in results {
             let id = patch.id();
-            let memo = (patch.resource_version.clone(), patch.body.clone());
-            if self.sent.get(&id) == Some(&memo) {
-                continue;
-            }
-            match self.apply(&patch).await {
+            match result {
                 Ok(()) => {
                     tracing::debug!(object = %id, "status written");
                     outcome.written += 1;
-                    self.sent.insert(id, memo);
+                    self.sent.insert(id, (patch.resource_version, patch.body));
                 }
                 Err(kube::Error::Api(status)) if status.code == 404 => {
                     tracing::debug!(object = %id, "object deleted before its status was written");

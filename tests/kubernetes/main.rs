@@ -835,3 +835,99 @@ async fn a_cluster_without_listener_set_and_backend_tls_policy_crds_serves_and_p
         gateway.log()
     );
 }
+
+/// `sluice_config_reloads_total`: how many configurations were translated.
+async fn reloads(replica: &Replica) -> Option<u64> {
+    let (_, body) = get(replica.admin, "admin", "/metrics").await.ok()?;
+    std::str::from_utf8(&body)
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice_config_reloads_total "))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Route statuses come back as watch events (ours after every write, and
+/// other controllers'): they change no route's spec and cost no
+/// translation, but the status writer works from them, so our next write
+/// names the resourceVersion they made and keeps their entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_status_change_is_not_translated_but_is_written_from() {
+    let api = FakeApiServer::start().await;
+    let (stable, canary) = (
+        echo("stable", "stable-0").await,
+        echo("canary", "canary-0").await,
+    );
+    let port = free_port();
+    cluster(&api, port, &[("stable", &stable), ("canary", &canary)]);
+    api.apply(route(1, 0));
+    let gateway = Replica::start(&api, "replica-a", "127.0.0.1", port);
+    gateway.wait_ready().await;
+    eventually("our route status", async || {
+        route_condition(&api, "Accepted")
+    })
+    .await;
+    // Settled: the echoes of the first writes are in.
+    let mut before = None;
+    let settled = eventually("the reload count to settle", async || {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = reloads(&gateway).await?;
+        let last = before.replace(now);
+        (last == Some(now)).then_some(now)
+    })
+    .await;
+
+    // Another controller writes its entry next to ours.
+    let mut route_now = api
+        .get("HTTPRoute", Some("default"), "autocomplete")
+        .expect("the route exists");
+    let mut parents = route_now["status"]["parents"]
+        .as_array()
+        .cloned()
+        .expect("parents");
+    parents.insert(
+        0,
+        json!({"parentRef": {"name": "other-gw"}, "controllerName": "example.com/other",
+            "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted",
+                "message": "theirs", "observedGeneration": 1,
+                "lastTransitionTime": "2024-01-01T00:00:00Z"}]}),
+    );
+    route_now["status"]["parents"] = serde_json::Value::Array(parents);
+    api.apply(route_now);
+    // Then the spec changes: served, and our status follows it.
+    api.apply(route(0, 1));
+    let traffic = Traffic::start(gateway.listener);
+    settle_on(&traffic, &["canary"]).await;
+    assert_eq!(traffic.stop().await, 0);
+    eventually("our status at generation 2", async || {
+        route_condition(&api, "Accepted").filter(|c| c.2 == 2)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let log = gateway.log();
+    assert_eq!(
+        reloads(&gateway).await,
+        Some(settled + 1),
+        "only the spec change was translated; log:\n{log}"
+    );
+    let route_now = api
+        .get("HTTPRoute", Some("default"), "autocomplete")
+        .expect("the route exists");
+    let controllers: Vec<&str> = route_now["status"]["parents"]
+        .as_array()
+        .expect("parents")
+        .iter()
+        .filter_map(|p| p["controllerName"].as_str())
+        .collect();
+    assert_eq!(
+        controllers,
+        ["example.com/other", "sluice.dev/gateway-controller"],
+        "their entry kept; log:\n{log}"
+    );
+    assert!(
+        !log.contains("status changed by another writer"),
+        "written over the resourceVersion their write made, not refused; log:\n{log}"
+    );
+}

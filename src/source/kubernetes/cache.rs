@@ -201,6 +201,36 @@ struct Loaded {
     raw: Option<serde_json::Value>,
 }
 
+impl Loaded {
+    /// The same route but for its status (see
+    /// [`Object::same_route_but_status`]).
+    fn same_route_but_status(&self, other: &Loaded) -> bool {
+        self.errors == other.errors
+            && self.raw.is_none()
+            && other.raw.is_none()
+            && self.objects.len() == other.objects.len()
+            && !self.objects.is_empty()
+            && self
+                .objects
+                .iter()
+                .zip(&other.objects)
+                .all(|(a, b)| a.same_route_but_status(b))
+    }
+}
+
+/// What one watch event changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing the snapshot holds.
+    None,
+    /// A route's status (and the resourceVersion writing it made), as
+    /// after a status write: nothing served changes, but the status
+    /// writer works from the snapshot.
+    RouteStatus,
+    /// The configuration.
+    Configuration,
+}
+
 /// `namespace/name` (or `name` for cluster-scoped kinds).
 type Key = String;
 
@@ -269,6 +299,12 @@ impl ClusterCache {
     /// kinds this cache was made with). Returns whether the objects that
     /// make the snapshot changed.
     pub fn apply(&mut self, kind: usize, event: Event<DynamicObject>) -> bool {
+        self.apply_event(kind, event) != Change::None
+    }
+
+    /// [`apply`](Self::apply), telling a change of routes' status alone
+    /// apart from one of the configuration.
+    pub fn apply_event(&mut self, kind: usize, event: Event<DynamicObject>) -> Change {
         // A Secret or ConfigMap nothing references changes nothing: other
         // applications' ConfigMaps (leader-election records among them) can
         // change every few seconds, and must not cost a translation each.
@@ -282,7 +318,7 @@ impl ClusterCache {
             _ => None,
         };
         let Some((watched, cache)) = self.kinds.get_mut(kind) else {
-            return false;
+            return Change::None;
         };
         let changed = match event {
             Event::Init => {
@@ -311,14 +347,24 @@ impl ClusterCache {
             Event::Apply(object) => {
                 cache.not_installed = false;
                 let (key, loaded) = load(watched, &self.crds, object);
-                cache.current.insert(key, loaded.clone()) != Some(loaded)
+                match cache.current.insert(key, loaded.clone()) {
+                    Some(previous) if previous == loaded => false,
+                    Some(previous) if loaded.same_route_but_status(&previous) => {
+                        return Change::RouteStatus;
+                    }
+                    _ => true,
+                }
             }
             Event::Delete(object) => {
                 let (key, _) = key_of(watched, &object);
                 cache.current.remove(&key).is_some()
             }
         };
-        changed && referenced != Some(false)
+        if changed && referenced != Some(false) {
+            Change::Configuration
+        } else {
+            Change::None
+        }
     }
 
     /// The Secrets and ConfigMaps the current objects reference.
@@ -779,6 +825,63 @@ mod tests {
         cache.apply(svc, Event::InitApply(service("kept", 80)));
         cache.apply(svc, Event::InitApply(service("new", 80)));
         assert!(!cache.apply(svc, Event::InitDone));
+    }
+
+    #[test]
+    fn a_route_status_write_is_told_apart_from_a_configuration_change() {
+        let mut cache = ClusterCache::default();
+        list_all_empty(&mut cache);
+        let route = |weight: u32, version: &str, status: serde_json::Value| {
+            let mut route = json!({
+                "metadata": {"name": "web", "namespace": "shop", "resourceVersion": version},
+                "spec": {"parentRefs": [{"name": "gw"}],
+                         "rules": [{"backendRefs": [{"name": "web", "port": 80, "weight": weight}]}]},
+            });
+            if !status.is_null() {
+                route["status"] = status;
+            }
+            object(route)
+        };
+        let ours = json!({"parents": [{"parentRef": {"name": "gw"},
+            "controllerName": "sluice.dev/gateway-controller", "conditions": []}]});
+        let kind = kind_index("HTTPRoute");
+        let apply = |cache: &mut ClusterCache, o| cache.apply_event(kind, Event::Apply(o));
+        assert_eq!(
+            apply(&mut cache, route(1, "1", serde_json::Value::Null)),
+            Change::Configuration,
+            "a new route"
+        );
+        assert_eq!(
+            apply(&mut cache, route(1, "1", serde_json::Value::Null)),
+            Change::None
+        );
+        assert_eq!(
+            apply(&mut cache, route(1, "2", ours.clone())),
+            Change::RouteStatus,
+            "our status written"
+        );
+        assert_eq!(
+            cache.update().snapshot.http_routes[0]
+                .metadata
+                .resource_version
+                .as_deref(),
+            Some("2"),
+            "the snapshot has the version the write made"
+        );
+        assert_eq!(
+            apply(&mut cache, route(2, "3", ours)),
+            Change::Configuration,
+            "the spec changed"
+        );
+        // A Service is not a route: any change of it is configuration.
+        let svc = kind_index("Service");
+        cache.apply(svc, Event::Apply(service("web", 80)));
+        let mut written = service("web", 80);
+        written.metadata.resource_version = Some("9".into());
+        assert_eq!(
+            cache.apply_event(svc, Event::Apply(written)),
+            Change::Configuration
+        );
     }
 
     #[test]

@@ -8,7 +8,11 @@
 //! - Nothing is handed over before every kind has completed its first list.
 //! - Bursts are coalesced: an update goes out once no event arrived for
 //!   [`SourceOptions::debounce`], and at the latest [`SourceOptions::max_delay`]
-//!   after the first change it carries.
+//!   after the first change it carries. A change of routes' status alone
+//!   (the echo of every status the leader writes, 10,000 after a start with
+//!   10,000 routes) waits [`SourceOptions::status_delay`], or goes with the
+//!   next change of the configuration: it serves nothing new, and the
+//!   serve loop hands it to the status writer without translating it.
 //! - A watch that fails is retried with backoff; one that expires (410 Gone)
 //!   is relisted by the watcher, and the cache swaps the relist in only when
 //!   it is complete: the current table keeps serving meanwhile.
@@ -45,7 +49,7 @@ use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-pub use cache::{ClusterCache, WATCHED_KINDS, WatchedKind};
+pub use cache::{Change, ClusterCache, WATCHED_KINDS, WatchedKind};
 pub use ingresses::{INGRESS_KINDS, ServedIngress, ServedIngresses};
 
 use crate::resources::crd::Crds;
@@ -59,6 +63,12 @@ pub struct SourceOptions {
     pub debounce: Duration,
     /// Longest an update waits for a burst to end.
     pub max_delay: Duration,
+    /// How long an update that carries only routes' status waits (the
+    /// echoes of the status the leader writes: 10,000 of them after a
+    /// start with 10,000 routes). Nothing served changes with them; the
+    /// status writer needs them before it writes the same route again.
+    /// A configuration change sends them at once, with itself.
+    pub status_delay: Duration,
     /// CRDs that validate the objects of the kinds they define (`--crds`).
     pub crds: Arc<Crds>,
     /// `--ingress-class`: serve the Ingresses of the class. The watches
@@ -75,6 +85,7 @@ impl Default for SourceOptions {
             // A flip is served within milliseconds (docs/performance.md).
             debounce: Duration::from_millis(5),
             max_delay: Duration::from_secs(1),
+            status_delay: Duration::from_millis(250),
             crds: Arc::default(),
             ingresses: None,
         }
@@ -147,17 +158,27 @@ pub async fn run(
     // The last conversion report logged: logged again only when it changes.
     let mut logged_report: Option<Vec<String>> = None;
     let mut events = stream::select_all(watches);
-    // (first unsent change, last change)
-    let mut pending: Option<(Instant, Instant)> = None;
+    // (first unsent change, last change, whether one is of the configuration)
+    let mut pending: Option<(Instant, Instant, bool)> = None;
     loop {
-        let deadline =
-            pending.map(|(first, last)| (last + options.debounce).min(first + options.max_delay));
+        let deadline = pending.map(|(first, last, configuration)| {
+            if configuration {
+                (last + options.debounce).min(first + options.max_delay)
+            } else {
+                first + options.status_delay.min(options.max_delay)
+            }
+        });
         tokio::select! {
             event = events.next() => match event {
                 Some((kind, event)) => {
-                    if apply(&mut cache, kind, event) {
+                    let change = apply(&mut cache, kind, event);
+                    if change != Change::None {
                         let now = Instant::now();
-                        pending = Some((pending.map_or(now, |(first, _)| first), now));
+                        let configuration = change == Change::Configuration;
+                        pending = Some(match pending {
+                            Some((first, _, before)) => (first, now, before || configuration),
+                            None => (now, now, configuration),
+                        });
                     }
                 }
                 None => {
@@ -218,19 +239,19 @@ fn log_report(ingresses: &ServedIngresses) {
 }
 
 /// Apply one watcher event or error of kind number `kind` to the cache, and
-/// log what deserves it. Returns whether the snapshot changed.
+/// log what deserves it. Returns what the snapshot's change was.
 fn apply(
     cache: &mut ClusterCache,
     kind: usize,
     event: Result<Event<DynamicObject>, watcher::Error>,
-) -> bool {
+) -> Change {
     let watched = cache.kind(kind).copied();
     let watched = watched.as_ref();
     let name = watched.map_or("?", |k| k.kind);
     let was_missing = cache.is_not_installed(kind);
     match event {
         Ok(event) => {
-            let changed = cache.apply(kind, event);
+            let changed = cache.apply_event(kind, event);
             if was_missing && !cache.is_not_installed(kind) {
                 tracing::info!(kind = name, "CRD installed: the kind is watched now");
             }
@@ -242,12 +263,16 @@ fn apply(
                 tracing::info!(kind = name, %api,
                     "CRD not installed (404): no objects of this kind; asked again with the watch backoff");
             }
-            cache.not_installed(kind)
+            if cache.not_installed(kind) {
+                Change::Configuration
+            } else {
+                Change::None
+            }
         }
         Err(error) => {
             tracing::warn!(kind = name, %error,
                 "watch failed; retrying (the current configuration keeps serving)");
-            false
+            Change::None
         }
     }
 }
@@ -388,6 +413,91 @@ mod tests {
             .send(Ok(Event::InitDone))
             .expect("source running");
         assert_eq!(names(&next(&mut rx).await), ["e"]);
+
+        drop(feeds);
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the source stops when every watch ended")
+            .expect("the source task does not panic");
+    }
+
+    fn route(version: &str, status: bool) -> DynamicObject {
+        let mut route = json!({
+            "metadata": {"name": "web", "namespace": "default", "resourceVersion": version},
+            "spec": {"parentRefs": [{"name": "gw"}],
+                     "rules": [{"backendRefs": [{"name": "a", "port": 80}]}]},
+        });
+        if status {
+            route["status"] = json!({"parents": [{"parentRef": {"name": "gw"},
+                "controllerName": "sluice.dev/gateway-controller", "conditions": []}]});
+        }
+        serde_json::from_value(route).expect("a valid DynamicObject")
+    }
+
+    fn route_version(update: &SourceUpdate) -> Option<String> {
+        update
+            .snapshot
+            .http_routes
+            .first()?
+            .metadata
+            .resource_version
+            .clone()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_route_status_write_waits_for_the_status_delay_or_goes_with_a_change() {
+        let (feeds, watches) = feeds();
+        let (tx, mut rx) = mpsc::channel(1);
+        let (_stop, stop_rx) = watch::channel(false);
+        let options = SourceOptions {
+            debounce: Duration::from_millis(50),
+            max_delay: Duration::from_secs(60),
+            status_delay: Duration::from_secs(2),
+            ..SourceOptions::default()
+        };
+        let task = tokio::spawn(run(watches, options, tx, None, stop_rx));
+        let (svc, routes) = (
+            service_index(),
+            WATCHED_KINDS
+                .iter()
+                .position(|k| k.kind == "HTTPRoute")
+                .expect("HTTPRoute is watched"),
+        );
+        for (i, feed) in feeds.iter().enumerate() {
+            feed.send(Ok(Event::Init)).expect("source running");
+            if i == routes {
+                feed.send(Ok(Event::InitApply(route("1", false))))
+                    .expect("source running");
+            }
+            feed.send(Ok(Event::InitDone)).expect("source running");
+        }
+        assert_eq!(route_version(&next(&mut rx).await).as_deref(), Some("1"));
+
+        // The echo of a status write alone: sent after the status delay.
+        feeds[routes]
+            .send(Ok(Event::Apply(route("2", true))))
+            .expect("source running");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(rx.try_recv().is_err(), "a status echo waits");
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let update = rx.try_recv().expect("sent after the status delay");
+        assert_eq!(route_version(&update).as_deref(), Some("2"));
+
+        // Another echo, then a change of the configuration: both go at
+        // once, after the debounce.
+        feeds[routes]
+            .send(Ok(Event::Apply(route("3", true))))
+            .expect("source running");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        feeds[svc]
+            .send(Ok(Event::Apply(service("b"))))
+            .expect("source running");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let update = rx.try_recv().expect("sent with the configuration change");
+        assert_eq!(route_version(&update).as_deref(), Some("3"));
+        assert_eq!(names(&update), ["b"]);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(rx.try_recv().is_err(), "nothing left to send");
 
         drop(feeds);
         tokio::time::timeout(Duration::from_secs(10), task)
