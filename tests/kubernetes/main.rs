@@ -309,6 +309,18 @@ async fn settle_on(traffic: &Traffic, who: &[&str]) -> BTreeMap<String, usize> {
     .await
 }
 
+/// The `controllerName` of each of the route's `status.parents`, in order.
+fn route_controllers(api: &FakeApiServer) -> Option<Vec<String>> {
+    let route = api.get("HTTPRoute", Some("default"), "autocomplete")?;
+    let parents = route["status"]["parents"].as_array()?;
+    Some(
+        parents
+            .iter()
+            .filter_map(|p| p["controllerName"].as_str().map(str::to_string))
+            .collect(),
+    )
+}
+
 fn route_condition(api: &FakeApiServer, ty: &str) -> Option<(String, String, i64)> {
     let route = api.get("HTTPRoute", Some("default"), "autocomplete")?;
     let parents = route["status"]["parents"].as_array()?.clone();
@@ -377,15 +389,7 @@ async fn canary_weights_deleted_services_and_expired_watches_under_traffic() {
     // The leader wrote status: ours next to the other controller's entry.
     let accepted = eventually("route status", async || route_condition(&api, "Accepted")).await;
     assert_eq!(accepted, ("True".into(), "Accepted".into(), 1));
-    let route_now = api
-        .get("HTTPRoute", Some("default"), "autocomplete")
-        .expect("the route exists");
-    let controllers: Vec<&str> = route_now["status"]["parents"]
-        .as_array()
-        .expect("parents")
-        .iter()
-        .filter_map(|p| p["controllerName"].as_str())
-        .collect();
+    let controllers = route_controllers(&api).expect("the route's parents");
     assert_eq!(
         controllers,
         ["example.com/other", "sluice.dev/gateway-controller"]
@@ -487,12 +491,7 @@ async fn a_status_write_racing_another_controller_never_overwrites_its_entry() {
     gateway.wait_ready().await;
 
     let controllers = eventually("both entries in the route's parents", async || {
-        let route = api.get("HTTPRoute", Some("default"), "autocomplete")?;
-        let controllers: Vec<String> = route["status"]["parents"]
-            .as_array()?
-            .iter()
-            .filter_map(|p| p["controllerName"].as_str().map(str::to_string))
-            .collect();
+        let controllers = route_controllers(&api)?;
         (controllers.len() == 2).then_some(controllers)
     })
     .await;
@@ -912,15 +911,7 @@ async fn a_route_status_change_is_not_translated_but_is_written_from() {
         Some(settled + 1),
         "only the spec change was translated; log:\n{log}"
     );
-    let route_now = api
-        .get("HTTPRoute", Some("default"), "autocomplete")
-        .expect("the route exists");
-    let controllers: Vec<&str> = route_now["status"]["parents"]
-        .as_array()
-        .expect("parents")
-        .iter()
-        .filter_map(|p| p["controllerName"].as_str())
-        .collect();
+    let controllers = route_controllers(&api).expect("the route's parents");
     assert_eq!(
         controllers,
         ["example.com/other", "sluice.dev/gateway-controller"],
